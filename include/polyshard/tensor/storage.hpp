@@ -1,0 +1,52 @@
+// Reference-counted memory behind tensors: a block from the device's allocator, counted under
+// a memory category for as long as it lives.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "polyshard/core/device.hpp"
+#include "polyshard/core/dtype.hpp"
+#include "polyshard/core/host_allocator.hpp"
+#include "polyshard/core/memory_tracker.hpp"
+
+namespace polyshard {
+
+template <Element T, Device D>
+class Storage;  // primary template: specialized per device
+
+/// Host storage from the caching allocator. Elements are left uninitialized.
+template <Element T>
+class Storage<T, Cpu> {
+ public:
+  Storage(std::size_t numel, MemoryCategory category)
+      : numel_(numel), category_(category), tracker_(&current_memory_tracker()) {
+    data_ = static_cast<T*>(CachingHostAllocator::instance().allocate(bytes()));
+    tracker_->add(category_, static_cast<std::int64_t>(bytes()));
+  }
+  /// Wraps memory the caller owns; nothing is counted or freed.
+  Storage(T* external, std::size_t numel)
+      : data_(external), numel_(numel), category_(MemoryCategory::Other), tracker_(nullptr), owned_(false) {}
+
+  ~Storage() {
+    if (!owned_) return;
+    CachingHostAllocator::instance().deallocate(data_, bytes());
+    tracker_->sub(category_, static_cast<std::int64_t>(bytes()));
+  }
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  T* data() const { return data_; }
+  std::size_t numel() const { return numel_; }
+  std::size_t bytes() const { return numel_ * sizeof(T); }
+  MemoryCategory category() const { return category_; }
+
+ private:
+  T* data_ = nullptr;
+  std::size_t numel_;
+  MemoryCategory category_;
+  MemoryTracker* tracker_;
+  bool owned_ = true;
+};
+
+}  // namespace polyshard
