@@ -29,7 +29,7 @@ class Storage<T, Cpu> {
       : data_(external), numel_(numel), category_(MemoryCategory::Other), tracker_(nullptr), owned_(false) {}
 
   ~Storage() {
-    if (!owned_) return;
+    if (!owned_ || !data_) return;
     CachingHostAllocator::instance().deallocate(data_, bytes());
     tracker_->sub(category_, static_cast<std::int64_t>(bytes()));
   }
@@ -37,6 +37,24 @@ class Storage<T, Cpu> {
   Storage& operator=(const Storage&) = delete;
 
   T* data() const { return data_; }
+  /// False between release() and materialize(): the views of this storage have no elements.
+  bool materialized() const { return data_ != nullptr || numel_ == 0; }
+
+  /// Gives the elements back to the allocator while every view of this storage stays valid as
+  /// an object: how a sharded strategy frees a gathered unit without unbinding its parameters.
+  void release() {
+    if (!owned_ || !data_) return;
+    CachingHostAllocator::instance().deallocate(data_, bytes());
+    tracker_->sub(category_, static_cast<std::int64_t>(bytes()));
+    data_ = nullptr;
+  }
+  /// Allocates the elements again (uninitialized) after release(); counted in the current tracker.
+  void materialize() {
+    if (!owned_ || data_ || numel_ == 0) return;
+    tracker_ = &current_memory_tracker();
+    data_ = static_cast<T*>(CachingHostAllocator::instance().allocate(bytes()));
+    tracker_->add(category_, static_cast<std::int64_t>(bytes()));
+  }
   std::size_t numel() const { return numel_; }
   std::size_t bytes() const { return numel_ * sizeof(T); }
   MemoryCategory category() const { return category_; }

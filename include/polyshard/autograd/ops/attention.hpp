@@ -1,0 +1,24 @@
+// Differentiable causal multi-head self-attention over GPT-2's fused qkv projection.
+#pragma once
+
+#include "polyshard/autograd/ops/grad_out.hpp"
+#include "polyshard/tensor/ops/attention.hpp"
+
+namespace polyshard {
+
+/// Concat over heads of softmax(q k^T / sqrt(head_dim), causal mask) v.
+/// qkv: (B, T, 3C) laid out [q | k | v] along the last dimension, each C = n_head * head_dim
+/// with heads contiguous inside (GPT-2's c_attn output); returns (B, T, C). Saves the attention
+/// probabilities, (B, n_head, T, T), besides its input.
+template <FloatElement T>
+Var<T> causal_self_attention(const Var<T>& qkv, int n_head) {
+  const auto [nb, nt, c, hd] = detail::attention_dims("causal_self_attention", qkv.value(), n_head);
+  Tensor<T> y = Tensor<T>::empty({nb, nt, c});             // (B, T, C)
+  Tensor<T> att = Tensor<T>::empty({nb, n_head, nt, nt});  // (B, n_head, T, T)
+  causal_self_attention_forward(qkv.value(), n_head, y, att);
+  return make_result(std::move(y), "causal_self_attention", {qkv}, [att, n_head](Node<T>& self) {
+    causal_self_attention_backward(self.inputs[0]->value, att, self.grad, n_head, detail::grad_out(self, 0));
+  });
+}
+
+}  // namespace polyshard

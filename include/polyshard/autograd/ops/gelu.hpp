@@ -1,0 +1,20 @@
+// Differentiable GELU (tanh approximation, as in GPT-2's MLP).
+#pragma once
+
+#include "polyshard/autograd/ops/grad_out.hpp"
+#include "polyshard/tensor/ops/gelu.hpp"
+
+namespace polyshard {
+
+/// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), elementwise. x: any shape; returns that
+/// shape. Saves nothing beyond its input.
+template <FloatElement T>
+Var<T> gelu(const Var<T>& x) {
+  Tensor<T> y = Tensor<T>::empty(x.shape());  // same shape as x
+  gelu_forward(x.value(), y);
+  return make_result(std::move(y), "gelu", {x}, [](Node<T>& self) {
+    gelu_backward(self.inputs[0]->value, self.grad, detail::grad_out(self, 0));
+  });
+}
+
+}  // namespace polyshard

@@ -1,0 +1,30 @@
+// Differentiable softmax and log-softmax over the last dimension.
+#pragma once
+
+#include "polyshard/autograd/ops/grad_out.hpp"
+#include "polyshard/tensor/ops/softmax.hpp"
+
+namespace polyshard {
+
+/// exp(x) / sum(exp(x)) over the last dimension, computed stably. x: (..., N); returns (..., N).
+/// The backward pass reads the node's own output, so nothing else is saved.
+template <FloatElement T>
+Var<T> softmax(const Var<T>& x) {
+  Tensor<T> y = Tensor<T>::empty(x.shape());  // (..., N)
+  softmax_forward(x.value(), y);
+  return make_result(std::move(y), "softmax", {x}, [](Node<T>& self) {
+    softmax_backward(self.value, self.grad, detail::grad_out(self, 0));
+  });
+}
+
+/// x - log(sum(exp(x))) over the last dimension, computed stably. x: (..., N); returns (..., N).
+template <FloatElement T>
+Var<T> log_softmax(const Var<T>& x) {
+  Tensor<T> y = Tensor<T>::empty(x.shape());  // (..., N)
+  log_softmax_forward(x.value(), y);
+  return make_result(std::move(y), "log_softmax", {x}, [](Node<T>& self) {
+    log_softmax_backward(self.value, self.grad, detail::grad_out(self, 0));
+  });
+}
+
+}  // namespace polyshard
