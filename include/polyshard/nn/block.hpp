@@ -1,0 +1,27 @@
+// A pre-LayerNorm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(x)).
+#pragma once
+
+#include "polyshard/autograd/ops.hpp"
+#include "polyshard/nn/causal_self_attention.hpp"
+#include "polyshard/nn/layer_norm.hpp"
+#include "polyshard/nn/mlp.hpp"
+
+namespace polyshard {
+
+template <FloatElement T>
+struct Block {
+  BOOST_HANA_DEFINE_STRUCT(Block, (LayerNorm<T>, ln_1), (CausalSelfAttention<T>, attn), (LayerNorm<T>, ln_2),
+                           (Mlp<T>, mlp));
+
+  Block() = default;
+  Block(std::int64_t dim, int heads, double proj_std)
+      : ln_1(dim), attn(dim, heads, proj_std), ln_2(dim), mlp(dim, proj_std) {}
+
+  /// x: (B, T, C) -> (B, T, C).
+  Var<T> operator()(const Var<T>& x) const {
+    const Var<T> h = add(x, call(attn, call(ln_1, x)));
+    return add(h, call(mlp, call(ln_2, h)));
+  }
+};
+
+}  // namespace polyshard

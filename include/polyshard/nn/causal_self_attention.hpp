@@ -1,0 +1,28 @@
+// Multi-head causal self-attention: one projection to q, k, v, attention, an output projection.
+#pragma once
+
+#include "polyshard/autograd/ops.hpp"
+#include "polyshard/nn/linear.hpp"
+#include "polyshard/nn/module_hooks.hpp"
+
+namespace polyshard {
+
+template <FloatElement T>
+struct CausalSelfAttention {
+  BOOST_HANA_DEFINE_STRUCT(CausalSelfAttention, (Linear<T>, c_attn), (Linear<T>, c_proj));
+  int n_head = 1;
+
+  CausalSelfAttention() = default;
+  CausalSelfAttention(std::int64_t dim, int heads, double proj_std)
+      : c_attn(dim, 3 * dim), c_proj(dim, dim, proj_std), n_head(heads) {
+    POLYSHARD_CHECK(heads >= 1 && dim % heads == 0, "CausalSelfAttention: width ", dim,
+                    " is not divisible by the number of heads ", heads);
+  }
+
+  /// x: (B, T, C) -> (B, T, C).
+  Var<T> operator()(const Var<T>& x) const {
+    return call(c_proj, causal_self_attention(call(c_attn, x), n_head));  // qkv: (B, T, 3C)
+  }
+};
+
+}  // namespace polyshard

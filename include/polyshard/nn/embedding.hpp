@@ -1,0 +1,22 @@
+// Embedding table: rows looked up by integer id.
+#pragma once
+
+#include "polyshard/autograd/ops.hpp"
+#include "polyshard/nn/reflect.hpp"
+
+namespace polyshard {
+
+/// weight: (num_embeddings, dim), normal(0, std).
+template <FloatElement T>
+struct Embedding {
+  BOOST_HANA_DEFINE_STRUCT(Embedding, (Parameter<T>, weight));
+
+  Embedding() = default;
+  Embedding(std::int64_t num_embeddings, std::int64_t dim, double std = 0.02)
+      : weight({num_embeddings, dim}, ParameterInit::normal(std)) {}
+
+  /// ids: (...) -> (..., dim).
+  Var<T> operator()(const Tensor<std::int32_t>& ids) const { return embedding(ids, weight.var()); }
+};
+
+}  // namespace polyshard

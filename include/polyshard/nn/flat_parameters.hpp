@@ -1,0 +1,85 @@
+// Flat parameter storage: every parameter of a module tree is a view into one buffer of values
+// and one of gradients, so optimizers, collectives and checkpoints see a single span, and a
+// shard is just a range of it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "polyshard/nn/init.hpp"
+#include "polyshard/nn/reflect.hpp"
+
+namespace polyshard {
+
+/// Owns the flat buffers of a module tree and binds each parameter to its slice.
+/// The module must stay where it is (not moved) while bound: entries point into it.
+template <FloatElement T>
+class FlatParameters {
+ public:
+  /// Where one parameter lives in the flat buffers.
+  struct Entry {
+    std::string name;
+    std::int64_t offset;
+    Shape shape;
+    ParameterInit init;
+    Parameter<T>* parameter;
+    std::int64_t numel() const { return shape.numel(); }
+  };
+
+  /// Lays out the parameters of `module` in visiting order, padding the total to a multiple
+  /// of `pad_to` (the world size, when the buffers will be split into equal shards).
+  template <Module M>
+  explicit FlatParameters(M& module, std::int64_t pad_to = 1) {
+    POLYSHARD_CHECK(pad_to >= 1, "FlatParameters: pad_to must be at least 1, got ", pad_to);
+    visit_parameters(module, [&](const std::string& name, Parameter<T>& p) {
+      entries_.push_back(Entry{name, numel_, p.shape(), p.init(), &p});
+      numel_ += p.numel();
+    });
+    const std::int64_t padded = (numel_ + pad_to - 1) / pad_to * pad_to;
+    values_ = Tensor<T>::zeros({padded}, MemoryCategory::Parameters);
+    grads_ = Tensor<T>::zeros({padded}, MemoryCategory::Gradients);
+    for (Entry& e : entries_)
+      e.parameter->bind(e.name, values_.flat_view(e.offset, e.numel()).reshape(e.shape),
+                        grads_.flat_view(e.offset, e.numel()).reshape(e.shape));
+  }
+  FlatParameters(const FlatParameters&) = delete;
+  FlatParameters& operator=(const FlatParameters&) = delete;
+
+  /// Fills every parameter by its ParameterInit, as a function of (seed, name, index) only.
+  void initialize(std::uint64_t seed) {
+    for (const Entry& e : entries_) initialize_slice(values_.flat_view(e.offset, e.numel()).span(), 0, e.init, e.name, seed);
+  }
+
+  /// Number of parameters, without padding.
+  std::int64_t numel() const { return numel_; }
+  /// Length of the buffers, padding included.
+  std::int64_t padded_numel() const { return values_.numel(); }
+  const Tensor<T>& values() const { return values_; }
+  const Tensor<T>& grads() const { return grads_; }
+  const std::vector<Entry>& entries() const { return entries_; }
+
+  /// Forgets every gradient. With `set_to_none` nothing is written now: the next backward
+  /// overwrites instead of adding. Otherwise the gradient buffer is zero-filled.
+  void zero_grad(bool set_to_none = true) {
+    for (const Entry& e : entries_) e.parameter->var().zero_grad();
+    if (!set_to_none) {
+      grads_.fill(T(0));
+      for (const Entry& e : entries_) e.parameter->var().node()->has_grad = true;
+    }
+  }
+
+  /// Zeroes the gradient slices that no backward has written since the last zero_grad
+  /// (parameters unused by the loss, frozen ones), so the whole buffer can be read as one.
+  void settle_grads() {
+    for (const Entry& e : entries_)
+      if (!e.parameter->var().node()->has_grad) grads_.flat_view(e.offset, e.numel()).fill(T(0));
+  }
+
+ private:
+  std::vector<Entry> entries_;
+  std::int64_t numel_ = 0;
+  Tensor<T> values_;
+  Tensor<T> grads_;
+};
+
+}  // namespace polyshard

@@ -1,0 +1,83 @@
+// GPT-2: token and position embeddings, a stack of pre-LN blocks, a final LayerNorm, and a
+// language-model head tied to the token embedding.
+#pragma once
+
+#include <cmath>
+#include <vector>
+
+#include "polyshard/autograd/checkpoint.hpp"
+#include "polyshard/autograd/ops.hpp"
+#include "polyshard/nn/block.hpp"
+#include "polyshard/nn/embedding.hpp"
+
+namespace polyshard {
+
+/// Sizes of a GPT. The defaults are GPT-2 small (124,439,808 parameters).
+struct GptConfig {
+  std::int64_t vocab_size = 50257;
+  std::int64_t block_size = 1024;  ///< longest sequence (number of positions)
+  std::int64_t n_layer = 12;
+  std::int64_t n_head = 12;
+  std::int64_t n_embd = 768;
+};
+
+/// The `transformer` submodule, named as in Hugging Face's GPT2LMHeadModel.
+template <FloatElement T>
+struct GptTransformer {
+  BOOST_HANA_DEFINE_STRUCT(GptTransformer, (Embedding<T>, wte), (Embedding<T>, wpe), (std::vector<Block<T>>, h),
+                           (LayerNorm<T>, ln_f));
+};
+
+template <FloatElement T>
+struct Gpt {
+  BOOST_HANA_DEFINE_STRUCT(Gpt, (GptTransformer<T>, transformer));
+  GptConfig config;
+  /// Recompute each block's activations in backward instead of keeping them.
+  bool checkpoint_blocks = false;
+
+  /// Builds the module tree with GPT-2's initialisation: weights normal(0, 0.02), residual
+  /// projections (attn.c_proj, mlp.c_proj) normal(0, 0.02 / sqrt(2 * n_layer)), LayerNorms
+  /// ones and zeros. Parameters get storage when bound (FlatParameters).
+  explicit Gpt(const GptConfig& cfg) : config(cfg) {
+    POLYSHARD_CHECK(cfg.vocab_size >= 1 && cfg.block_size >= 1 && cfg.n_layer >= 0 && cfg.n_embd >= 1,
+                    "Gpt: every size must be positive (vocab ", cfg.vocab_size, ", positions ", cfg.block_size,
+                    ", layers ", cfg.n_layer, ", width ", cfg.n_embd, ")");
+    const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(std::max<std::int64_t>(cfg.n_layer, 1)));
+    transformer.wte = Embedding<T>(cfg.vocab_size, cfg.n_embd);
+    transformer.wpe = Embedding<T>(cfg.block_size, cfg.n_embd);
+    transformer.h.reserve(static_cast<std::size_t>(cfg.n_layer));
+    for (std::int64_t i = 0; i < cfg.n_layer; ++i)
+      transformer.h.emplace_back(cfg.n_embd, static_cast<int>(cfg.n_head), proj_std);
+    transformer.ln_f = LayerNorm<T>(cfg.n_embd);
+  }
+  // Parameters are bound by address: a model does not move once built.
+  Gpt(const Gpt&) = delete;
+  Gpt& operator=(const Gpt&) = delete;
+
+  /// ids: (B, T) token ids, T <= block_size -> logits (B, T, vocab_size).
+  Var<T> logits(const Tensor<std::int32_t>& ids) const {
+    POLYSHARD_CHECK(ids.rank() == 2, "Gpt: token ids must have shape (B, T), got ", ids.shape());
+    const std::int64_t batch = ids.size(0), steps = ids.size(1);
+    POLYSHARD_CHECK(steps <= config.block_size, "Gpt: sequence of length ", steps, " is longer than the model's ",
+                    config.block_size, " positions");
+    auto positions = Tensor<std::int32_t>::empty({batch, steps});  // (B, T)
+    for (std::int64_t b = 0; b < batch; ++b)
+      for (std::int64_t t = 0; t < steps; ++t) positions.data()[b * steps + t] = static_cast<std::int32_t>(t);
+    Var<T> x = add(transformer.wte(ids), transformer.wpe(positions));  // (B, T, C)
+    for (const Block<T>& block : transformer.h) {
+      if (checkpoint_blocks)
+        x = checkpoint([&block](const Var<T>& in) { return call(block, in); }, x);
+      else
+        x = call(block, x);
+    }
+    x = call(transformer.ln_f, x);
+    return linear(x, transformer.wte.weight.var());  // (B, T, V): the head shares wte
+  }
+
+  /// Mean cross-entropy of predicting `targets` (B, T) from `ids` (B, T).
+  Var<T> loss(const Tensor<std::int32_t>& ids, const Tensor<std::int32_t>& targets) const {
+    return cross_entropy(logits(ids), targets);
+  }
+};
+
+}  // namespace polyshard

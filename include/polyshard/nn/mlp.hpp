@@ -1,0 +1,22 @@
+// The transformer's feed-forward network: expand 4x, GELU, project back.
+#pragma once
+
+#include "polyshard/nn/gelu.hpp"
+#include "polyshard/nn/linear.hpp"
+#include "polyshard/nn/module_hooks.hpp"
+
+namespace polyshard {
+
+template <FloatElement T>
+struct Mlp {
+  BOOST_HANA_DEFINE_STRUCT(Mlp, (Linear<T>, c_fc), (Gelu<T>, gelu), (Linear<T>, c_proj));
+
+  Mlp() = default;
+  /// `proj_std`: GPT-2 scales the residual projection's init by 1/sqrt(2 * layers).
+  Mlp(std::int64_t dim, double proj_std) : c_fc(dim, 4 * dim), gelu{}, c_proj(4 * dim, dim, proj_std) {}
+
+  /// x: (B, T, C) -> (B, T, C).
+  Var<T> operator()(const Var<T>& x) const { return call(c_proj, call(gelu, call(c_fc, x))); }
+};
+
+}  // namespace polyshard

@@ -1,0 +1,61 @@
+// The seam between modules and a training engine: a module calls its children through call(),
+// and an engine installed on the thread decides what happens around each call (gather a
+// sharded unit before it, free it after, checkpoint its activations). With no engine, call()
+// is a plain call.
+#pragma once
+
+#include <concepts>
+#include <functional>
+
+#include "polyshard/autograd/variable.hpp"
+
+namespace polyshard {
+
+/// What an engine does around module calls on this thread.
+template <FloatElement T>
+class ModuleHooks {
+ public:
+  virtual ~ModuleHooks() = default;
+  /// Runs `body(x)`, which computes `module` on `x`, with the engine's work around it.
+  virtual Var<T> around(const void* module, const std::function<Var<T>(const Var<T>&)>& body, const Var<T>& x) = 0;
+};
+
+namespace detail {
+template <FloatElement T>
+ModuleHooks<T>*& thread_module_hooks() {
+  thread_local ModuleHooks<T>* hooks = nullptr;
+  return hooks;
+}
+}  // namespace detail
+
+/// Installs `hooks` for this thread until the scope ends.
+template <FloatElement T>
+class ModuleHooksScope {
+ public:
+  explicit ModuleHooksScope(ModuleHooks<T>& hooks) : saved_(detail::thread_module_hooks<T>()) {
+    detail::thread_module_hooks<T>() = &hooks;
+  }
+  ~ModuleHooksScope() { detail::thread_module_hooks<T>() = saved_; }
+  ModuleHooksScope(const ModuleHooksScope&) = delete;
+  ModuleHooksScope& operator=(const ModuleHooksScope&) = delete;
+
+ private:
+  ModuleHooks<T>* saved_;
+};
+
+/// A module that maps one activation to another, and so can be a unit of a sharded strategy.
+template <class M, class T>
+concept ActivationModule = requires(const M& m, const Var<T>& x) {
+  { m(x) } -> std::same_as<Var<T>>;
+};
+
+/// Calls `module(x)`, through the engine's hooks when one is installed on this thread.
+template <class M, FloatElement T>
+  requires ActivationModule<M, T>
+Var<T> call(const M& module, const Var<T>& x) {
+  if (ModuleHooks<T>* hooks = detail::thread_module_hooks<T>())
+    return hooks->around(&module, [&module](const Var<T>& in) { return module(in); }, x);
+  return module(x);
+}
+
+}  // namespace polyshard
