@@ -1,0 +1,224 @@
+// Adam (and the kernel AdamW shares) over flat spans, with torch.optim.Adam's update rule.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "polyshard/core/dtype.hpp"
+#include "polyshard/core/error.hpp"
+#include "polyshard/core/memory_tracker.hpp"
+#include "polyshard/optim/config.hpp"
+#include "polyshard/optim/detail/elementwise.hpp"
+#include "polyshard/tensor/tensor.hpp"
+
+namespace polyshard {
+
+namespace detail {
+
+// Per-step constants, computed once in double as PyTorch computes them in Python floats, then
+// rounded to P as PyTorch rounds a Scalar to the tensor's type.
+template <class P>
+struct AdamConstants {
+  P lerp_weight;          // 1 - beta1
+  P lerp_weight_complement;  // 1 - (1 - beta1), for lerp's upper branch
+  bool lerp_low;          // lerp's branch: |weight| < 0.5
+  P beta2, one_minus_beta2;
+  P coupled_decay;        // Adam: grad += wd * param
+  P decoupled_scale;      // AdamW: param *= 1 - lr * wd
+  P neg_step_size;        // -lr / (1 - beta1^step)
+  P bias_correction2_sqrt;  // sqrt(1 - beta2^step)
+  P eps;
+  bool coupled, decoupled;
+};
+
+template <class P>
+AdamConstants<P> adam_constants(const AdamConfig& c, std::int64_t step, bool decoupled_weight_decay) {
+  const double s = static_cast<double>(step);
+  const double bias_correction1 = 1 - std::pow(c.beta1, s);
+  const double bias_correction2 = 1 - std::pow(c.beta2, s);
+  AdamConstants<P> k{};
+  k.lerp_weight = static_cast<P>(1 - c.beta1);
+  k.lerp_weight_complement = P(1) - k.lerp_weight;
+  k.lerp_low = std::abs(k.lerp_weight) < P(0.5);
+  k.beta2 = static_cast<P>(c.beta2);
+  k.one_minus_beta2 = static_cast<P>(1 - c.beta2);
+  k.coupled = !decoupled_weight_decay && c.weight_decay != 0;
+  k.decoupled = decoupled_weight_decay && c.weight_decay != 0;
+  k.coupled_decay = static_cast<P>(c.weight_decay);
+  k.decoupled_scale = static_cast<P>(1 - c.lr * c.weight_decay);
+  k.neg_step_size = static_cast<P>(-(c.lr / bias_correction1));
+  k.bias_correction2_sqrt = static_cast<P>(std::sqrt(bias_correction2));
+  k.eps = static_cast<P>(c.eps);
+  return k;
+}
+
+// One packet, in PyTorch's order of operations (torch/optim/adam.py, _single_tensor_adam):
+//   grad = grad + wd * param                    (Adam with weight decay)
+//   param = param * (1 - lr * wd)               (AdamW with weight decay)
+//   exp_avg.lerp_(grad, 1 - beta1)
+//   exp_avg_sq = exp_avg_sq * beta2 + (1 - beta2) * grad * grad
+//   param += -step_size * exp_avg / (sqrt(exp_avg_sq) / sqrt(bias_correction2) + eps)
+template <class P>
+struct AdamPacket {
+  using Packet = packet_t<P>;
+  explicit AdamPacket(const AdamConstants<P>& k)
+      : k(k),
+        lerp_weight(Eigen::internal::pset1<Packet>(k.lerp_weight)),
+        lerp_weight_complement(Eigen::internal::pset1<Packet>(k.lerp_weight_complement)),
+        beta2(Eigen::internal::pset1<Packet>(k.beta2)),
+        one_minus_beta2(Eigen::internal::pset1<Packet>(k.one_minus_beta2)),
+        coupled_decay(Eigen::internal::pset1<Packet>(k.coupled_decay)),
+        decoupled_scale(Eigen::internal::pset1<Packet>(k.decoupled_scale)),
+        neg_step_size(Eigen::internal::pset1<Packet>(k.neg_step_size)),
+        bias_correction2_sqrt(Eigen::internal::pset1<Packet>(k.bias_correction2_sqrt)),
+        eps(Eigen::internal::pset1<Packet>(k.eps)) {}
+
+  void operator()(P* param, const P* grad, P* exp_avg, P* exp_avg_sq) const {
+    using namespace Eigen::internal;
+    Packet p = ploadu<Packet>(param);
+    Packet g = ploadu<Packet>(grad);
+    Packet m = ploadu<Packet>(exp_avg);
+    Packet v = ploadu<Packet>(exp_avg_sq);
+    if (k.coupled) g = padd(g, pmul(coupled_decay, p));
+    if (k.decoupled) p = pmul(p, decoupled_scale);
+    // at::lerp's two branches, chosen by the weight as ATen chooses them.
+    m = k.lerp_low ? padd(m, pmul(lerp_weight, psub(g, m))) : psub(g, pmul(psub(g, m), lerp_weight_complement));
+    v = padd(pmul(v, beta2), pmul(pmul(one_minus_beta2, g), g));
+    const Packet denom = padd(pdiv(exact_psqrt(v), bias_correction2_sqrt), eps);
+    p = padd(p, pmul(neg_step_size, pdiv(m, denom)));
+    pstoreu(param, p);
+    pstoreu(exp_avg, m);
+    pstoreu(exp_avg_sq, v);
+  }
+
+  AdamConstants<P> k;
+  Packet lerp_weight, lerp_weight_complement, beta2, one_minus_beta2, coupled_decay, decoupled_scale,
+      neg_step_size, bias_correction2_sqrt, eps;
+};
+
+}  // namespace detail
+
+/// One Adam or AdamW step over flat spans: a whole tensor, a shard of a flat buffer, or any
+/// slice of one; updating a span in slices gives the same bits as updating it whole.
+///   param       master parameters (P = float or double), updated in place;
+///   grad        gradients of any FloatElement type, converted to P element by element;
+///   exp_avg     first moment estimate, same size, zero before the first step;
+///   exp_avg_sq  second moment estimate, same size, zero before the first step;
+///   config      hyperparameters (PyTorch's names and defaults);
+///   step        the step being taken, counting from 1 (drives the bias corrections);
+///   decoupled_weight_decay  false: Adam (weight decay adds to the gradient);
+///                           true: AdamW (weights shrink by lr * weight_decay before the step).
+/// Throws polyshard::Error when the sizes differ or step < 1.
+template <class P, class G>
+  requires(std::same_as<P, float> || std::same_as<P, double>) && FloatElement<G>
+void adam_update(std::span<P> param, std::span<const G> grad, std::span<P> exp_avg, std::span<P> exp_avg_sq,
+                 const AdamConfig& config, std::int64_t step, bool decoupled_weight_decay) {
+  const char* who = decoupled_weight_decay ? "adamw_update" : "adam_update";
+  POLYSHARD_CHECK(grad.size() == param.size() && exp_avg.size() == param.size() &&
+                      exp_avg_sq.size() == param.size(),
+                  who, ": sizes differ: param ", param.size(), ", grad ", grad.size(), ", exp_avg ",
+                  exp_avg.size(), ", exp_avg_sq ", exp_avg_sq.size());
+  POLYSHARD_CHECK(step >= 1, who, ": step counts from 1, got ", step);
+  detail::validate(config, who);
+  const detail::AdamPacket<P> body(detail::adam_constants<P>(config, step, decoupled_weight_decay));
+  detail::parallel_ranges(param.size(), [&](std::size_t begin, std::size_t end) {
+    detail::with_grad_as<P>(grad.data(), begin, end, [&](std::size_t offset, std::size_t count, const P* g) {
+      detail::for_each_packet<P>(count, body, param.data() + offset, g, exp_avg.data() + offset,
+                                 exp_avg_sq.data() + offset);
+    });
+  });
+}
+
+/// adam_update() for gradients in a mutable span (Tensor::span() gives one), which template
+/// deduction would not convert to std::span<const G>.
+template <class P, class G>
+  requires(std::same_as<P, float> || std::same_as<P, double>) && FloatElement<G>
+void adam_update(std::span<P> param, std::span<G> grad, std::span<P> exp_avg, std::span<P> exp_avg_sq,
+                 const AdamConfig& config, std::int64_t step, bool decoupled_weight_decay) {
+  adam_update<P, G>(param, std::span<const G>(grad), exp_avg, exp_avg_sq, config, step, decoupled_weight_decay);
+}
+
+namespace detail {
+
+// The state and bookkeeping Adam and AdamW share; `Name` is the optimizer named in messages.
+template <class P, class Config, bool Decoupled>
+class AdamBase {
+ public:
+  using param_type = P;
+  using config_type = Config;
+
+  AdamBase(Config config, std::size_t numel, const char* name)
+      : config_(config),
+        numel_(numel),
+        name_(name),
+        exp_avg_(Tensor<P>::zeros(Shape{static_cast<std::int64_t>(numel)}, MemoryCategory::OptimizerState)),
+        exp_avg_sq_(Tensor<P>::zeros(Shape{static_cast<std::int64_t>(numel)}, MemoryCategory::OptimizerState)) {
+    validate(static_cast<AdamConfig>(config), name);
+  }
+
+  template <class G>
+    requires FloatElement<G>
+  void step(std::span<P> params, std::span<const G> grads) {
+    POLYSHARD_CHECK(params.size() == numel_ && grads.size() == numel_, name_, "::step: built for ", numel_,
+                    " elements, got params of ", params.size(), " and grads of ", grads.size());
+    adam_update<P, G>(params, grads, exp_avg_.span(), exp_avg_sq_.span(), static_cast<AdamConfig>(config_),
+                      step_ + 1, Decoupled);
+    ++step_;
+  }
+  /// step() for gradients in a mutable span (Tensor::span() gives one).
+  template <class G>
+    requires FloatElement<G>
+  void step(std::span<P> params, std::span<G> grads) {
+    step(params, std::span<const G>(grads));
+  }
+
+  std::int64_t step_count() const { return step_; }
+  /// Restores the step counter with the state from a checkpoint (it drives the bias correction).
+  void set_step_count(std::int64_t step) {
+    POLYSHARD_CHECK(step >= 0, name_, "::set_step_count: negative step ", step);
+    step_ = step;
+  }
+  double lr() const { return config_.lr; }
+  void set_lr(double lr) {
+    POLYSHARD_CHECK(lr >= 0, name_, "::set_lr: invalid learning rate ", lr);
+    config_.lr = lr;
+  }
+  const Config& config() const { return config_; }
+  std::size_t numel() const { return numel_; }
+  std::size_t state_bytes() const { return exp_avg_.bytes() + exp_avg_sq_.bytes(); }
+  /// The state tensors by PyTorch's names. They share storage with the optimizer: a checkpoint
+  /// reads them, a restore copies into them (Tensor::copy_from) and calls set_step_count().
+  std::vector<std::pair<std::string, Tensor<P>>> state() const {
+    return {{"exp_avg", exp_avg_}, {"exp_avg_sq", exp_avg_sq_}};
+  }
+
+ private:
+  Config config_;
+  std::size_t numel_;
+  const char* name_;
+  Tensor<P> exp_avg_;     // (numel,)
+  Tensor<P> exp_avg_sq_;  // (numel,)
+  std::int64_t step_ = 0;
+};
+
+}  // namespace detail
+
+/// Adam over one flat parameter span of a fixed size, owning its moment estimates
+/// (2 * numel * sizeof(P) bytes, counted as MemoryCategory::OptimizerState). Weight decay, if
+/// any, is the L2 penalty added to the gradient, as in torch.optim.Adam.
+///   step(params, grads)  one step; grads of any FloatElement type; throws polyshard::Error
+///                        naming the optimizer and the sizes when they differ from numel;
+///   step_count(), set_step_count(n), lr(), set_lr(x), config(), numel(), state_bytes(),
+///   state(): {"exp_avg", "exp_avg_sq"} sharing storage with the optimizer.
+template <class P>
+class Adam : public detail::AdamBase<P, AdamConfig, false> {
+ public:
+  /// config: hyperparameters; numel: size of the parameter span every step() receives.
+  Adam(AdamConfig config, std::size_t numel) : detail::AdamBase<P, AdamConfig, false>(config, numel, "Adam") {}
+};
+
+}  // namespace polyshard

@@ -1,0 +1,8 @@
+// Umbrella header of the optimizers layer.
+#pragma once
+
+#include "polyshard/optim/adam.hpp"
+#include "polyshard/optim/adamw.hpp"
+#include "polyshard/optim/config.hpp"
+#include "polyshard/optim/optimizer.hpp"
+#include "polyshard/optim/sgd.hpp"

@@ -1,0 +1,39 @@
+// The Optimizer concept: what the engine needs from Sgd, Adam, AdamW and any optimizer added later.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "polyshard/tensor/tensor.hpp"
+
+namespace polyshard {
+
+/// An optimizer over one flat parameter span of a fixed size. Required members:
+///   param_type                 the master element type P (float or double);
+///   config_type                its hyperparameter struct;
+///   step(span<P>, span<const P>)  one update (a model's grads may also be 16-bit: step is a
+///                              template over the gradient type in every polyshard optimizer);
+///   step_count(), set_step_count(n)  steps taken, restorable from a checkpoint;
+///   lr(), set_lr(x)            the learning rate, for schedules;
+///   numel()                    the span size it was built for;
+///   state_bytes()              bytes of optimizer state it owns;
+///   state()                    its state tensors by PyTorch's names, sharing its storage.
+template <class O>
+concept Optimizer = requires(O& o, const O& co, std::span<typename O::param_type> params,
+                             std::span<const typename O::param_type> grads, std::int64_t step, double lr) {
+  typename O::config_type;
+  o.step(params, grads);
+  { co.step_count() } -> std::same_as<std::int64_t>;
+  o.set_step_count(step);
+  { co.lr() } -> std::convertible_to<double>;
+  o.set_lr(lr);
+  { co.numel() } -> std::same_as<std::size_t>;
+  { co.state_bytes() } -> std::same_as<std::size_t>;
+  { co.state() } -> std::same_as<std::vector<std::pair<std::string, Tensor<typename O::param_type>>>>;
+};
+
+}  // namespace polyshard

@@ -1,0 +1,173 @@
+// SGD with momentum, dampening, Nesterov and weight decay over flat spans (torch.optim.SGD).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "polyshard/core/dtype.hpp"
+#include "polyshard/core/error.hpp"
+#include "polyshard/core/memory_tracker.hpp"
+#include "polyshard/optim/config.hpp"
+#include "polyshard/optim/detail/elementwise.hpp"
+#include "polyshard/tensor/tensor.hpp"
+
+namespace polyshard {
+
+namespace detail {
+
+// One packet, in PyTorch's order of operations (torch/optim/sgd.py, _single_tensor_sgd):
+//   grad = grad + wd * param
+//   buf = grad on the first step, else buf * momentum + (1 - dampening) * grad
+//   grad = nesterov ? grad + momentum * buf : buf
+//   param += -lr * grad
+// Called with a momentum buffer when momentum != 0 and without one otherwise.
+template <class P>
+struct SgdPacket {
+  using Packet = packet_t<P>;
+  SgdPacket(const SgdConfig& c, std::int64_t step)
+      : decay(c.weight_decay != 0),
+        first_step(step == 1),
+        nesterov(c.nesterov),
+        weight_decay(Eigen::internal::pset1<Packet>(static_cast<P>(c.weight_decay))),
+        momentum(Eigen::internal::pset1<Packet>(static_cast<P>(c.momentum))),
+        one_minus_dampening(Eigen::internal::pset1<Packet>(static_cast<P>(1 - c.dampening))),
+        neg_lr(Eigen::internal::pset1<Packet>(static_cast<P>(-c.lr))) {}
+
+  Packet decayed_grad(const P* param, const P* grad) const {
+    using namespace Eigen::internal;
+    const Packet g = ploadu<Packet>(grad);
+    return decay ? padd(g, pmul(weight_decay, ploadu<Packet>(param))) : g;
+  }
+
+  void operator()(P* param, const P* grad) const {
+    using namespace Eigen::internal;
+    pstoreu(param, padd(ploadu<Packet>(param), pmul(neg_lr, decayed_grad(param, grad))));
+  }
+
+  void operator()(P* param, const P* grad, P* momentum_buffer) const {
+    using namespace Eigen::internal;
+    const Packet g = decayed_grad(param, grad);
+    // PyTorch's buffer starts as a copy of the gradient: no dampening on the first step.
+    const Packet b = first_step ? g : padd(pmul(ploadu<Packet>(momentum_buffer), momentum), pmul(one_minus_dampening, g));
+    const Packet d = nesterov ? padd(g, pmul(momentum, b)) : b;
+    pstoreu(param, padd(ploadu<Packet>(param), pmul(neg_lr, d)));
+    pstoreu(momentum_buffer, b);
+  }
+
+  bool decay, first_step, nesterov;
+  Packet weight_decay, momentum, one_minus_dampening, neg_lr;
+};
+
+}  // namespace detail
+
+/// One SGD step over flat spans: a whole tensor, a shard of a flat buffer, or any slice of one;
+/// updating a span in slices gives the same bits as updating it whole.
+///   param            master parameters (P = float or double), updated in place;
+///   grad             gradients of any FloatElement type, converted to P element by element;
+///   momentum_buffer  same size as param when config.momentum != 0 (its contents before step 1
+///                    are ignored: the first step copies the gradient in), empty otherwise;
+///   config           hyperparameters (PyTorch's names);
+///   step             the step being taken, counting from 1 (step 1 starts the momentum buffer).
+/// Throws polyshard::Error when the sizes differ, step < 1, or Nesterov lacks momentum.
+template <class P, class G>
+  requires(std::same_as<P, float> || std::same_as<P, double>) && FloatElement<G>
+void sgd_update(std::span<P> param, std::span<const G> grad, std::span<P> momentum_buffer, const SgdConfig& config,
+                std::int64_t step) {
+  POLYSHARD_CHECK(grad.size() == param.size(), "sgd_update: sizes differ: param ", param.size(), ", grad ",
+                  grad.size());
+  const bool use_momentum = config.momentum != 0;
+  POLYSHARD_CHECK(momentum_buffer.size() == (use_momentum ? param.size() : 0), "sgd_update: momentum_buffer has ",
+                  momentum_buffer.size(), " elements, expected ", (use_momentum ? param.size() : 0),
+                  " (momentum ", config.momentum, ")");
+  POLYSHARD_CHECK(step >= 1, "sgd_update: step counts from 1, got ", step);
+  detail::validate(config, "sgd_update");
+  const detail::SgdPacket<P> body(config, step);
+  detail::parallel_ranges(param.size(), [&](std::size_t begin, std::size_t end) {
+    detail::with_grad_as<P>(grad.data(), begin, end, [&](std::size_t offset, std::size_t count, const P* g) {
+      if (use_momentum) {
+        detail::for_each_packet<P>(count, body, param.data() + offset, g, momentum_buffer.data() + offset);
+      } else {
+        detail::for_each_packet<P>(count, body, param.data() + offset, g);
+      }
+    });
+  });
+}
+
+/// sgd_update() for gradients in a mutable span (Tensor::span() gives one), which template
+/// deduction would not convert to std::span<const G>.
+template <class P, class G>
+  requires(std::same_as<P, float> || std::same_as<P, double>) && FloatElement<G>
+void sgd_update(std::span<P> param, std::span<G> grad, std::span<P> momentum_buffer, const SgdConfig& config,
+                std::int64_t step) {
+  sgd_update<P, G>(param, std::span<const G>(grad), momentum_buffer, config, step);
+}
+
+/// SGD over one flat parameter span of a fixed size, owning its momentum buffer when momentum
+/// is nonzero (numel * sizeof(P) bytes, counted as MemoryCategory::OptimizerState).
+///   step(params, grads)  one step; grads of any FloatElement type; throws polyshard::Error
+///                        naming the optimizer and the sizes when they differ from numel;
+///   step_count(), set_step_count(n), lr(), set_lr(x), config(), numel(), state_bytes(),
+///   state(): {"momentum_buffer"} (nothing without momentum), sharing storage with the optimizer.
+template <class P>
+class Sgd {
+ public:
+  using param_type = P;
+  using config_type = SgdConfig;
+
+  /// config: hyperparameters; numel: size of the parameter span every step() receives.
+  Sgd(SgdConfig config, std::size_t numel) : config_(config), numel_(numel) {
+    detail::validate(config, "Sgd");
+    if (config.momentum != 0) {
+      momentum_buffer_ =
+          Tensor<P>::zeros(Shape{static_cast<std::int64_t>(numel)}, MemoryCategory::OptimizerState);
+    }
+  }
+
+  template <class G>
+    requires FloatElement<G>
+  void step(std::span<P> params, std::span<const G> grads) {
+    POLYSHARD_CHECK(params.size() == numel_ && grads.size() == numel_, "Sgd::step: built for ", numel_,
+                    " elements, got params of ", params.size(), " and grads of ", grads.size());
+    const std::span<P> buffer = momentum_buffer_.defined() ? momentum_buffer_.span() : std::span<P>{};
+    sgd_update<P, G>(params, grads, buffer, config_, step_ + 1);
+    ++step_;
+  }
+  /// step() for gradients in a mutable span (Tensor::span() gives one).
+  template <class G>
+    requires FloatElement<G>
+  void step(std::span<P> params, std::span<G> grads) {
+    step(params, std::span<const G>(grads));
+  }
+
+  std::int64_t step_count() const { return step_; }
+  /// Restores the step counter with the state from a checkpoint (step 0 restarts the buffer).
+  void set_step_count(std::int64_t step) {
+    POLYSHARD_CHECK(step >= 0, "Sgd::set_step_count: negative step ", step);
+    step_ = step;
+  }
+  double lr() const { return config_.lr; }
+  void set_lr(double lr) {
+    POLYSHARD_CHECK(lr >= 0, "Sgd::set_lr: invalid learning rate ", lr);
+    config_.lr = lr;
+  }
+  const SgdConfig& config() const { return config_; }
+  std::size_t numel() const { return numel_; }
+  std::size_t state_bytes() const { return momentum_buffer_.defined() ? momentum_buffer_.bytes() : 0; }
+  /// The state tensors by PyTorch's names. They share storage with the optimizer: a checkpoint
+  /// reads them, a restore copies into them (Tensor::copy_from) and calls set_step_count().
+  std::vector<std::pair<std::string, Tensor<P>>> state() const {
+    if (!momentum_buffer_.defined()) return {};
+    return {{"momentum_buffer", momentum_buffer_}};
+  }
+
+ private:
+  SgdConfig config_;
+  std::size_t numel_;
+  Tensor<P> momentum_buffer_;  // (numel,) when momentum != 0, else undefined
+  std::int64_t step_ = 0;
+};
+
+}  // namespace polyshard
