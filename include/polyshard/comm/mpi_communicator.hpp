@@ -1,0 +1,603 @@
+// MPI backend: ranks are processes started by mpirun (or a scheduler's launcher), buffers live in
+// host memory. Also the bootstrap of the NCCL backend. Needs <mpi.h> and MPI::MPI_CXX.
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "polyshard/comm/comm_handle.hpp"
+#include "polyshard/comm/comm_options.hpp"
+#include "polyshard/comm/comm_stats.hpp"
+#include "polyshard/comm/communicator.hpp"
+#include "polyshard/comm/detail/comm_worker.hpp"
+#include "polyshard/comm/detail/ring.hpp"
+#include "polyshard/comm/detail/scratch.hpp"
+#include "polyshard/comm/reduce_op.hpp"
+#include "polyshard/core/dtype.hpp"
+#include "polyshard/core/error.hpp"
+#include "polyshard/core/memory_tracker.hpp"
+
+namespace polyshard {
+
+namespace detail::comm {
+
+/// Process-wide MPI state: whether MPI calls need a lock (no MPI_THREAD_MULTIPLE), and the first
+/// failure (timeout or MPI error) after which the job can only be aborted.
+struct MpiState {
+  std::atomic<int> thread_level{MPI_THREAD_SINGLE};
+  std::mutex call_mutex;
+  std::mutex failure_mutex;
+  std::atomic<bool> failed{false};
+  std::string failure;
+
+  static MpiState& get() {
+    static MpiState state;
+    return state;
+  }
+  void record_failure(const std::string& message) {
+    std::lock_guard lock(failure_mutex);
+    if (!failed.load()) {
+      failure = message;
+      failed.store(true);
+    }
+  }
+};
+
+/// Serializes MPI calls when the library was initialized below MPI_THREAD_MULTIPLE.
+class MpiLock {
+ public:
+  MpiLock() {
+    if (MpiState::get().thread_level.load() < MPI_THREAD_MULTIPLE) lock_.emplace(MpiState::get().call_mutex);
+  }
+
+ private:
+  std::optional<std::unique_lock<std::mutex>> lock_;
+};
+
+inline std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(text, static_cast<std::size_t>(length));
+}
+
+/// Largest message posted at once: MPI counts are int.
+inline constexpr std::size_t mpi_max_message = std::size_t{1} << 30;
+
+}  // namespace detail::comm
+
+/// Initializes MPI for the lifetime of the object (MPI_THREAD_MULTIPLE requested, so that the
+/// communication threads of asynchronous calls may call MPI), and finalizes it at the end,
+/// unless a collective failed: then the job cannot finish cleanly, and the destructor ends it
+/// with MPI_Abort and a message instead of hanging in MPI_Finalize. Does nothing when MPI was
+/// already initialized by someone else (who then also finalizes it).
+class MpiSession {
+ public:
+  MpiSession(int* argc, char*** argv) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    int provided = MPI_THREAD_SINGLE;
+    if (!initialized) {
+      const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+      POLYSHARD_CHECK(rc == MPI_SUCCESS, "polyshard: MPI_Init_thread failed");
+      owner_ = true;
+    } else {
+      MPI_Query_thread(&provided);
+    }
+    detail::comm::MpiState::get().thread_level.store(provided);
+    // Errors come back as return codes, which the communicators turn into polyshard::Error.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  }
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+  ~MpiSession() {
+    if (!owner_) return;
+    auto& state = detail::comm::MpiState::get();
+    if (state.failed.load()) abort(state.failure);
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  }
+
+  /// True once a collective of this process failed (timed out or met an MPI error).
+  static bool failed() { return detail::comm::MpiState::get().failed.load(); }
+
+  /// Ends the whole job: prints "polyshard: aborting the MPI job: <why>" and calls MPI_Abort.
+  [[noreturn]] static void abort(const std::string& why, int code = 1) {
+    int rank = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    std::fprintf(stderr, "polyshard: aborting the MPI job from rank %d: %s\n", rank, why.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);  // MPI_Abort does not return; this only satisfies [[noreturn]]
+  }
+
+ private:
+  bool owner_ = false;
+};
+
+/// One rank of an MPI communicator over host buffers.
+///
+/// All-reduce, reduce-scatter and all-gather are rings of MPI_Isend/MPI_Irecv, with the same chunks
+/// and the same order of additions as ThreadCommunicator, so both backends give bit-identical
+/// results; half and bfloat16 travel as bytes and their partial sums travel in float. Reduce is the
+/// ring reduce-scatter followed by a gather of the chunks at the root; broadcast and barrier use
+/// MPI_Ibcast and MPI_Ibarrier.
+///
+/// Every wait polls its requests against the deadline: a collective that outlives timeout() throws
+/// polyshard::Error naming the collective, this rank and the ranks it waited for, and marks the
+/// process failed (MpiSession then aborts the job rather than hang). MPI errors (a dead peer, for
+/// one) are returned, not fatal, and are reported the same way; a rank that exits ends the job
+/// through the launcher. With CommOptions::check_calls, every call is first compared across the
+/// ranks (an MPI_Iallgather of its description) and mismatched calls throw on every rank; the
+/// communicator stays usable afterwards.
+///
+/// Asynchronous calls run on a communication thread of this communicator, in issue order.
+class MpiCommunicator {
+ public:
+  /// A communicator over all processes of the job (a duplicate of MPI_COMM_WORLD, so that its
+  /// messages never meet the application's own).
+  static MpiCommunicator world(CommOptions options = {}) { return MpiCommunicator(MPI_COMM_WORLD, options); }
+
+  /// A communicator over the processes of `comm`, which it duplicates (the caller keeps `comm`).
+  explicit MpiCommunicator(MPI_Comm comm, CommOptions options = {}) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    POLYSHARD_CHECK(initialized, "polyshard: MpiCommunicator needs MPI to be initialized (create an MpiSession first)");
+    MPI_Comm dup = MPI_COMM_NULL;
+    {
+      detail::comm::MpiLock lock;
+      const int rc = MPI_Comm_dup(comm, &dup);
+      POLYSHARD_CHECK(rc == MPI_SUCCESS, "polyshard: MPI_Comm_dup failed: ", detail::comm::mpi_error_text(rc));
+    }
+    impl_ = std::make_unique<Impl>(dup, options);
+  }
+
+  MpiCommunicator(MpiCommunicator&&) noexcept = default;
+  MpiCommunicator& operator=(MpiCommunicator&&) noexcept = default;
+  ~MpiCommunicator() = default;
+
+  int rank() const { return impl_->rank; }
+  int size() const { return impl_->size; }
+  /// The underlying MPI communicator (owned by this object).
+  MPI_Comm native() const { return impl_->comm; }
+
+  /// Sums (or averages) `buf` over all ranks, in place, on every rank.
+  template <FloatElement T>
+  void all_reduce(std::span<T> buf, ReduceOp op = ReduceOp::Sum) {
+    run(CollectiveKind::AllReduce, buf.size_bytes(), [=, this] { impl_->all_reduce(buf, op); });
+  }
+  template <FloatElement T>
+  CommHandle all_reduce_async(std::span<T> buf, ReduceOp op = ReduceOp::Sum) {
+    return submit(CollectiveKind::AllReduce, buf.size_bytes(), [=, this] { impl_->all_reduce(buf, op); });
+  }
+
+  /// Reduces `in` (size() x out.size() elements) over all ranks; rank r receives slice r.
+  template <FloatElement T>
+  void reduce_scatter(std::type_identity_t<std::span<const T>> in, std::span<T> out, ReduceOp op = ReduceOp::Sum) {
+    check_scatter(in.size(), out.size());
+    run(CollectiveKind::ReduceScatter, in.size_bytes(), [=, this] { impl_->reduce_scatter(in, out, op); });
+  }
+  template <FloatElement T>
+  CommHandle reduce_scatter_async(std::type_identity_t<std::span<const T>> in, std::span<T> out,
+                                  ReduceOp op = ReduceOp::Sum) {
+    check_scatter(in.size(), out.size());
+    return submit(CollectiveKind::ReduceScatter, in.size_bytes(), [=, this] { impl_->reduce_scatter(in, out, op); });
+  }
+
+  /// Concatenates every rank's `in` into `out` (size() x in.size() elements), rank order.
+  template <FloatElement T>
+  void all_gather(std::type_identity_t<std::span<const T>> in, std::span<T> out) {
+    check_gather(in.size(), out.size());
+    run(CollectiveKind::AllGather, out.size_bytes(), [=, this] { impl_->all_gather(in, out); });
+  }
+  template <FloatElement T>
+  CommHandle all_gather_async(std::type_identity_t<std::span<const T>> in, std::span<T> out) {
+    check_gather(in.size(), out.size());
+    return submit(CollectiveKind::AllGather, out.size_bytes(), [=, this] { impl_->all_gather(in, out); });
+  }
+
+  /// Copies `root`'s `buf` into every rank's `buf`.
+  template <FloatElement T>
+  void broadcast(std::span<T> buf, int root) {
+    detail::comm::check_root(CollectiveKind::Broadcast, root, size(), rank());
+    run(CollectiveKind::Broadcast, buf.size_bytes(), [=, this] { impl_->broadcast(buf, root); });
+  }
+  template <FloatElement T>
+  CommHandle broadcast_async(std::span<T> buf, int root) {
+    detail::comm::check_root(CollectiveKind::Broadcast, root, size(), rank());
+    return submit(CollectiveKind::Broadcast, buf.size_bytes(), [=, this] { impl_->broadcast(buf, root); });
+  }
+
+  /// Sums (or averages) every rank's `buf` into `root`'s `buf`; the others keep theirs.
+  template <FloatElement T>
+  void reduce(std::span<T> buf, int root, ReduceOp op = ReduceOp::Sum) {
+    detail::comm::check_root(CollectiveKind::Reduce, root, size(), rank());
+    run(CollectiveKind::Reduce, buf.size_bytes(), [=, this] { impl_->reduce(buf, root, op); });
+  }
+  template <FloatElement T>
+  CommHandle reduce_async(std::span<T> buf, int root, ReduceOp op = ReduceOp::Sum) {
+    detail::comm::check_root(CollectiveKind::Reduce, root, size(), rank());
+    return submit(CollectiveKind::Reduce, buf.size_bytes(), [=, this] { impl_->reduce(buf, root, op); });
+  }
+
+  /// Returns once every rank has entered the barrier.
+  void barrier() {
+    run(CollectiveKind::Barrier, 0, [this] { impl_->barrier(); });
+  }
+  CommHandle barrier_async() {
+    return submit(CollectiveKind::Barrier, 0, [this] { impl_->barrier(); });
+  }
+
+  /// MPI_Comm_split: ranks passing the same `color` (>= 0) form a new communicator, ranked by
+  /// (`key`, rank here). Collective. Unlike the collectives it is not bounded by the timeout.
+  MpiCommunicator split(int color, int key) {
+    POLYSHARD_CHECK(color >= 0, "polyshard: split on rank ", rank(), ": colour must be >= 0, got ", color);
+    MPI_Comm sub = MPI_COMM_NULL;
+    run(CollectiveKind::Split, 0, [&] {
+      detail::comm::MpiLock lock;
+      impl_->check(MPI_Comm_split(impl_->comm, color, key, &sub), "MPI_Comm_split");
+    });
+    MpiCommunicator result(std::make_unique<Impl>(sub, impl_->options));
+    result.set_memory_tracker(*impl_->tracker);
+    return result;
+  }
+
+  /// Counters of this rank's calls and bytes sent (by the ring formula, as every backend).
+  CommStats& stats() { return impl_->stats; }
+  const CommStats& stats() const { return impl_->stats; }
+
+  void set_timeout(std::chrono::milliseconds timeout) { impl_->options.timeout = timeout; }
+  std::chrono::milliseconds timeout() const { return impl_->options.timeout; }
+  /// Turns the cross-rank check of every call (CommOptions::check_calls) on or off.
+  void set_check_calls(bool on) { impl_->options.check_calls = on; }
+
+  /// Counts scratch buffers under MemoryCategory::Communication in `tracker`.
+  void set_memory_tracker(MemoryTracker& tracker) {
+    for (auto* s : {&impl_->scratch, &impl_->recv_scratch, &impl_->out_scratch}) s->set_tracker(&tracker);
+    impl_->tracker = &tracker;
+  }
+
+ private:
+  using CallDesc = detail::comm::CallDesc;
+  using Chunks = detail::comm::Chunks;
+  static constexpr int ring_tag = 0x5053;  // "PS"
+  static constexpr int reduce_tag = 0x5054;
+
+  /// Frees the MPI communicator last, after the communication thread has drained.
+  struct OwnedComm {
+    MPI_Comm comm = MPI_COMM_NULL;
+    explicit OwnedComm(MPI_Comm c) : comm(c) {}
+    OwnedComm(const OwnedComm&) = delete;
+    OwnedComm& operator=(const OwnedComm&) = delete;
+    ~OwnedComm() {
+      // After a failure requests may still point into this communicator: leave it to MPI_Abort.
+      if (comm == MPI_COMM_NULL || detail::comm::MpiState::get().failed.load()) return;
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (finalized) return;
+      detail::comm::MpiLock lock;
+      MPI_Comm_free(&comm);
+    }
+  };
+
+  struct Impl {
+    OwnedComm owned;
+    MPI_Comm comm;
+    int rank = 0;
+    int size = 1;
+    CommOptions options;
+    CommStats stats;
+    MemoryTracker* tracker = &current_memory_tracker();
+    detail::comm::Scratch scratch{tracker};
+    detail::comm::Scratch recv_scratch{tracker};
+    detail::comm::Scratch out_scratch{tracker};
+    std::uint64_t seq = 0;
+    CallDesc current;
+    std::chrono::steady_clock::time_point deadline;
+    std::vector<MPI_Request> requests;
+    detail::comm::CommWorker worker;  // last: destroyed (drained) first
+
+    Impl(MPI_Comm c, CommOptions o) : owned(c), comm(c), options(o) {
+      detail::comm::MpiLock lock;
+      MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+      MPI_Comm_rank(comm, &rank);
+      MPI_Comm_size(comm, &size);
+    }
+
+    int left() const { return detail::comm::wrap(rank - 1, size); }
+    int right() const { return detail::comm::wrap(rank + 1, size); }
+
+    std::string where() const {
+      return "polyshard: " + detail::comm::describe(current) + " on rank " + std::to_string(rank) + " of " +
+             std::to_string(size) + " (MPI)";
+    }
+
+    [[noreturn]] void fail(const std::string& message) {
+      detail::comm::MpiState::get().record_failure(message);
+      throw Error(message);
+    }
+    void check(int rc, const char* call) {
+      if (rc != MPI_SUCCESS) fail(where() + ": " + call + " failed: " + detail::comm::mpi_error_text(rc));
+    }
+
+    void post_send(const void* data, std::size_t bytes, int peer, int tag) {
+      const auto* p = static_cast<const char*>(data);
+      do {
+        const std::size_t len = std::min(bytes, detail::comm::mpi_max_message);
+        MPI_Request r;
+        detail::comm::MpiLock lock;
+        check(MPI_Isend(p, static_cast<int>(len), MPI_BYTE, peer, tag, comm, &r), "MPI_Isend");
+        requests.push_back(r);
+        p += len;
+        bytes -= len;
+      } while (bytes > 0);
+    }
+    void post_recv(void* data, std::size_t bytes, int peer, int tag) {
+      auto* p = static_cast<char*>(data);
+      do {
+        const std::size_t len = std::min(bytes, detail::comm::mpi_max_message);
+        MPI_Request r;
+        detail::comm::MpiLock lock;
+        check(MPI_Irecv(p, static_cast<int>(len), MPI_BYTE, peer, tag, comm, &r), "MPI_Irecv");
+        requests.push_back(r);
+        p += len;
+        bytes -= len;
+      } while (bytes > 0);
+    }
+
+    /// Polls the posted requests until all completed, failing at the deadline. MPI progresses
+    /// messages only inside its calls, so the loop keeps calling MPI_Testall; it yields the
+    /// core after a while and sleeps briefly once the wait is long (oversubscribed ranks).
+    void wait(const std::vector<int>& peers) {
+      const auto start = std::chrono::steady_clock::now();
+      for (long spins = 0;; ++spins) {
+        int done = 0;
+        {
+          detail::comm::MpiLock lock;
+          check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE),
+                "MPI_Testall");
+        }
+        if (done) {
+          requests.clear();
+          return;
+        }
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= deadline) {
+          requests.clear();  // left pending: the job cannot go on, MpiSession will abort it
+          std::vector<int> others = peers;
+          std::sort(others.begin(), others.end());
+          others.erase(std::unique(others.begin(), others.end()), others.end());  // left == right when N = 2
+          if (others.empty())
+            for (int q = 0; q < size; ++q)
+              if (q != rank) others.push_back(q);
+          fail(where() + " timed out after " + detail::comm::seconds_text(options.timeout) + " waiting for " +
+               detail::comm::rank_list(others));
+        }
+        if (now - start > std::chrono::milliseconds(20)) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        else if (spins > 256) std::this_thread::yield();
+      }
+    }
+
+    /// Starts collective number seq; in debug mode compares the call across all ranks.
+    void enter(const CallDesc& desc) {
+      ++seq;
+      current = desc;
+      deadline = std::chrono::steady_clock::now() + options.timeout;
+      POLYSHARD_CHECK(!detail::comm::MpiState::get().failed.load(), where(),
+                      " cannot run: an earlier collective failed: ", detail::comm::MpiState::get().failure);
+      if (!options.check_calls || size == 1) return;
+      const std::array<std::int64_t, 6> mine{static_cast<std::int64_t>(desc.kind), static_cast<std::int64_t>(desc.dtype),
+                                             static_cast<std::int64_t>(desc.count), desc.root,
+                                             static_cast<std::int64_t>(desc.op), static_cast<std::int64_t>(seq)};
+      std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(size));
+      MPI_Request r;
+      {
+        detail::comm::MpiLock lock;
+        check(MPI_Iallgather(mine.data(), 6, MPI_INT64_T, all.data(), 6, MPI_INT64_T, comm, &r), "MPI_Iallgather");
+      }
+      requests.push_back(r);
+      wait({});
+      std::vector<CallDesc> calls(static_cast<std::size_t>(size));
+      bool same = true;
+      for (int q = 0; q < size; ++q) {
+        const std::int64_t* d = all.data() + 6 * q;
+        calls[q] = CallDesc{static_cast<CollectiveKind>(d[0]), static_cast<DType>(d[1]),
+                            static_cast<std::uint64_t>(d[2]), static_cast<int>(d[3]), static_cast<ReduceOp>(d[4])};
+        same = same && calls[q].same_call(desc);
+      }
+      if (same) return;
+      std::string message = "polyshard: mismatched collectives (MPI) seen by rank " + std::to_string(rank) + " of " +
+                            std::to_string(size) + ":";
+      for (int q = 0; q < size; ++q)
+        message += std::string(q ? ";" : "") + " rank " + std::to_string(q) + " called " + detail::comm::describe(calls[q]);
+      throw Error(message);  // every rank saw the same table and throws: nothing is left pending
+    }
+
+    template <class T>
+    static CallDesc call(CollectiveKind kind, std::uint64_t count, int root = -1, ReduceOp op = ReduceOp::Sum) {
+      return CallDesc{kind, dtype_v<T>, count, root, op};
+    }
+
+    /// Ring reduce-scatter, the same chunks and additions as ThreadCommunicator: in step s this
+    /// rank receives the left neighbour's partial sum of chunk (rank - 2 - s) (in the compute
+    /// type) and sends its own of chunk (rank - 1 - s).
+    template <class T>
+    void ring_reduce_scatter(const T* src, compute_t<T>* acc, T* final_out, Chunks chunks, ReduceOp op) {
+      using C = compute_t<T>;
+      const int N = size;
+      std::uint64_t max_chunk = 0;
+      for (int c = 0; c < N; ++c) max_chunk = std::max(max_chunk, chunks.size(c));
+      C* incoming = recv_scratch.get_as<C>(max_chunk);
+      // Step 0 sends raw input; in the compute type, so that the receiver adds what it would
+      // have read in shared memory. Chunk (rank - 1) of acc is never a partial sum of this
+      // rank, so it can hold the converted copy.
+      const int first = detail::comm::wrap(rank - 1, N);
+      const C* first_send = reinterpret_cast<const C*>(src + chunks.begin(first));
+      if constexpr (!std::is_same_v<C, T>) {
+        detail::comm::convert<C>(acc + chunks.begin(first), src + chunks.begin(first), chunks.size(first));
+        first_send = acc + chunks.begin(first);
+      }
+      for (int s = 0; s <= N - 2; ++s) {
+        const int send_c = detail::comm::wrap(rank - 1 - s, N);
+        const int recv_c = detail::comm::wrap(rank - 2 - s, N);
+        post_recv(incoming, chunks.size(recv_c) * sizeof(C), left(), ring_tag);
+        post_send(s == 0 ? first_send : acc + chunks.begin(send_c), chunks.size(send_c) * sizeof(C), right(),
+                  ring_tag);
+        wait({left(), right()});
+        const std::uint64_t b = chunks.begin(recv_c), len = chunks.size(recv_c);
+        if (s == N - 2) detail::comm::combine<C>(final_out, incoming, src + b, len, op == ReduceOp::Avg ? N : 1);
+        else detail::comm::combine<C>(acc + b, incoming, src + b, len, 1);
+      }
+    }
+
+    /// Ring all-gather over `data`, chunk r already in place on rank r.
+    template <class T>
+    void ring_all_gather(T* data, Chunks chunks) {
+      const int N = size;
+      for (int t = 0; t <= N - 2; ++t) {
+        const int send_c = detail::comm::wrap(rank - t, N);
+        const int recv_c = detail::comm::wrap(rank - 1 - t, N);
+        post_recv(data + chunks.begin(recv_c), chunks.size(recv_c) * sizeof(T), left(), ring_tag);
+        post_send(data + chunks.begin(send_c), chunks.size(send_c) * sizeof(T), right(), ring_tag);
+        wait({left(), right()});
+      }
+    }
+
+    template <class T>
+    void all_reduce(std::span<T> buf, ReduceOp op) {
+      using C = compute_t<T>;
+      enter(call<T>(CollectiveKind::AllReduce, buf.size(), -1, op));
+      if (size == 1) return;
+      const Chunks chunks{buf.size(), size};
+      C* acc = nullptr;
+      if constexpr (std::is_same_v<C, T>) acc = buf.data();
+      else acc = scratch.get_as<C>(buf.size());
+      ring_reduce_scatter<T>(buf.data(), acc, buf.data() + chunks.begin(rank), chunks, op);
+      ring_all_gather<T>(buf.data(), chunks);
+    }
+
+    template <class T>
+    void reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op) {
+      using C = compute_t<T>;
+      enter(call<T>(CollectiveKind::ReduceScatter, in.size(), -1, op));
+      if (size == 1) {
+        detail::comm::convert<C>(out.data(), in.data(), out.size());
+        return;
+      }
+      C* acc = scratch.get_as<C>(in.size());
+      ring_reduce_scatter<T>(in.data(), acc, out.data(), Chunks{in.size(), size}, op);
+    }
+
+    template <class T>
+    void all_gather(std::span<const T> in, std::span<T> out) {
+      enter(call<T>(CollectiveKind::AllGather, in.size()));
+      if (!in.empty()) std::memcpy(out.data() + in.size() * static_cast<std::size_t>(rank), in.data(), in.size_bytes());
+      if (size == 1) return;
+      ring_all_gather<T>(out.data(), Chunks{out.size(), size});
+    }
+
+    template <class T>
+    void broadcast(std::span<T> buf, int root) {
+      enter(call<T>(CollectiveKind::Broadcast, buf.size(), root));
+      if (size == 1) return;
+      auto* p = reinterpret_cast<char*>(buf.data());
+      std::size_t bytes = buf.size_bytes();
+      do {
+        const std::size_t len = std::min(bytes, detail::comm::mpi_max_message);
+        MPI_Request r;
+        {
+          detail::comm::MpiLock lock;
+          check(MPI_Ibcast(p, static_cast<int>(len), MPI_BYTE, root, comm, &r), "MPI_Ibcast");
+        }
+        requests.push_back(r);
+        p += len;
+        bytes -= len;
+      } while (bytes > 0);
+      wait(rank == root ? std::vector<int>{} : std::vector<int>{root});
+    }
+
+    /// A ring reduce-scatter (the additions of all_reduce), then every rank sends its reduced
+    /// chunk to the root: the work is spread over the ranks instead of piling on the root.
+    template <class T>
+    void reduce(std::span<T> buf, int root, ReduceOp op) {
+      using C = compute_t<T>;
+      enter(call<T>(CollectiveKind::Reduce, buf.size(), root, op));
+      if (size == 1) return;
+      const Chunks chunks{buf.size(), size};
+      C* acc = scratch.get_as<C>(buf.size());
+      // The root's own chunk lands in place (its input there is read for the last time in the
+      // step that writes it); the others keep their buffers and reduce into scratch.
+      T* mine = rank == root ? buf.data() + chunks.begin(rank) : out_scratch.get_as<T>(chunks.size(rank));
+      ring_reduce_scatter<T>(buf.data(), acc, mine, chunks, op);
+      if (rank != root) {
+        post_send(mine, chunks.size(rank) * sizeof(T), root, reduce_tag);
+        wait({root});
+        return;
+      }
+      // The root's input is no longer needed: receive the other chunks straight into it.
+      for (int q = 0; q < size; ++q)
+        if (q != root) post_recv(buf.data() + chunks.begin(q), chunks.size(q) * sizeof(T), q, reduce_tag);
+      wait({});
+    }
+
+    void barrier() {
+      enter(CallDesc{CollectiveKind::Barrier, DType::F32, 0, -1, ReduceOp::Sum});
+      if (size == 1) return;
+      MPI_Request r;
+      {
+        detail::comm::MpiLock lock;
+        check(MPI_Ibarrier(comm, &r), "MPI_Ibarrier");
+      }
+      requests.push_back(r);
+      wait({});
+    }
+  };
+
+  explicit MpiCommunicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+  void check_scatter(std::size_t in, std::size_t out) const {
+    detail::comm::check_multiple(CollectiveKind::ReduceScatter, in, out, size(), rank(), "the input", "the output");
+  }
+  void check_gather(std::size_t in, std::size_t out) const {
+    detail::comm::check_multiple(CollectiveKind::AllGather, out, in, size(), rank(), "the output", "the input");
+  }
+
+  template <class F>
+  void run(CollectiveKind kind, std::size_t buffer_bytes, F&& body) {
+    impl_->stats.record(kind, ring_bytes_sent(kind, buffer_bytes, size()));
+    impl_->worker.run(std::forward<F>(body));
+  }
+  template <class F>
+  CommHandle submit(CollectiveKind kind, std::size_t buffer_bytes, F&& body) {
+    impl_->stats.record(kind, ring_bytes_sent(kind, buffer_bytes, size()));
+    // Below MPI_THREAD_SERIALIZED only this thread may call MPI: run now, hand back a done handle.
+    if (detail::comm::MpiState::get().thread_level.load() < MPI_THREAD_SERIALIZED) {
+      impl_->worker.run(std::forward<F>(body));
+      return CommHandle();
+    }
+    return impl_->worker.submit(std::forward<F>(body));
+  }
+
+  std::unique_ptr<Impl> impl_;
+};
+
+static_assert(Communicator<MpiCommunicator>);
+
+}  // namespace polyshard

@@ -1,0 +1,128 @@
+// Tests of the MPI backend, run by ctest under mpirun with 2, 3 and 4 processes: the same checks
+// as the in-process backend, bit-identity between the two, the debug-mode mismatch report, and
+// (hidden tags, run as their own ctest entries) a timeout and a dead rank ending the job.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <thread>
+#include <tuple>
+
+#include "comm/collective_checks.hpp"
+#include "polyshard/comm/comm.hpp"
+#include "polyshard/comm/mpi_communicator.hpp"
+
+using namespace polyshard;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::unique_ptr<MpiCommunicator> g_world;
+
+MpiCommunicator& world() { return *g_world; }
+
+using Elements = std::tuple<float, double, polyshard::half, polyshard::bfloat16>;
+
+}  // namespace
+
+TEMPLATE_LIST_TEST_CASE("MPI collectives match the serial reference", "[comm][mpi]", Elements) {
+  REQUIRE_NOTHROW(test_comm::check_collectives<MpiCommunicator, TestType>(world(), 1));
+}
+
+TEST_CASE("MPI async collectives overlap and keep issue order", "[comm][mpi]") {
+  REQUIRE_NOTHROW(test_comm::check_async(world()));
+}
+
+TEST_CASE("MPI sub-groups split like MPI_Comm_split", "[comm][mpi]") {
+  REQUIRE_NOTHROW(test_comm::check_split(world()));
+}
+
+TEST_CASE("MPI and in-process backends agree bit for bit", "[comm][mpi]") {
+  const int N = world().size();
+  const int r = world().rank();
+  const std::size_t n = 12345;
+  auto x = test_comm::make_input<bfloat16>(r, n, 77);
+  auto y = test_comm::make_input<float>(r, n, 78);
+  world().all_reduce(std::span<bfloat16>(x), ReduceOp::Avg);
+  world().all_reduce(std::span<float>(y));
+  std::vector<bfloat16> tx;
+  std::vector<float> ty;
+  run_ranks(N, [&](ThreadCommunicator& comm) {
+    auto a = test_comm::make_input<bfloat16>(comm.rank(), n, 77);
+    auto b = test_comm::make_input<float>(comm.rank(), n, 78);
+    comm.all_reduce(std::span<bfloat16>(a), ReduceOp::Avg);
+    comm.all_reduce(std::span<float>(b));
+    if (comm.rank() == r) {
+      tx = a;
+      ty = b;
+    }
+  });
+  REQUIRE(std::memcmp(x.data(), tx.data(), n * sizeof(bfloat16)) == 0);
+  REQUIRE(std::memcmp(y.data(), ty.data(), n * sizeof(float)) == 0);
+}
+
+TEST_CASE("MPI debug mode reports mismatched calls on every rank", "[comm][mpi][failure]") {
+  CommOptions options;
+  options.check_calls = true;
+  options.timeout = 20s;
+  MpiCommunicator comm(MPI_COMM_WORLD, options);
+  const int r = comm.rank();
+  std::vector<float> x(r == 0 ? 10 : 11, 1.0f);
+  CHECK_THROWS_WITH(comm.all_reduce(std::span<float>(x)),
+                    Catch::Contains("mismatched collectives") && Catch::Contains("rank 0 called all_reduce(F32, 10 elements, sum)") &&
+                        Catch::Contains("rank 1 called all_reduce(F32, 11 elements, sum)"));
+  std::vector<double> y(4, 1.0);
+  if (r == 0) CHECK_THROWS_WITH(comm.broadcast(std::span<double>(y), 0), Catch::Contains("broadcast(F64, 4 elements, root 0)"));
+  else CHECK_THROWS_WITH(comm.reduce(std::span<double>(y), 0), Catch::Contains("reduce(F64, 4 elements, root 0, sum)"));
+  // Nothing was sent: the communicator is still usable.
+  std::vector<float> z(5, 1.0f);
+  comm.all_reduce(std::span<float>(z));
+  CHECK(z[4] == static_cast<float>(comm.size()));
+}
+
+TEST_CASE("MPI timeout (run alone: the job aborts)", "[.mpi_timeout]") {
+  auto& comm = world();
+  comm.set_timeout(500ms);
+  if (comm.rank() == 0) {
+    std::this_thread::sleep_for(20s);  // never joins; the abort of rank 1 ends this process
+    return;
+  }
+  std::vector<float> x(16, 1.0f);
+  try {
+    comm.all_reduce(std::span<float>(x));
+    FAIL("all_reduce returned although rank 0 never called it");
+  } catch (const Error& e) {
+    std::cerr << "caught: " << e.what() << std::endl;
+    CHECK(MpiSession::failed());
+  }
+}
+
+TEST_CASE("MPI rank death (run alone: the job ends)", "[.mpi_death]") {
+  auto& comm = world();
+  comm.set_timeout(60s);
+  if (comm.rank() == 1) std::_Exit(3);  // dies without a word to MPI
+  std::vector<float> x(16, 1.0f);
+  comm.all_reduce(std::span<float>(x));
+}
+
+int main(int argc, char* argv[]) {
+  MpiSession session(&argc, &argv);
+  CommOptions options;
+  options.timeout = 30s;  // a wrong test fails instead of hanging ctest
+  g_world = std::make_unique<MpiCommunicator>(MpiCommunicator::world(options));
+  Catch::Session catch_session;
+  if (g_world->rank() != 0) catch_session.configData().showDurations = Catch::ShowDurations::Never;
+  int failed = catch_session.run(argc, argv);
+  // A failed collective leaves messages in flight: only aborting ends the job.
+  if (MpiSession::failed()) MpiSession::abort("a collective failed (see above)");
+  // Every rank ends with the same verdict.
+  int any = failed != 0;
+  MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  g_world.reset();
+  return any ? 1 : 0;
+}
