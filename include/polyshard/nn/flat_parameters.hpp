@@ -61,10 +61,10 @@ class FlatParameters {
   /// Forgets every gradient. With `set_to_none` nothing is written now: the next backward
   /// overwrites instead of adding. Otherwise the gradient buffer is zero-filled.
   void zero_grad(bool set_to_none = true) {
-    for (const Entry& e : entries_) e.parameter->var().zero_grad();
+    for (const Entry& e : entries_) e.parameter->leaf().zero_grad();
     if (!set_to_none) {
       grads_.fill(T(0));
-      for (const Entry& e : entries_) e.parameter->var().node()->has_grad = true;
+      for (const Entry& e : entries_) e.parameter->leaf().node()->has_grad = true;
     }
   }
 
@@ -72,7 +72,7 @@ class FlatParameters {
   /// (parameters unused by the loss, frozen ones), so the whole buffer can be read as one.
   void settle_grads() {
     for (const Entry& e : entries_)
-      if (!e.parameter->var().node()->has_grad) grads_.flat_view(e.offset, e.numel()).fill(T(0));
+      if (!e.parameter->leaf().node()->has_grad) grads_.flat_view(e.offset, e.numel()).fill(T(0));
   }
 
  private:

@@ -6,6 +6,7 @@
 
 #include <concepts>
 #include <functional>
+#include <typeindex>
 
 #include "polyshard/autograd/variable.hpp"
 
@@ -16,8 +17,11 @@ template <FloatElement T>
 class ModuleHooks {
  public:
   virtual ~ModuleHooks() = default;
-  /// Runs `body(x)`, which computes `module` on `x`, with the engine's work around it.
-  virtual Var<T> around(const void* module, const std::function<Var<T>(const Var<T>&)>& body, const Var<T>& x) = 0;
+  /// Runs `body(x)`, which computes `module` (of type `type`) on `x`, with the engine's work
+  /// around it. A module is identified by address and type together: a struct and its first
+  /// member share an address.
+  virtual Var<T> around(const void* module, std::type_index type, const std::function<Var<T>(const Var<T>&)>& body,
+                        const Var<T>& x) = 0;
 };
 
 namespace detail {
@@ -54,7 +58,7 @@ template <class M, FloatElement T>
   requires ActivationModule<M, T>
 Var<T> call(const M& module, const Var<T>& x) {
   if (ModuleHooks<T>* hooks = detail::thread_module_hooks<T>())
-    return hooks->around(&module, [&module](const Var<T>& in) { return module(in); }, x);
+    return hooks->around(&module, std::type_index(typeid(M)), [&module](const Var<T>& in) { return module(in); }, x);
   return module(x);
 }
 

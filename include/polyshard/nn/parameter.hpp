@@ -47,6 +47,8 @@ class Parameter {
                     "strategy's forward and backward)");
     return var_;
   }
+  /// The graph leaf whether or not it has storage now (for bookkeeping of gradient flags).
+  const Var<T>& leaf() const { return var_; }
   Tensor<T> value() const { return var().value(); }
   Tensor<T> grad() const { return var().grad(); }
 

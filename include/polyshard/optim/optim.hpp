@@ -2,7 +2,9 @@
 #pragma once
 
 #include "polyshard/optim/adam.hpp"
+#include "polyshard/optim/any_optimizer.hpp"
 #include "polyshard/optim/adamw.hpp"
+#include "polyshard/optim/clip_grad_norm.hpp"
 #include "polyshard/optim/config.hpp"
 #include "polyshard/optim/optimizer.hpp"
 #include "polyshard/optim/sgd.hpp"

@@ -1,0 +1,270 @@
+// The training engine: a model, a communicator and a strategy type; forward, backward and step
+// with the strategy's gathers, reductions and sharded optimizer step at unit boundaries.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <vector>
+
+#include "polyshard/autograd/checkpoint.hpp"
+#include "polyshard/engine/loss_scaler.hpp"
+#include "polyshard/engine/sharding/no_shard.hpp"
+#include "polyshard/engine/sharding/shard_gradients.hpp"
+#include "polyshard/engine/sharding/shard_optimizer_state.hpp"
+#include "polyshard/engine/sharding/shard_parameters.hpp"
+#include "polyshard/engine/units.hpp"
+#include "polyshard/optim/clip_grad_norm.hpp"
+#include "polyshard/optim/optimizer.hpp"
+#include "polyshard/policy/config.hpp"
+#include "polyshard/policy/strategy.hpp"
+
+namespace polyshard {
+
+/// Data-parallel training of `model` on the ranks of `comm` under strategy `S`, with optimizer
+/// `Opt` (Sgd<float>, Adam<float>, AdamW<float>) over each unit's master weights.
+///
+/// Per step: zero_grad(); loss = forward([&] { return model.loss(x, y); });
+/// backward(loss, weight); step(lr). `weight` is this rank's share of the global batch (its rows
+/// over all rows), so that the summed gradients equal the gradient of the global mean loss.
+///
+/// The model must call the modules that may be units through call() (the nn modules do), and
+/// must not move while the engine lives: parameters are bound to the engine's buffers.
+template <StrategyType S, class Model, Communicator Comm, Optimizer Opt>
+class Engine : private ModuleHooks<float> {
+ public:
+  using strategy = S;
+  using sharding = typename S::sharding;
+  using precision = typename S::precision;
+  using CT = typename S::compute_type;
+  using RT = typename S::reduce_type;
+  using MT = typename S::master_type;
+  using Behaviour = ShardingBehaviour<sharding>;
+  using State = UnitState<CT, RT, MT>;
+
+  static_assert(std::is_same_v<MT, typename Opt::param_type>,
+                "Engine<S, Model, Comm, Opt>: the optimizer's parameter type must be the precision policy's master "
+                "type (float for every preset)");
+  static_assert(!sharding::hybrid, "HybridShard is not supported by the engine yet");
+  static_assert(!S::offload::to_nvme, "NVMe offload is not supported by the engine yet");
+
+  /// Binds `model`'s parameters to the strategy's buffers and builds the rank's state: whole
+  /// parameters or only the rank's shards, as the strategy says, initialised from `seed`.
+  Engine(Model& model, Comm& comm, typename Opt::config_type optimizer, StrategyConfig config = {},
+         std::uint64_t seed = 0)
+      : model_(model), comm_(comm), config_(config), scaler_(config.loss_scale) {
+    plan_ = plan_units<typename S::wrap, typename S::checkpointing, float>(model, comm.size(), config.min_num_params);
+    units_.resize(plan_.units.size());
+    for (std::size_t i = 0; i < units_.size(); ++i) {
+      State& u = units_[i];
+      u.layout = &plan_.units[i];
+      u.rank = comm.rank();
+      u.world = comm.size();
+      u.shard = u.layout->padded / u.world;
+      Behaviour::allocate(u, seed);
+      u.bind();
+      optimizers_.emplace_back(optimizer, Behaviour::optimizer_params(u).size());
+    }
+  }
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  /// Runs `loss_fn` (the model's forward) with the strategy's hooks in place.
+  template <class F>
+  Var<float> forward(F&& loss_fn) {
+    ModuleHooksScope<float> hooks(*this);
+    in_backward_ = false;
+    Behaviour::gather(units_[0], comm_);  // the root stays gathered until its backward is done
+    return loss_fn();
+  }
+
+  /// Backward from `loss`, seeded with `weight` times the loss scale; reduces every unit's
+  /// gradients (unless inside no_sync) and waits for the reductions.
+  void backward(const Var<float>& loss, double weight = 1.0) {
+    ModuleHooksScope<float> hooks(*this);
+    in_backward_ = true;
+    State& root = units_[0];
+    Behaviour::gather(root, comm_);
+    Behaviour::begin_backward(root);
+    polyshard::backward(loss, Tensor<float>::full(loss.shape(), static_cast<float>(weight * scaler_.scale())));
+    post_backward(root);
+    finish_reductions();
+    in_backward_ = false;
+  }
+
+  /// Inside this scope backward accumulates local gradients without communicating
+  /// (FSDP/DDP no_sync); the first backward after it reduces everything accumulated.
+  class NoSync {
+   public:
+    explicit NoSync(Engine& e) : engine_(e), saved_(e.sync_) { e.sync_ = false; }
+    ~NoSync() { engine_.sync_ = saved_; }
+
+   private:
+    Engine& engine_;
+    bool saved_;
+  };
+  NoSync no_sync() { return NoSync(*this); }
+
+  /// Applies the optimizer to every unit with learning rate `lr`. Returns false when the step
+  /// was skipped because the (scaled) gradients overflowed; the parameters are then untouched.
+  /// `max_grad_norm` clips the global gradient norm (infinity: no clipping).
+  bool step(double lr, double max_grad_norm = std::numeric_limits<double>::infinity()) {
+    POLYSHARD_CHECK(!pending_local_grads(), "Engine::step: gradients accumulated under no_sync were never reduced; "
+                                            "run one backward outside no_sync before stepping");
+    const double inv_scale = 1.0 / scaler_.scale();
+    if constexpr (precision::loss_scale::scaled) {
+      float overflow = 0;
+      for (State& u : units_)
+        for (const auto& g : Behaviour::optimizer_grads(u))
+          if (!std::isfinite(static_cast<float>(g))) overflow = 1;
+      comm_.all_reduce(std::span<float>(&overflow, 1), ReduceOp::Sum);
+      if (!scaler_.update(overflow > 0)) {
+        last_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
+        zero_grad();
+        return false;
+      }
+    }
+    double squares = 0;
+    for (State& u : units_) {
+      auto g = Behaviour::optimizer_grads(u);
+      if (inv_scale != 1.0) scale_span(g, inv_scale);
+      if (std::isfinite(max_grad_norm) || track_grad_norm_) squares += squared_norm(std::span<const RT>(g));
+    }
+    if (std::isfinite(max_grad_norm) || track_grad_norm_) {
+      if constexpr (sharding::shards_optimizer_state) comm_.all_reduce(std::span<double>(&squares, 1), ReduceOp::Sum);
+      last_grad_norm_ = std::sqrt(squares);
+      if (std::isfinite(max_grad_norm))
+        for (State& u : units_) scale_to_norm(Behaviour::optimizer_grads(u), last_grad_norm_, max_grad_norm);
+    }
+    for (std::size_t i = 0; i < units_.size(); ++i) {
+      optimizers_[i].set_lr(lr);
+      optimizers_[i].step(Behaviour::optimizer_params(units_[i]), std::span<const RT>(Behaviour::optimizer_grads(units_[i])));
+      Behaviour::after_step(units_[i], comm_);
+    }
+    zero_grad();
+    return true;
+  }
+
+  /// Forgets every gradient (set_to_none: nothing is written).
+  void zero_grad() {
+    for (State& u : units_) {
+      u.local_grads = false;
+      u.reduced_has_grad = false;
+      u.reset_grad_flags();
+    }
+  }
+
+  /// Every parameter of the model by name, as float, gathered from wherever it lives (a
+  /// collective: every rank must call it). Sorted by name.
+  std::vector<std::pair<std::string, std::vector<float>>> full_parameters() {
+    std::vector<std::pair<std::string, std::vector<float>>> out;
+    for (State& u : units_) {
+      Tensor<CT> whole = u.full;
+      if constexpr (sharding::shards_parameters) {
+        whole = Tensor<CT>::empty({u.layout->padded}, MemoryCategory::Communication);
+        comm_.all_gather(std::span<const CT>(u.param_shard.span()), whole.span());
+      }
+      for (const auto& e : u.layout->entries) {
+        std::vector<float> values(static_cast<std::size_t>(e.numel()));
+        for (std::int64_t i = 0; i < e.numel(); ++i) values[static_cast<std::size_t>(i)] = static_cast<float>(whole.data()[e.offset + i]);
+        out.emplace_back(e.name, std::move(values));
+      }
+    }
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    return out;
+  }
+
+  /// Measures the gradient norm at every step even without clipping (for logging).
+  void track_grad_norm(bool on) { track_grad_norm_ = on; }
+  double last_grad_norm() const { return last_grad_norm_; }
+  const LossScaler<typename precision::loss_scale>& loss_scaler() const { return scaler_; }
+  LossScaler<typename precision::loss_scale>& loss_scaler() { return scaler_; }
+  const UnitPlan<float>& units() const { return plan_; }
+  const std::vector<State>& unit_states() const { return units_; }
+  const std::vector<Opt>& optimizers() const { return optimizers_; }
+  Comm& communicator() { return comm_; }
+
+ private:
+  Var<float> around(const void* module, std::type_index type, const std::function<Var<float>(const Var<float>&)>& body,
+                    const Var<float>& x) override {
+    const ModuleKey key{module, type};
+    auto it = plan_.unit_of_module.find(key);
+    if (it == plan_.unit_of_module.end()) {
+      if (!in_backward_ && plan_.checkpointed_modules.count(key)) return checkpoint(body, x);
+      return body(x);
+    }
+    const std::size_t index = it->second;
+    State& u = units_[index];
+    Behaviour::gather(u, comm_);
+    // Backward reaches `out` before the unit's own nodes and `in` after all of them.
+    Var<float> in = boundary(x, "unit input", [this, index] { post_backward(units_[index]); });
+    Var<float> y = (u.layout->checkpointed && !in_backward_) ? checkpoint(body, in) : body(in);
+    Var<float> out = boundary(y, "unit output", [this, index] {
+      State& unit = units_[index];
+      Behaviour::gather(unit, comm_);
+      Behaviour::begin_backward(unit);
+    });
+    if (sharding::reshard_after_forward && !in_backward_) Behaviour::release(u);
+    return out;
+  }
+
+  /// An identity node that runs `hook` when backward passes through it.
+  template <class Hook>
+  static Var<float> boundary(const Var<float>& x, const char* op, Hook hook) {
+    auto node = std::make_shared<Node<float>>();
+    node->value = x.value();
+    node->op = op;
+    if (grad_enabled()) {
+      node->requires_grad = true;
+      node->inputs.push_back(x.node());
+      node->backward = [hook](Node<float>& self) {
+        hook();
+        if (self.inputs[0]->requires_grad) accumulate_into(self.inputs[0]->sink(), self.grad);
+      };
+    }
+    return Var<float>(std::move(node));
+  }
+
+  /// A unit's gradients are complete: reduce them (or keep accumulating under no_sync), and
+  /// free its gathered parameters.
+  void post_backward(State& u) {
+    u.settle_grads();
+    if (sync_) {
+      const auto bucket = static_cast<std::int64_t>(config_.bucket_cap_mb * 1024 * 1024 / sizeof(RT));
+      Behaviour::reduce(u, comm_, pending_, bucket);
+    } else {
+      u.local_grads = true;
+    }
+    Behaviour::release(u);
+  }
+
+  void finish_reductions() {
+    for (PendingReduction& p : pending_) {
+      p.handle.wait();
+      p.then();
+    }
+    pending_.clear();
+  }
+
+  bool pending_local_grads() const {
+    for (const State& u : units_)
+      if (u.local_grads) return true;
+    return false;
+  }
+
+  Model& model_;
+  Comm& comm_;
+  StrategyConfig config_;
+  UnitPlan<float> plan_;
+  std::vector<State> units_;
+  std::vector<Opt> optimizers_;
+  LossScaler<typename precision::loss_scale> scaler_;
+  std::vector<PendingReduction> pending_;
+  bool in_backward_ = false;
+  bool sync_ = true;
+  bool track_grad_norm_ = false;
+  double last_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
+};
+
+}  // namespace polyshard

@@ -1,0 +1,76 @@
+// NoShard (DDP): every rank holds the whole unit; gradients are all-reduced in buckets.
+#pragma once
+
+#include <algorithm>
+
+#include "polyshard/engine/sharding/behaviour.hpp"
+
+namespace polyshard {
+
+template <>
+struct ShardingBehaviour<NoShard> {
+  /// Parameters, gradients and master weights, all whole. When compute, reduce and master
+  /// dtypes are all float, the gradient and master buffers are the compute buffers themselves.
+  template <class U>
+  static void allocate(U& u, std::uint64_t seed) {
+    using RT = typename decltype(u.reduced)::value_type;
+    using MT = typename decltype(u.master)::value_type;
+    const std::int64_t n = u.layout->padded;
+    detail::allocate_full_params(u, MemoryCategory::Parameters);
+    if constexpr (std::is_same_v<MT, typename decltype(u.full)::value_type>) {
+      u.master = u.full;
+    } else {
+      u.master = detail::buffer<MT>(n, MemoryCategory::OptimizerState);
+    }
+    u.initialize_range(u.master.span(), 0, seed);
+    if constexpr (!std::is_same_v<MT, typename decltype(u.full)::value_type>) cast_into(u.master, u.full);
+    u.refresh_work_from_full();
+    if constexpr (U::float_compute && std::is_same_v<RT, float>) {
+      u.grad_work = detail::buffer<float>(n, MemoryCategory::Gradients);
+      u.reduced = u.grad_work;
+    } else {
+      u.grad_work = detail::buffer<float>(n, MemoryCategory::Other);
+      u.reduced = detail::buffer<RT>(n, MemoryCategory::Gradients);
+    }
+    u.gathered = true;
+  }
+
+  template <class U, class Comm>
+  static void gather(U&, Comm&) {}
+  template <class U>
+  static void release(U&) {}
+  template <class U>
+  static void begin_backward(U& u) {
+    if (!u.local_grads) u.reset_grad_flags();
+  }
+
+  /// All-reduces the local gradients in buckets of `bucket_elements` (whole unit when <= 0).
+  template <class U, class Comm>
+  static void reduce(U& u, Comm& comm, std::vector<PendingReduction>& pending, std::int64_t bucket_elements) {
+    using RT = typename decltype(u.reduced)::value_type;
+    if constexpr (!(U::float_compute && std::is_same_v<RT, float>)) cast_into(u.grad_work, u.reduced);
+    const std::int64_t n = u.reduced.numel();
+    const std::int64_t step = bucket_elements > 0 ? bucket_elements : std::max<std::int64_t>(n, 1);
+    for (std::int64_t begin = 0; begin < n; begin += step) {
+      auto bucket = u.reduced.flat_view(begin, std::min(step, n - begin));
+      pending.push_back({comm.all_reduce_async(bucket.span(), ReduceOp::Sum), [] {}});
+    }
+    u.local_grads = false;
+    u.reduced_has_grad = true;
+  }
+
+  template <class U>
+  static auto optimizer_params(U& u) { return u.master.span(); }
+  template <class U>
+  static auto optimizer_grads(U& u) { return u.reduced.span(); }
+
+  /// Copies updated master weights into the compute-dtype parameters.
+  template <class U, class Comm>
+  static void after_step(U& u, Comm&) {
+    using MT = typename decltype(u.master)::value_type;
+    if constexpr (!std::is_same_v<MT, typename decltype(u.full)::value_type>) cast_into(u.master, u.full);
+    u.refresh_work_from_full();
+  }
+};
+
+}  // namespace polyshard

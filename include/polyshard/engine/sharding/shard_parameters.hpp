@@ -1,0 +1,68 @@
+// ShardParameters (ZeRO-3, FSDP): each rank keeps 1/N of every unit's parameters, gradients
+// and optimizer state. A unit's parameters are all-gathered before its forward and again
+// before its backward (unless they stayed gathered: reshard_after_forward = false), and freed
+// after each; its gradients are reduce-scattered as soon as its backward is done.
+#pragma once
+
+#include "polyshard/engine/sharding/shard_gradients.hpp"
+
+namespace polyshard {
+
+template <bool ReshardAfterForward>
+struct ShardingBehaviour<ShardParameters<ReshardAfterForward>> : detail::ShardedGradients {
+  /// Builds only the rank's shard: the whole unit never exists on a rank outside a gather.
+  template <class U>
+  static void allocate(U& u, std::uint64_t seed) {
+    using CT = typename decltype(u.full)::value_type;
+    using MT = typename decltype(u.master)::value_type;
+    detail::allocate_full_params(u, MemoryCategory::Parameters);
+    u.full.storage()->release();
+    u.work.storage()->release();
+    u.param_shard = detail::buffer<CT>(u.shard, MemoryCategory::Parameters);
+    if constexpr (std::is_same_v<MT, CT>) {
+      u.master = u.param_shard;
+      u.initialize_range(u.master.span(), u.shard_begin(), seed);
+    } else {
+      u.master = detail::buffer<MT>(u.shard, MemoryCategory::OptimizerState);
+      u.initialize_range(u.master.span(), u.shard_begin(), seed);
+      cast_into(u.master, u.param_shard);
+    }
+    allocate_grads(u);
+    u.gathered = false;
+  }
+
+  template <class U, class Comm>
+  static void gather(U& u, Comm& comm) {
+    using CT = typename decltype(u.full)::value_type;
+    if (u.gathered) return;
+    u.full.storage()->materialize();
+    comm.all_gather(std::span<const CT>(u.param_shard.span()), u.full.span());
+    if constexpr (!U::float_compute) {
+      u.refresh_work_from_full();
+      u.full.storage()->release();  // the float copy is what computes on the CPU
+    }
+    u.gathered = true;
+  }
+
+  template <class U>
+  static void release(U& u) {
+    u.work.storage()->release();
+    u.full.storage()->release();
+    u.gathered = false;
+  }
+
+  template <class U>
+  static auto optimizer_params(U& u) { return u.master.span(); }
+  template <class U>
+  static auto optimizer_grads(U& u) { return u.reduced.span(); }
+
+  /// The updated master shard becomes the parameter shard; the next forward gathers it.
+  template <class U, class Comm>
+  static void after_step(U& u, Comm&) {
+    using CT = typename decltype(u.full)::value_type;
+    using MT = typename decltype(u.master)::value_type;
+    if constexpr (!std::is_same_v<MT, CT>) cast_into(u.master, u.param_shard);
+  }
+};
+
+}  // namespace polyshard

@@ -1,0 +1,154 @@
+// Cutting a model into units by its WrapPolicy: each unit is a set of parameters laid out in
+// one flat buffer, padded to a multiple of the world size so that it splits into equal shards.
+#pragma once
+
+#include <map>
+#include <string>
+#include <typeindex>
+#include <vector>
+
+#include "polyshard/nn/module_hooks.hpp"
+#include "polyshard/nn/reflect.hpp"
+#include "polyshard/policy/wrap.hpp"
+
+namespace polyshard {
+
+/// One parameter's place in its unit's flat buffer.
+template <FloatElement T>
+struct UnitEntry {
+  std::string name;
+  std::int64_t offset;  // in elements, from the start of the unit
+  Shape shape;
+  ParameterInit init;
+  Parameter<T>* parameter;
+  std::int64_t numel() const { return shape.numel(); }
+};
+
+/// The layout of one unit. Unit 0 is the root: every parameter no wrapped module claims.
+template <FloatElement T>
+struct UnitLayout {
+  std::string name;            // the wrapped module's name ("" for the root)
+  bool checkpointed = false;   // its activations are recomputed in backward
+  std::vector<UnitEntry<T>> entries;
+  std::int64_t numel = 0;      // parameters, without padding
+  std::int64_t padded = 0;     // a multiple of the world size
+};
+
+/// A module as the engine's call hooks see it: address and type (a struct and its first member
+/// share an address).
+using ModuleKey = std::pair<const void*, std::type_index>;
+
+template <class M>
+ModuleKey module_key(const M& m) {
+  return {static_cast<const void*>(&m), std::type_index(typeid(M))};
+}
+
+/// The units of a model and the wrapped modules, for the engine's call hooks.
+template <FloatElement T>
+struct UnitPlan {
+  std::vector<UnitLayout<T>> units;
+  std::map<ModuleKey, std::size_t> unit_of_module;
+  /// Modules whose activations are recomputed in backward.
+  std::map<ModuleKey, bool> checkpointed_modules;
+  std::int64_t padded_total() const {
+    std::int64_t n = 0;
+    for (const auto& u : units) n += u.padded;
+    return n;
+  }
+  std::int64_t numel_total() const {
+    std::int64_t n = 0;
+    for (const auto& u : units) n += u.numel;
+    return n;
+  }
+};
+
+namespace detail {
+template <FloatElement T, class Wrap, class Checkpointing>
+class UnitPlanner {
+ public:
+  UnitPlanner(UnitPlan<T>& plan, std::int64_t min_num_params) : plan_(plan), min_num_params_(min_num_params) {}
+
+  /// Walks `m`, adding its parameters to unit `unit` unless `m` (or a module inside it) is
+  /// wrapped. Returns the number of parameters it left in `unit` (for size-based wrapping).
+  template <class M>
+  std::int64_t walk(M& m, const std::string& name, std::size_t unit, bool is_root) {
+    using X = std::remove_const_t<M>;
+    if constexpr (is_parameter<X>::value) {
+      auto& u = plan_.units[unit];
+      u.entries.push_back(UnitEntry<T>{name, u.numel, m.shape(), m.init(), &m});
+      u.numel += m.numel();
+      return m.numel();
+    } else if constexpr (is_vector<X>::value) {
+      std::int64_t n = 0;
+      for (std::size_t i = 0; i < m.size(); ++i) n += walk(m[i], join_name(name, std::to_string(i)), unit, false);
+      return n;
+    } else {
+      constexpr bool callable = ActivationModule<X, T>;
+      if constexpr (callable && Checkpointing::template checkpoints_type<X>) plan_.checkpointed_modules[module_key(m)] = true;
+      if constexpr (callable && (Wrap::template wraps_type<X> || (Wrap::min_num_params > 0))) {
+        if (!is_root) {
+          // A unit of its own, tentatively; size-based wrapping may give its parameters back.
+          const std::size_t mine = plan_.units.size();
+          plan_.units.push_back(UnitLayout<T>{name, plan_.checkpointed_modules.count(module_key(m)) > 0, {}, 0, 0});
+          const std::int64_t left = walk_members(m, name, mine);
+          if (Wrap::template wraps_type<X> || (min_num_params_ > 0 && left >= min_num_params_)) {
+            plan_.unit_of_module[module_key(m)] = mine;
+            return 0;
+          }
+          return merge_back(mine, unit);
+        }
+      }
+      return walk_members(m, name, unit);
+    }
+  }
+
+ private:
+  template <class M>
+  std::int64_t walk_members(M& m, const std::string& name, std::size_t unit) {
+    std::int64_t n = 0;
+    boost::hana::for_each(boost::hana::accessors<std::remove_const_t<M>>(), [&](auto accessor) {
+      const std::string member = boost::hana::to<const char*>(boost::hana::first(accessor));
+      n += walk(boost::hana::second(accessor)(m), join_name(name, member), unit, false);
+    });
+    return n;
+  }
+
+  /// Moves the entries of tentative unit `from` (the last one, and any units created after it
+  /// are kept) into `into`; returns how many parameters moved.
+  std::int64_t merge_back(std::size_t from, std::size_t into) {
+    UnitLayout<T> tentative = std::move(plan_.units[from]);
+    plan_.units.erase(plan_.units.begin() + static_cast<std::ptrdiff_t>(from));
+    // Units created inside the tentative one shifted down by one.
+    for (auto& [module, index] : plan_.unit_of_module)
+      if (index > from) --index;
+    auto& target = plan_.units[into];
+    for (auto& e : tentative.entries) {
+      e.offset = target.numel;
+      target.numel += e.numel();
+      target.entries.push_back(std::move(e));
+    }
+    return tentative.numel;
+  }
+
+  UnitPlan<T>& plan_;
+  std::int64_t min_num_params_;
+};
+}  // namespace detail
+
+/// Cuts `model` into units as `Wrap` says (WrapWhole: one; WrapByType<Ms...>: one per instance
+/// of Ms, plus the root; WrapBySize<n>: FairScale's auto_wrap, bottom-up, every module whose
+/// not-yet-wrapped parameters number at least n). Only modules that map an activation to an
+/// activation (see ActivationModule) can be units: they are the ones an engine can surround.
+/// `min_num_params` >= 1 replaces WrapBySize's threshold at run time (FSDP's option).
+template <class Wrap, class Checkpointing, FloatElement T, class Model>
+UnitPlan<T> plan_units(Model& model, std::int64_t world_size, std::int64_t min_num_params = 0) {
+  static_assert(!Wrap::manual, "ManualWrap: manual wrap() is not supported by the engine yet");
+  UnitPlan<T> plan;
+  plan.units.push_back(UnitLayout<T>{"", false, {}, 0, 0});
+  const std::int64_t threshold = Wrap::min_num_params > 0 && min_num_params > 0 ? min_num_params : Wrap::min_num_params;
+  detail::UnitPlanner<T, Wrap, Checkpointing>(plan, threshold).walk(model, "", 0, true);
+  for (auto& u : plan.units) u.padded = (u.numel + world_size - 1) / world_size * world_size;
+  return plan;
+}
+
+}  // namespace polyshard

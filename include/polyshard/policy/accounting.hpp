@@ -1,0 +1,69 @@
+// Compile-time accounting: the model-state bytes a rank holds and the bytes it sends per step,
+// as functions of a strategy, a parameter count and a world size. The engine's measured
+// figures equal these; tests hold it to them.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "polyshard/policy/strategy.hpp"
+
+namespace polyshard {
+
+/// Bytes of parameters, gradients and optimizer state one rank holds between steps, for
+/// `params` parameters (padded to a multiple of the world size, as the engine lays them out)
+/// and an optimizer with `states_per_param` state values per parameter (Adam: 2, SGD with
+/// momentum: 1, plain SGD: 0).
+///   parameters   sizeof(compute)          / N if parameters are sharded
+///   gradients    sizeof(reduce)           / N if gradients are sharded
+///   optimizer    sizeof(master) * (states + 1 if master weights are a separate copy)
+///                                         / N if optimizer state is sharded
+/// For mixed-precision Adam this is ZeRO's 2 + 2 + 12 = 16 bytes per parameter: 16 (DDP),
+/// 4 + 12/N (stage 1), 2 + 14/N (stage 2), 16/N (stage 3).
+template <StrategyType S>
+constexpr double model_state_bytes(std::int64_t params, int world_size, int states_per_param = 2) {
+  using sharding = typename S::sharding;
+  using CT = typename S::compute_type;
+  using RT = typename S::reduce_type;
+  using MT = typename S::master_type;
+  const double p = static_cast<double>(params), n = static_cast<double>(world_size);
+  const double parameters = sizeof(CT) * p / (sharding::shards_parameters ? n : 1.0);
+  const double gradients = sizeof(RT) * p / (sharding::shards_gradients ? n : 1.0);
+  const double copies = states_per_param + (std::is_same_v<MT, CT> ? 0 : 1);
+  const double optimizer = sizeof(MT) * copies * p / (sharding::shards_optimizer_state ? n : 1.0);
+  return parameters + gradients + optimizer;
+}
+
+/// Bytes one rank sends per training step under ring collectives (all-reduce 2(N-1)/N of the
+/// buffer, reduce-scatter and all-gather (N-1)/N): `params` is the padded parameter count of
+/// all units, `root_params` that of the root unit (gathered once per step under parameter
+/// sharding, since it stays gathered from forward to backward; every other unit is gathered
+/// twice unless reshard_after_forward is false). `norm` adds the all-reduce of the squared
+/// gradient norm that clipping a sharded gradient needs; loss scaling adds that of the
+/// overflow flag.
+///   NoShard                    2(N-1)/N * P * sizeof(reduce)
+///   ShardOptimizerState/Grads  (N-1)/N * P * (sizeof(reduce) + sizeof(compute))
+///   ShardParameters            (N-1)/N * (P * sizeof(reduce) + (2P - root) * sizeof(compute))
+template <StrategyType S>
+constexpr double bytes_sent_per_step(std::int64_t params, std::int64_t root_params, int world_size,
+                                     bool norm = false) {
+  using sharding = typename S::sharding;
+  using CT = typename S::compute_type;
+  using RT = typename S::reduce_type;
+  const double n = static_cast<double>(world_size), f = (n - 1.0) / n;
+  const double p = static_cast<double>(params), root = static_cast<double>(root_params);
+  double bytes = 0;
+  if constexpr (!sharding::shards_optimizer_state) {
+    bytes = 2.0 * f * p * sizeof(RT);
+  } else if constexpr (!sharding::shards_parameters) {
+    bytes = f * p * (sizeof(RT) + sizeof(CT));
+  } else {
+    const double gathers = sharding::reshard_after_forward ? 2.0 : 1.0;
+    bytes = f * (p * sizeof(RT) + (root + gathers * (p - root)) * sizeof(CT));
+  }
+  if (S::precision::loss_scale::scaled) bytes += 2.0 * f * sizeof(float);
+  if (norm && sharding::shards_optimizer_state) bytes += 2.0 * f * sizeof(double);
+  return bytes;
+}
+
+}  // namespace polyshard

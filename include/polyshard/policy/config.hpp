@@ -1,0 +1,51 @@
+// Runtime settings of a strategy that are not worth a type: bucket sizes, NVMe paths, flags.
+// Names and defaults follow the reference documents (FairScale FSDP and ShardedDataParallel,
+// DeepSpeed through Lightning).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace polyshard {
+
+struct StrategyConfig {
+  // Gradient reduction.
+  /// DDP and FSDP: gradients are reduced in buckets of this many MiB; <= 0 disables bucketing
+  /// (one reduction per unit). FairScale default 25.
+  double bucket_cap_mb = 25;
+  /// DeepSpeed: elements reduced at once (reduce_bucket_size, default 2e8).
+  std::int64_t reduce_bucket_size = 200'000'000;
+  /// DeepSpeed: elements all-gathered at once (allgather_bucket_size, default 2e8).
+  std::int64_t allgather_bucket_size = 200'000'000;
+  /// Overlap gradient reduction with backward on the communication thread or stream.
+  bool overlap_comm = true;
+  /// FSDP's min_num_params for size-based wrapping (WrapBySize): a value >= 1 here replaces
+  /// the policy's own threshold at run time; 0 keeps the policy's.
+  std::int64_t min_num_params = 0;
+
+  // Model synchronisation (FairScale ShardedDataParallel).
+  /// Broadcast module buffers from rank 0 before each forward (GPT has none; kept for models
+  /// that do).
+  bool broadcast_buffers = true;
+  /// Broadcast rank 0's parameters at start-up; not needed when every rank uses the same seed.
+  bool sync_models_at_startup = true;
+
+  // Loss scaling (DeepSpeed): 0 means dynamic when the precision policy scales dynamically;
+  // a positive value overrides the policy's initial scale with a static one.
+  double loss_scale = 0;
+
+  // NVMe offload (DeepSpeed).
+  std::string nvme_path = "/local_nvme";
+  std::int64_t block_size = 1'048'576;
+  int queue_depth = 8;
+  bool pin_memory = false;
+  int optimizer_buffer_count = 4;
+  int params_buffer_count = 5;
+  std::int64_t params_buffer_size = 100'000'000;
+  std::int64_t sub_group_size = 1'000'000'000'000;
+
+  // Checkpoints (FSDP).
+  bool state_dict_to_cpu = true;
+};
+
+}  // namespace polyshard

@@ -1,0 +1,48 @@
+// The strategies users know by name, with the defaults of the documents they come from.
+#pragma once
+
+#include "polyshard/policy/strategy.hpp"
+
+namespace polyshard {
+
+/// PyTorch DistributedDataParallel: replicas, gradients all-reduced in buckets of bucket_cap_mb.
+using DDP = Strategy<NoShard>;
+
+/// FairScale's OSS optimizer with ShardedDataParallel: gradients reduced to the rank owning them.
+using ShardedDDP = Strategy<ShardGradients>;
+
+/// FairScale's FullyShardedDataParallel as Lightning configures it: reshard_after_forward=True,
+/// auto-wrap with min_num_params=1e8, no CPU offload, full precision unless composed otherwise.
+using FSDP = Strategy<ShardParameters<true>, WrapBySize<100'000'000>>;
+
+/// DeepSpeed ZeRO stage 0 (disabled), 1 (optimizer state), 2 (and gradients; Lightning's default
+/// stage) and 3 (and parameters).
+template <int Stage>
+struct zero_stage;
+template <>
+struct zero_stage<0> {
+  using type = Strategy<NoShard>;
+};
+template <>
+struct zero_stage<1> {
+  using type = Strategy<ShardOptimizerState>;
+};
+template <>
+struct zero_stage<2> {
+  using type = Strategy<ShardGradients>;
+};
+template <>
+struct zero_stage<3> {
+  using type = Strategy<ShardParameters<true>>;
+};
+template <int Stage>
+using ZeRO = typename zero_stage<Stage>::type;
+
+/// ZeRO-Offload: stage 2 with optimizer state, master weights and the step on the CPU
+/// (Lightning's deepspeed_stage_2_offload).
+using ZeROOffload = Strategy<ShardGradients, OffloadOptimizer<Cpu>>;
+
+/// ZeRO-Infinity: stage 3 with the optimizer state on NVMe.
+using ZeROInfinity = Strategy<ShardParameters<true>, OffloadOptimizer<Nvme>>;
+
+}  // namespace polyshard

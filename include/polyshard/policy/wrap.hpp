@@ -1,0 +1,86 @@
+// WrapPolicy: how the module tree is cut into units, each gathered, freed and reduced as one
+// flat buffer; and ActivationCheckpointing: which blocks recompute their activations.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "polyshard/policy/family.hpp"
+
+namespace polyshard {
+
+/// Required members of a WrapPolicy:
+///   using family = wrap_family;
+///   template <class M> static constexpr bool wraps_type;  // M's instances are units of their own
+///   static constexpr std::int64_t min_num_params;         // subtrees this large are units (0: off)
+///   static constexpr bool manual;                          // units declared by wrap() calls
+template <class P>
+concept WrapPolicy = PolicyOf<P, wrap_family> && requires {
+  { P::min_num_params } -> std::convertible_to<std::int64_t>;
+  { P::manual } -> std::convertible_to<bool>;
+};
+
+/// The whole model is one unit.
+struct WrapWhole {
+  using family = wrap_family;
+  template <class M>
+  static constexpr bool wraps_type = false;
+  static constexpr std::int64_t min_num_params = 0;
+  static constexpr bool manual = false;
+  static constexpr const char* name = "WrapWhole";
+};
+
+/// FairScale's auto_wrap: every submodule with at least `MinNumParams` parameters not already in
+/// a smaller unit becomes a unit (default 1e8, as in the FairScale strategy).
+template <std::int64_t MinNumParams = 100'000'000>
+struct WrapBySize : WrapWhole {
+  static_assert(MinNumParams >= 1, "WrapBySize<min_num_params>: min_num_params must be at least 1");
+  static constexpr std::int64_t min_num_params = MinNumParams;
+  static constexpr const char* name = "WrapBySize";
+};
+
+/// Transformer auto-wrap: every instance of one of the module templates `Ms` (for example
+/// Block) is a unit of its own.
+template <template <class> class... Ms>
+struct WrapByType : WrapWhole {
+  static_assert(sizeof...(Ms) >= 1, "WrapByType<Ms...>: name at least one module type to wrap");
+  template <class M>
+  struct matches : std::false_type {};
+  template <template <class> class M, class T>
+  struct matches<M<T>> : std::bool_constant<(std::is_same_v<M<T>, Ms<T>> || ...)> {};
+  template <class M>
+  static constexpr bool wraps_type = matches<M>::value;
+  static constexpr const char* name = "WrapByType";
+};
+
+/// Units are the modules passed to wrap() inside a sharded-construction context.
+struct ManualWrap : WrapWhole {
+  static constexpr bool manual = true;
+  static constexpr const char* name = "ManualWrap";
+};
+
+/// Required members of an ActivationCheckpointing policy:
+///   using family = checkpointing_family;
+///   template <class M> static constexpr bool checkpoints_type;
+template <class P>
+concept CheckpointingPolicy = PolicyOf<P, checkpointing_family>;
+
+/// Every activation is kept for backward.
+struct NoActivationCheckpointing {
+  using family = checkpointing_family;
+  template <class M>
+  static constexpr bool checkpoints_type = false;
+  static constexpr const char* name = "NoActivationCheckpointing";
+};
+
+/// Instances of the module templates `Ms` drop their activations in forward and recompute them
+/// in backward (the wrapping guide's activation_checkpointing=MyTransformerBlock).
+template <template <class> class... Ms>
+struct ActivationCheckpointing : NoActivationCheckpointing {
+  static_assert(sizeof...(Ms) >= 1, "ActivationCheckpointing<Ms...>: name at least one module type");
+  template <class M>
+  static constexpr bool checkpoints_type = WrapByType<Ms...>::template wraps_type<M>;
+  static constexpr const char* name = "ActivationCheckpointing";
+};
+
+}  // namespace polyshard

@@ -1,0 +1,102 @@
+// Shared set-up of the engine tests: a small GPT whose unit sizes do not divide by the world
+// size, a fixed data stream, and a runner that trains it under a strategy on N thread ranks.
+#pragma once
+
+#include <map>
+
+#include "polyshard/comm/thread_communicator.hpp"
+#include "polyshard/data/data.hpp"
+#include "polyshard/engine/engine.hpp"
+#include "polyshard/nn/nn.hpp"
+#include "polyshard/optim/optim.hpp"
+#include "polyshard/policy/policy.hpp"
+
+namespace polyshard::test {
+
+inline GptConfig tiny_gpt() { return {.vocab_size = 13, .block_size = 8, .n_layer = 2, .n_head = 2, .n_embd = 6}; }
+
+inline const TextDataset& tiny_data() {
+  static const TextDataset data = [] {
+    std::vector<std::int32_t> tokens(500);
+    for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = std::int32_t(splitmix64(i) % 13);
+    return TextDataset(std::move(tokens), "tiny");
+  }();
+  return data;
+}
+
+using Parameters = std::vector<std::pair<std::string, std::vector<float>>>;
+
+/// What one rank saw of a training run.
+struct RunResult {
+  Parameters parameters;          // after the last step, gathered
+  std::vector<double> losses;     // the global mean loss of each step (summed over ranks)
+  CommStats stats;                // of the last step
+  std::int64_t model_state = 0;   // parameters + gradients + optimizer state, after the last step
+  std::int64_t padded = 0, root_padded = 0;
+};
+
+/// SGD with momentum: linear in the gradients, so runs that differ only in the order of
+/// floating-point sums stay within rounding of each other (Adam's normalisation would magnify
+/// the rounding of near-zero gradients into whole updates).
+inline SgdConfig momentum_sgd() { return {.lr = 0.1, .momentum = 0.9}; }
+
+/// Catch2 assertions are not thread-safe: rank bodies only compute, and the test thread checks.
+
+/// Trains tiny_gpt() for `steps` steps of global batch `batch` under S on `world` thread ranks
+/// with optimizer `Opt`; returns rank 0's view.
+template <class S, class Opt = Sgd<float>>
+RunResult train(int world, int steps = 3, std::int64_t batch = 6, typename Opt::config_type opt = momentum_sgd(),
+                double clip = std::numeric_limits<double>::infinity()) {
+  RunResult result;
+  std::vector<double> step_loss(static_cast<std::size_t>(steps), 0.0);
+  std::mutex mutex;
+  run_ranks(world, [&](ThreadCommunicator& comm) {
+    MemoryTracker tracker;
+    TrackerScope scope(tracker);
+    Gpt<float> model(tiny_gpt());
+    Engine<S, Gpt<float>, ThreadCommunicator, Opt> engine(model, comm, opt, {}, 42);
+    BatchSampler sampler(tiny_data(), 8, batch, 7);
+    const RowRange rows = rank_rows(batch, comm.rank(), world);
+    const double weight = double(rows.end - rows.begin) / double(batch);
+    for (int step = 0; step < steps; ++step) {
+      comm.stats().reset();
+      const Batch b = sampler.batch(step, comm.rank(), world);
+      POLYSHARD_CHECK(b.inputs.size(0) > 0, "train: every rank needs rows (batch >= world)");
+      Var<float> loss = engine.forward([&] { return model.loss(b.inputs, b.targets); });
+      const double loss_value = loss.value().data()[0];
+      engine.backward(loss, weight);
+      loss = Var<float>();
+      engine.step(opt.lr, clip);
+      std::lock_guard lock(mutex);
+      step_loss[static_cast<std::size_t>(step)] += loss_value * weight;
+    }
+    const std::int64_t state = tracker.current(MemoryCategory::Parameters) + tracker.current(MemoryCategory::Gradients) +
+                               tracker.current(MemoryCategory::OptimizerState);
+    const CommStats last_step = comm.stats();  // before gathering the parameters for the check
+    auto params = engine.full_parameters();
+    if (comm.rank() == 0) {
+      result.parameters = std::move(params);
+      result.stats = last_step;
+      result.model_state = state;
+      result.padded = engine.units().padded_total();
+      result.root_padded = engine.units().units[0].padded;
+    }
+  });
+  result.losses = step_loss;
+  return result;
+}
+
+/// Largest absolute difference between two parameter sets with the same names.
+inline double max_difference(const Parameters& a, const Parameters& b) {
+  double worst = 0;
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    REQUIRE(a[i].first == b[i].first);
+    REQUIRE(a[i].second.size() == b[i].second.size());
+    for (std::size_t j = 0; j < a[i].second.size(); ++j)
+      worst = std::max(worst, double(std::abs(a[i].second[j] - b[i].second[j])));
+  }
+  return worst;
+}
+
+}  // namespace polyshard::test

@@ -1,0 +1,64 @@
+// The central oracle: every strategy at every world size trains to the parameters of one
+// process running plain DDP.
+#include <catch2/catch.hpp>
+
+#include "engine_fixture.hpp"
+
+using namespace polyshard;
+using test::max_difference;
+using test::train;
+
+using FsdpPerBlock = Strategy<ShardParameters<true>, WrapByType<Block>>;
+using GradOpPerBlock = Strategy<ShardParameters<false>, WrapByType<Block>>;
+using ZeRO3Checkpointed = Strategy<ShardParameters<true>, WrapByType<Block>, ActivationCheckpointing<Block>>;
+using ZeRO2PerBlock = Strategy<ShardGradients, WrapByType<Block>>;
+using DdpPerBlock = Strategy<NoShard, WrapByType<Block>>;
+using Fp32Strategies = std::tuple<DDP, DdpPerBlock, ZeRO<1>, ZeRO<2>, ZeRO2PerBlock, ZeRO<3>, FSDP, FsdpPerBlock,
+                                  GradOpPerBlock, ZeRO3Checkpointed>;
+
+TEMPLATE_LIST_TEST_CASE("fp32: every strategy at world size 1 equals DDP bit for bit", "[engine]", Fp32Strategies) {
+  const auto reference = train<DDP>(1);
+  const auto result = train<TestType>(1);
+  CHECK(max_difference(result.parameters, reference.parameters) == 0.0);
+  CHECK(result.losses == reference.losses);
+}
+
+TEMPLATE_LIST_TEST_CASE("fp32: every strategy at world sizes 2, 3, 4 trains like one process", "[engine]",
+                        Fp32Strategies) {
+  const auto reference = train<DDP>(1);
+  const int world = GENERATE(2, 3, 4);
+  CAPTURE(world);
+  const auto result = train<TestType>(world);
+  // Only the order of floating-point sums differs from one process.
+  CHECK(max_difference(result.parameters, reference.parameters) < 1e-6);
+  for (std::size_t i = 0; i < reference.losses.size(); ++i) CHECK(result.losses[i] == Approx(reference.losses[i]).epsilon(1e-6));
+  // And training did move the parameters.
+  CHECK(max_difference(result.parameters, train<DDP>(1, 0).parameters) > 1e-3);
+}
+
+TEST_CASE("fp32: the sharded stages agree with each other bit for bit at the same world size", "[engine]") {
+  const int world = GENERATE(2, 3);
+  const auto zero1 = train<ZeRO<1>>(world);
+  CHECK(max_difference(train<ZeRO<2>>(world).parameters, zero1.parameters) == 0.0);
+  CHECK(max_difference(train<ZeRO<3>>(world).parameters, zero1.parameters) == 0.0);
+}
+
+TEST_CASE("AdamW: sharded runs stay within a small fraction of one update of one process", "[engine]") {
+  const AdamWConfig adamw{.lr = 1e-2};
+  const auto reference = train<DDP, AdamW<float>>(1, 3, 6, adamw);
+  for (int world : {2, 4}) {
+    CHECK(max_difference(train<ZeRO<3>, AdamW<float>>(world, 3, 6, adamw).parameters, reference.parameters) < 0.01 * adamw.lr);
+    CHECK(max_difference(train<ZeRO<1>, AdamW<float>>(world, 3, 6, adamw).parameters, reference.parameters) < 0.01 * adamw.lr);
+  }
+}
+
+TEST_CASE("gradient clipping equals clipping the unsharded gradient", "[engine]") {
+  const auto reference = train<DDP>(1, 3, 6, test::momentum_sgd(), 0.05);
+  const auto unclipped = train<DDP>(1, 3, 6, test::momentum_sgd());
+  CHECK(max_difference(reference.parameters, unclipped.parameters) > 1e-3);  // clipping did bite
+  for (int world : {2, 3}) {
+    CHECK(max_difference(train<ZeRO<3>>(world, 3, 6, test::momentum_sgd(), 0.05).parameters, reference.parameters) < 1e-6);
+    CHECK(max_difference(train<ZeRO<1>>(world, 3, 6, test::momentum_sgd(), 0.05).parameters, reference.parameters) < 1e-6);
+    CHECK(max_difference(train<DDP>(world, 3, 6, test::momentum_sgd(), 0.05).parameters, reference.parameters) < 1e-6);
+  }
+}

@@ -1,0 +1,88 @@
+// Gradient accumulation: micro-batches under no_sync, then one synchronising backward, equal
+// one large batch.
+#include <catch2/catch.hpp>
+
+#include "engine_fixture.hpp"
+
+using namespace polyshard;
+
+namespace {
+/// Two steps on global batches of 6 rows, each as `micro` micro-batches of 6 / micro rows.
+template <class S>
+test::Parameters accumulate(int world, int micro) {
+  test::Parameters out;
+  run_ranks(world, [&](ThreadCommunicator& comm) {
+    Gpt<float> model(test::tiny_gpt());
+    Engine<S, Gpt<float>, ThreadCommunicator, Sgd<float>> engine(model, comm, test::momentum_sgd(), {}, 42);
+    BatchSampler sampler(test::tiny_data(), 8, 6, 7);
+    const std::int64_t rows_per_micro = 6 / micro;
+    for (int step = 0; step < 2; ++step) {
+      const Batch whole = sampler.batch(step);
+      for (int m = 0; m < micro; ++m) {
+        const RowRange rows = rank_rows(rows_per_micro, comm.rank(), world);
+        const std::int64_t begin = m * rows_per_micro + rows.begin, end = m * rows_per_micro + rows.end;
+        const auto x = whole.inputs.slice(begin, end), y = whole.targets.slice(begin, end);
+        std::optional<typename decltype(engine)::NoSync> no_sync;
+        if (m + 1 < micro) no_sync.emplace(engine);
+        Var<float> loss = engine.forward([&] { return model.loss(x, y); });
+        engine.backward(loss, double(end - begin) / 6.0);
+      }
+      engine.step(0.1);
+    }
+    auto params = engine.full_parameters();
+    if (comm.rank() == 0) out = std::move(params);
+  });
+  return out;
+}
+}  // namespace
+
+using Accumulating = std::tuple<DDP, ZeRO<1>, ZeRO<2>, Strategy<ShardParameters<true>, WrapByType<Block>>>;
+
+TEMPLATE_LIST_TEST_CASE("no_sync accumulation equals one large batch", "[engine]", Accumulating) {
+  const auto one_batch = accumulate<DDP>(1, 1);
+  for (int world : {1, 3}) {
+    CAPTURE(world);
+    CHECK(test::max_difference(accumulate<TestType>(world, 2), one_batch) < 1e-6);
+    CHECK(test::max_difference(accumulate<TestType>(world, 1), one_batch) < 1e-6);
+  }
+}
+
+/// The message of the polyshard::Error that `f` throws, or "" when it throws none.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_CASE("stepping with unreduced no_sync gradients is an error", "[engine]") {
+  std::string message;
+  run_ranks(1, [&](ThreadCommunicator& comm) {
+    Gpt<float> model(test::tiny_gpt());
+    Engine<DDP, Gpt<float>, ThreadCommunicator, Sgd<float>> engine(model, comm, test::momentum_sgd(), {}, 42);
+    BatchSampler sampler(test::tiny_data(), 8, 2, 7);
+    const Batch b = sampler.batch(0);
+    {
+      auto no_sync = engine.no_sync();
+      engine.backward(engine.forward([&] { return model.loss(b.inputs, b.targets); }));
+    }
+    message = error_of([&] { engine.step(0.1); });
+  });
+  CHECK_THAT(message, Catch::Contains("no_sync"));
+}
+
+TEST_CASE("a sharded parameter used outside the engine's forward is a clear error", "[engine]") {
+  std::vector<std::string> messages(2);
+  run_ranks(2, [&](ThreadCommunicator& comm) {
+    Gpt<float> model(test::tiny_gpt());
+    Engine<Strategy<ShardParameters<true>, WrapByType<Block>>, Gpt<float>, ThreadCommunicator, Sgd<float>> engine(
+        model, comm, test::momentum_sgd(), {}, 42);
+    BatchSampler sampler(test::tiny_data(), 8, 2, 7);
+    const Batch b = sampler.batch(0);
+    messages[static_cast<std::size_t>(comm.rank())] = error_of([&] { model.loss(b.inputs, b.targets); });
+  });
+  for (const auto& m : messages) CHECK_THAT(m, Catch::Contains("has no storage here"));
+}

@@ -1,0 +1,69 @@
+# Runs one compile-failure case (cmake -P): MODE=compiles checks that SOURCE compiles as written;
+# MODE=rejected checks that it does not compile with -DPOLYSHARD_FAIL and that the compiler
+# prints the sentence on the file's `// expect: <sentence>` line.
+#
+# Arguments (-D): CXX (the compiler), SOURCE (the case), MODE (compiles | rejected),
+# INCLUDES (the project's include directory), SYSTEM_INCLUDES and IMPLICIT (the compiler's own
+# include directories, left out), each list joined with '|'.
+cmake_minimum_required(VERSION 3.25)
+
+foreach(arg CXX SOURCE MODE INCLUDES)
+  if(NOT DEFINED ${arg} OR "${${arg}}" STREQUAL "")
+    message(FATAL_ERROR "check_fail.cmake: -D${arg}=... is required")
+  endif()
+endforeach()
+if(NOT MODE STREQUAL "compiles" AND NOT MODE STREQUAL "rejected")
+  message(FATAL_ERROR "check_fail.cmake: MODE must be 'compiles' or 'rejected', not '${MODE}'")
+endif()
+
+# The expected sentence: the text after `// expect: ` on its own line.
+file(STRINGS "${SOURCE}" expect_lines REGEX "^// expect: ")
+list(LENGTH expect_lines n_expect)
+if(NOT n_expect EQUAL 1)
+  message(FATAL_ERROR "${SOURCE}: needs exactly one line `// expect: <part of the static_assert message>`, "
+                      "found ${n_expect}")
+endif()
+string(REGEX REPLACE "^// expect: " "" expect "${expect_lines}")
+string(STRIP "${expect}" expect)
+if(expect STREQUAL "")
+  message(FATAL_ERROR "${SOURCE}: the `// expect:` line is empty")
+endif()
+
+# Include flags: ours with -I, third-party ones with -isystem, the compiler's own left out (an
+# explicit -I/usr/include breaks libstdc++'s #include_next).
+string(REPLACE "|" ";" includes "${INCLUDES}")
+string(REPLACE "|" ";" system_includes "${SYSTEM_INCLUDES}")
+string(REPLACE "|" ";" implicit "${IMPLICIT}")
+set(flags -std=c++20 -fsyntax-only)
+foreach(dir IN LISTS includes)
+  list(APPEND flags "-I${dir}")
+endforeach()
+list(REMOVE_DUPLICATES system_includes)
+foreach(dir IN LISTS system_includes)
+  if(NOT dir STREQUAL "" AND NOT dir IN_LIST implicit)
+    list(APPEND flags -isystem "${dir}")
+  endif()
+endforeach()
+if(MODE STREQUAL "rejected")
+  list(APPEND flags -DPOLYSHARD_FAIL)
+endif()
+
+set(ENV{LC_ALL} C)  # plain quotes in diagnostics
+execute_process(COMMAND "${CXX}" ${flags} "${SOURCE}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+
+if(MODE STREQUAL "compiles")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${SOURCE} must compile without POLYSHARD_FAIL, but the compiler said:\n${out}")
+  endif()
+  message(STATUS "${SOURCE}: compiles without POLYSHARD_FAIL")
+else()
+  if(rc EQUAL 0)
+    message(FATAL_ERROR "${SOURCE} must not compile with POLYSHARD_FAIL, but it did")
+  endif()
+  string(FIND "${out}" "${expect}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "${SOURCE} failed to compile with POLYSHARD_FAIL, as it must, but the compiler output "
+                        "lacks the expected sentence\n  \"${expect}\"\nIt said:\n${out}")
+  endif()
+  message(STATUS "${SOURCE}: rejected with \"${expect}\"")
+endif()

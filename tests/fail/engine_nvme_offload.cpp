@@ -1,0 +1,20 @@
+// The policy layer accepts NVMe offload (ZeRO-Infinity), but the engine does not implement it yet and says so.
+// expect: NVMe offload is not supported by the engine yet
+#include "polyshard/comm/thread_communicator.hpp"
+#include "polyshard/engine/engine.hpp"
+#include "polyshard/nn/gpt.hpp"
+#include "polyshard/optim/adamw.hpp"
+#include "polyshard/policy/presets.hpp"
+
+using namespace polyshard;
+
+#ifdef POLYSHARD_FAIL
+using S = ZeROInfinity;
+#else
+using S = ZeRO<3>;
+#endif
+
+// Constructing the engine instantiates the class with its static_asserts.
+void build(Gpt<float>& model, ThreadCommunicator& comm) {
+  Engine<S, Gpt<float>, ThreadCommunicator, AdamW<float>> engine(model, comm, AdamWConfig{});
+}

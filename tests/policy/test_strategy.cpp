@@ -1,0 +1,287 @@
+// Strategy<...> picks one policy per family in any order with defaults, with_t rebinds one family,
+// presets and StrategyConfig carry the reference documents' defaults, accounting is ZeRO's.
+#include <catch2/catch.hpp>
+
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+
+#include "polyshard/nn/block.hpp"
+#include "polyshard/nn/mlp.hpp"
+#include "polyshard/policy/policy.hpp"
+
+using namespace polyshard;
+using std::is_same_v;
+
+// The families of S, as one comparable type.
+template <class S>
+using families_t =
+    std::tuple<typename S::sharding, typename S::offload, typename S::precision, typename S::wrap, typename S::checkpointing>;
+
+// One composition, spelled in several orders.
+using Permutations = std::tuple<
+    Strategy<ShardParameters<false>, OffloadParameters<Cpu>, Bf16Mixed, WrapByType<Block>, ActivationCheckpointing<Block>>,
+    Strategy<ActivationCheckpointing<Block>, WrapByType<Block>, Bf16Mixed, OffloadParameters<Cpu>, ShardParameters<false>>,
+    Strategy<Bf16Mixed, ShardParameters<false>, ActivationCheckpointing<Block>, OffloadParameters<Cpu>, WrapByType<Block>>,
+    Strategy<WrapByType<Block>, ActivationCheckpointing<Block>, ShardParameters<false>, Bf16Mixed, OffloadParameters<Cpu>>>;
+
+TEMPLATE_LIST_TEST_CASE("Strategy picks each family whatever the order", "[policy]", Permutations) {
+  STATIC_REQUIRE(StrategyType<TestType>);
+  STATIC_REQUIRE(is_same_v<typename TestType::sharding, ShardParameters<false>>);
+  STATIC_REQUIRE(is_same_v<typename TestType::offload, OffloadParameters<Cpu>>);
+  STATIC_REQUIRE(is_same_v<typename TestType::precision, Bf16Mixed>);
+  STATIC_REQUIRE(is_same_v<typename TestType::wrap, WrapByType<Block>>);
+  STATIC_REQUIRE(is_same_v<typename TestType::checkpointing, ActivationCheckpointing<Block>>);
+  STATIC_REQUIRE(is_same_v<typename TestType::compute_type, bfloat16>);
+  STATIC_REQUIRE(is_same_v<typename TestType::reduce_type, bfloat16>);
+  STATIC_REQUIRE(is_same_v<typename TestType::master_type, float>);
+}
+
+TEST_CASE("families left out take their defaults", "[policy]") {
+  using Empty = Strategy<>;
+  STATIC_REQUIRE(is_same_v<families_t<Empty>, std::tuple<NoShard, NoOffload, Fp32, WrapWhole, NoActivationCheckpointing>>);
+  STATIC_REQUIRE(is_same_v<Empty::compute_type, float>);
+  STATIC_REQUIRE(is_same_v<Empty::master_type, float>);
+
+  // One family given: that family set, every other one at its default.
+  STATIC_REQUIRE(is_same_v<families_t<Strategy<ShardGradients>>,
+                           std::tuple<ShardGradients, NoOffload, Fp32, WrapWhole, NoActivationCheckpointing>>);
+  STATIC_REQUIRE(is_same_v<families_t<Strategy<Fp16Mixed>>,
+                           std::tuple<NoShard, NoOffload, Fp16Mixed, WrapWhole, NoActivationCheckpointing>>);
+  STATIC_REQUIRE(is_same_v<families_t<Strategy<WrapBySize<1000>>>,
+                           std::tuple<NoShard, NoOffload, Fp32, WrapBySize<1000>, NoActivationCheckpointing>>);
+  STATIC_REQUIRE(is_same_v<families_t<Strategy<ActivationCheckpointing<Block>>>,
+                           std::tuple<NoShard, NoOffload, Fp32, WrapWhole, ActivationCheckpointing<Block>>>);
+  STATIC_REQUIRE(is_same_v<families_t<Strategy<OffloadOptimizer<Cpu>, ShardOptimizerState>>,
+                           std::tuple<ShardOptimizerState, OffloadOptimizer<Cpu>, Fp32, WrapWhole, NoActivationCheckpointing>>);
+}
+
+TEST_CASE("with_t rebinds one family and keeps the others", "[policy]") {
+  using S = Strategy<ShardParameters<true>, OffloadParameters<Cpu>, Fp16Mixed, WrapByType<Block>>;
+
+  using Bf16 = with_t<S, Bf16Mixed>;
+  STATIC_REQUIRE(is_same_v<families_t<Bf16>, std::tuple<ShardParameters<true>, OffloadParameters<Cpu>, Bf16Mixed,
+                                                        WrapByType<Block>, NoActivationCheckpointing>>);
+  using GradOp = with_t<S, ShardParameters<false>>;
+  STATIC_REQUIRE(is_same_v<families_t<GradOp>, std::tuple<ShardParameters<false>, OffloadParameters<Cpu>, Fp16Mixed,
+                                                          WrapByType<Block>, NoActivationCheckpointing>>);
+  using BySize = with_t<S, WrapBySize<>>;
+  STATIC_REQUIRE(is_same_v<families_t<BySize>, std::tuple<ShardParameters<true>, OffloadParameters<Cpu>, Fp16Mixed,
+                                                          WrapBySize<>, NoActivationCheckpointing>>);
+  using Checkpointed = with_t<S, ActivationCheckpointing<Block>>;
+  STATIC_REQUIRE(is_same_v<families_t<Checkpointed>, std::tuple<ShardParameters<true>, OffloadParameters<Cpu>, Fp16Mixed,
+                                                                WrapByType<Block>, ActivationCheckpointing<Block>>>);
+  using OnDevice = with_t<S, NoOffload>;
+  STATIC_REQUIRE(is_same_v<families_t<OnDevice>,
+                           std::tuple<ShardParameters<true>, NoOffload, Fp16Mixed, WrapByType<Block>, NoActivationCheckpointing>>);
+
+  // Rebinding twice: the last one wins; rebinding to the same member changes nothing.
+  STATIC_REQUIRE(is_same_v<families_t<with_t<with_t<S, Bf16Mixed>, PureBf16>>,
+                           families_t<with_t<S, PureBf16>>>);
+  STATIC_REQUIRE(is_same_v<families_t<with_t<S, Fp16Mixed>>, families_t<S>>);
+  // A preset rebinds like any strategy: ZeRO-Offload at stage 3.
+  STATIC_REQUIRE(is_same_v<families_t<with_t<ZeROOffload, ShardParameters<>>>,
+                           std::tuple<ShardParameters<true>, OffloadOptimizer<Cpu>, Fp32, WrapWhole, NoActivationCheckpointing>>);
+}
+
+TEST_CASE("each family's concept admits its members and no others", "[policy]") {
+  STATIC_REQUIRE(ShardingPolicy<NoShard>);
+  STATIC_REQUIRE(ShardingPolicy<ShardParameters<false>>);
+  STATIC_REQUIRE(ShardingPolicy<HybridShard<ShardGradients>>);
+  STATIC_REQUIRE_FALSE(ShardingPolicy<Fp32>);
+  STATIC_REQUIRE(OffloadPolicy<OffloadParameters<Nvme>>);
+  STATIC_REQUIRE_FALSE(OffloadPolicy<NoShard>);
+  STATIC_REQUIRE(PrecisionPolicy<Fp16Mixed>);
+  STATIC_REQUIRE(PrecisionPolicy<MixedPrecision<bfloat16, float, float>>);
+  STATIC_REQUIRE_FALSE(PrecisionPolicy<WrapWhole>);
+  STATIC_REQUIRE(WrapPolicy<WrapByType<Block>>);
+  STATIC_REQUIRE(WrapPolicy<ManualWrap>);
+  STATIC_REQUIRE_FALSE(WrapPolicy<NoOffload>);
+  STATIC_REQUIRE(CheckpointingPolicy<ActivationCheckpointing<Block>>);
+  STATIC_REQUIRE_FALSE(Policy<int>);
+  STATIC_REQUIRE_FALSE(Policy<Block<float>>);
+  STATIC_REQUIRE_FALSE(StrategyType<NoShard>);
+  STATIC_REQUIRE(StrategyType<ZeRO<3>>);
+}
+
+TEST_CASE("sharding policies refine one another", "[policy]") {
+  STATIC_REQUIRE(!NoShard::shards_optimizer_state && !NoShard::shards_gradients && !NoShard::shards_parameters);
+  STATIC_REQUIRE(ShardOptimizerState::shards_optimizer_state && !ShardOptimizerState::shards_gradients);
+  STATIC_REQUIRE(ShardGradients::shards_optimizer_state && ShardGradients::shards_gradients &&
+                 !ShardGradients::shards_parameters);
+  STATIC_REQUIRE(ShardParameters<>::shards_gradients && ShardParameters<>::shards_parameters);
+  STATIC_REQUIRE(ShardParameters<>::reshard_after_forward);
+  STATIC_REQUIRE_FALSE(ShardParameters<false>::reshard_after_forward);
+  using Hybrid = HybridShard<ShardParameters<false>>;
+  STATIC_REQUIRE(Hybrid::hybrid && !ShardParameters<false>::hybrid);
+  STATIC_REQUIRE(is_same_v<Hybrid::inner, ShardParameters<false>>);
+  STATIC_REQUIRE(Hybrid::shards_parameters && !Hybrid::reshard_after_forward);
+  CHECK(std::string_view(ShardParameters<false>::name) == "ShardParameters<false>");
+  CHECK(std::string_view(ShardParameters<true>::name) == "ShardParameters");
+}
+
+TEST_CASE("offload policies say what moves where", "[policy]") {
+  STATIC_REQUIRE(!NoOffload::offloads_optimizer && !NoOffload::offloads_parameters && !NoOffload::to_nvme);
+  STATIC_REQUIRE(OffloadOptimizer<>::offloads_optimizer && !OffloadOptimizer<>::offloads_parameters);
+  STATIC_REQUIRE(is_same_v<OffloadOptimizer<>::target, Cpu>);  // Lightning: offload_optimizer_device='cpu'
+  STATIC_REQUIRE(!OffloadOptimizer<Cpu>::to_nvme && OffloadOptimizer<Nvme>::to_nvme);
+  // Parameters offload with the optimizer.
+  STATIC_REQUIRE(OffloadParameters<>::offloads_parameters && OffloadParameters<>::offloads_optimizer);
+  STATIC_REQUIRE(is_same_v<OffloadParameters<>::target, Cpu>);  // Lightning: offload_params_device='cpu'
+  STATIC_REQUIRE(OffloadParameters<Nvme>::to_nvme);
+  CHECK(std::string_view(OffloadParameters<Nvme>::name) == "OffloadParameters<Nvme>");
+  CHECK(std::string_view(OffloadOptimizer<Cpu>::name) == "OffloadOptimizer<Cpu>");
+}
+
+TEST_CASE("precision policies and loss scaling carry DeepSpeed's defaults", "[policy]") {
+  // initial_scale_power=16, loss_scale_window=1000, hysteresis=2, min_loss_scale=1.
+  using D = DynamicLossScale<>;
+  STATIC_REQUIRE(D::scaled && D::dynamic);
+  STATIC_REQUIRE(D::initial_scale == 65536.0);
+  STATIC_REQUIRE(D::window == 1000);
+  STATIC_REQUIRE(D::hysteresis == 2);
+  STATIC_REQUIRE(D::min_scale == 1.0);
+  STATIC_REQUIRE(DynamicLossScale<8, 50, 1, 4>::initial_scale == 256.0);
+  STATIC_REQUIRE(DynamicLossScale<8, 50, 1, 4>::min_scale == 4.0);
+  STATIC_REQUIRE(StaticLossScale<10>::scaled && !StaticLossScale<10>::dynamic);
+  STATIC_REQUIRE(StaticLossScale<10>::initial_scale == 1024.0);
+  STATIC_REQUIRE(!NoLossScale::scaled && NoLossScale::initial_scale == 1.0);
+
+  STATIC_REQUIRE(is_same_v<Fp32::compute_type, float> && is_same_v<Fp32::master_type, float> && !Fp32::mixed);
+  STATIC_REQUIRE(is_same_v<Fp32::loss_scale, NoLossScale>);
+  STATIC_REQUIRE(is_same_v<Fp16Mixed::compute_type, half> && is_same_v<Fp16Mixed::reduce_type, half>);
+  STATIC_REQUIRE(is_same_v<Fp16Mixed::master_type, float> && Fp16Mixed::mixed);
+  STATIC_REQUIRE(is_same_v<Fp16Mixed::loss_scale, DynamicLossScale<16, 1000, 2, 1>>);
+  STATIC_REQUIRE(is_same_v<Bf16Mixed::compute_type, bfloat16> && is_same_v<Bf16Mixed::master_type, float>);
+  STATIC_REQUIRE(is_same_v<Bf16Mixed::loss_scale, NoLossScale> && Bf16Mixed::mixed);
+  STATIC_REQUIRE(is_same_v<PureBf16::master_type, bfloat16> && !PureBf16::mixed);
+  // FSDP's fp32_reduce_scatter: low-precision compute, gradients reduced in fp32.
+  using Fp32Reduce = MixedPrecision<half, float, float, DynamicLossScale<>>;
+  STATIC_REQUIRE(is_same_v<Fp32Reduce::reduce_type, float> && is_same_v<Fp32Reduce::compute_type, half>);
+  // ShardedDataParallel's reduce_fp16: fp32 compute, gradients reduced in fp16.
+  using Fp16Reduce = MixedPrecision<float, half>;
+  STATIC_REQUIRE(is_same_v<Fp16Reduce::reduce_type, half> && is_same_v<Fp16Reduce::master_type, float>);
+  STATIC_REQUIRE(!Fp16Reduce::mixed);
+  // Reduce defaults to compute, master to float.
+  STATIC_REQUIRE(is_same_v<MixedPrecision<bfloat16>::reduce_type, bfloat16>);
+  STATIC_REQUIRE(is_same_v<MixedPrecision<bfloat16>::master_type, float>);
+}
+
+TEST_CASE("wrap and checkpointing policies select module types", "[policy]") {
+  STATIC_REQUIRE(WrapByType<Block>::wraps_type<Block<float>>);
+  STATIC_REQUIRE(WrapByType<Block>::wraps_type<Block<double>>);
+  STATIC_REQUIRE_FALSE(WrapByType<Block>::wraps_type<Mlp<float>>);
+  STATIC_REQUIRE_FALSE(WrapByType<Block>::wraps_type<int>);
+  STATIC_REQUIRE(WrapByType<Block, Mlp>::wraps_type<Mlp<float>>);
+  STATIC_REQUIRE(WrapByType<Block>::min_num_params == 0 && !WrapByType<Block>::manual);
+  STATIC_REQUIRE_FALSE(WrapWhole::wraps_type<Block<float>>);
+  STATIC_REQUIRE(WrapWhole::min_num_params == 0);
+  STATIC_REQUIRE(WrapBySize<>::min_num_params == 100'000'000);  // FairScale strategy: min_num_params=1e8
+  STATIC_REQUIRE(WrapBySize<4096>::min_num_params == 4096);
+  STATIC_REQUIRE(ManualWrap::manual);
+  STATIC_REQUIRE(ActivationCheckpointing<Block>::checkpoints_type<Block<float>>);
+  STATIC_REQUIRE_FALSE(ActivationCheckpointing<Block>::checkpoints_type<Mlp<float>>);
+  STATIC_REQUIRE_FALSE(NoActivationCheckpointing::checkpoints_type<Block<float>>);
+}
+
+TEST_CASE("presets are the strategies their documents describe", "[policy]") {
+  // DDP: replicas.
+  STATIC_REQUIRE(is_same_v<families_t<DDP>, std::tuple<NoShard, NoOffload, Fp32, WrapWhole, NoActivationCheckpointing>>);
+  // FairScale OSS + ShardedDataParallel: gradients and optimizer state sharded, parameters whole.
+  STATIC_REQUIRE(is_same_v<ShardedDDP::sharding, ShardGradients>);
+  STATIC_REQUIRE(is_same_v<ShardedDDP::offload, NoOffload>);
+  // Lightning's DDPFullyShardedStrategy: reshard_after_forward=True, min_num_params=1e8,
+  // cpu_offload=False, compute_dtype float32 unless mixed precision.
+  STATIC_REQUIRE(FSDP::sharding::shards_parameters);
+  STATIC_REQUIRE(FSDP::sharding::reshard_after_forward);
+  STATIC_REQUIRE(!FSDP::sharding::hybrid);
+  STATIC_REQUIRE(FSDP::wrap::min_num_params == 100'000'000);
+  STATIC_REQUIRE(is_same_v<FSDP::offload, NoOffload>);
+  STATIC_REQUIRE(is_same_v<FSDP::precision, Fp32>);
+  // DeepSpeed stages: 0 disabled, 1 optimizer state, 2 and gradients, 3 and parameters.
+  STATIC_REQUIRE(is_same_v<ZeRO<0>::sharding, NoShard>);
+  STATIC_REQUIRE(is_same_v<ZeRO<1>::sharding, ShardOptimizerState>);
+  STATIC_REQUIRE(is_same_v<ZeRO<2>::sharding, ShardGradients>);
+  STATIC_REQUIRE(is_same_v<ZeRO<3>::sharding, ShardParameters<true>>);
+  STATIC_REQUIRE(is_same_v<families_t<ZeRO<1>>,
+                           std::tuple<ShardOptimizerState, NoOffload, Fp32, WrapWhole, NoActivationCheckpointing>>);
+  // Lightning's DeepSpeedStrategy defaults to stage=2, with offload_optimizer_device='cpu' when
+  // offloading: ZeROOffload is its deepspeed_stage_2_offload.
+  STATIC_REQUIRE(is_same_v<families_t<ZeROOffload>, families_t<with_t<ZeRO<2>, OffloadOptimizer<Cpu>>>>);
+  STATIC_REQUIRE(!ZeROOffload::offload::offloads_parameters && !ZeROOffload::offload::to_nvme);
+  // ZeRO-Infinity: stage 3, optimizer state on NVMe.
+  STATIC_REQUIRE(is_same_v<ZeROInfinity::sharding, ShardParameters<true>>);
+  STATIC_REQUIRE(is_same_v<ZeROInfinity::offload, OffloadOptimizer<Nvme>>);
+}
+
+TEST_CASE("StrategyConfig carries the reference documents' defaults", "[policy]") {
+  const StrategyConfig c;
+  CHECK(c.bucket_cap_mb == 25);                     // FSDP bucket_cap_mb
+  CHECK(c.reduce_bucket_size == 200'000'000);       // DeepSpeed reduce_bucket_size
+  CHECK(c.allgather_bucket_size == 200'000'000);    // DeepSpeed allgather_bucket_size
+  CHECK(c.overlap_comm);                            // DeepSpeed overlap_comm
+  CHECK(c.min_num_params == 0);                    // 0: WrapBySize's own threshold applies
+  CHECK(c.broadcast_buffers);                       // ShardedDataParallel
+  CHECK(c.sync_models_at_startup);                  // ShardedDataParallel
+  CHECK(c.loss_scale == 0);                         // DeepSpeed: 0 is dynamic
+  CHECK(c.nvme_path == "/local_nvme");
+  CHECK(c.block_size == 1'048'576);
+  CHECK(c.queue_depth == 8);
+  CHECK_FALSE(c.pin_memory);
+  CHECK(c.optimizer_buffer_count == 4);
+  CHECK(c.params_buffer_count == 5);
+  CHECK(c.params_buffer_size == 100'000'000);
+  CHECK(c.sub_group_size == 1'000'000'000'000);
+  CHECK(c.state_dict_to_cpu);                       // FSDP state_dict_to_cpu
+}
+
+TEST_CASE("model_state_bytes gives ZeRO's bytes per rank", "[policy][accounting]") {
+  // fp32 Adam, replicas: 4 (parameters) + 4 (gradients) + 8 (two states; no separate master) per parameter.
+  STATIC_REQUIRE(model_state_bytes<DDP>(1000, 4) == 16'000.0);
+  // Mixed-precision Adam (bf16 compute, fp32 master), 1200 parameters on 4 ranks:
+  //   stage 1: 2*1200 + 2*1200 + 12*1200/4 = 8400  (ZeRO: 4 + 12/N bytes per parameter)
+  //   stage 2: 2*1200 + 2*1200/4 + 12*1200/4 = 6600 (2 + 14/N)
+  //   stage 3: 16*1200/4 = 4800                     (16/N)
+  //   replicas: 16*1200 = 19200
+  STATIC_REQUIRE(model_state_bytes<Strategy<NoShard, Bf16Mixed>>(1200, 4) == 19'200.0);
+  STATIC_REQUIRE(model_state_bytes<with_t<ZeRO<1>, Bf16Mixed>>(1200, 4) == 8'400.0);
+  STATIC_REQUIRE(model_state_bytes<with_t<ZeRO<2>, Bf16Mixed>>(1200, 4) == 6'600.0);
+  STATIC_REQUIRE(model_state_bytes<with_t<ZeRO<3>, Bf16Mixed>>(1200, 4) == 4'800.0);
+  // fp16 compute reduced in fp32 at stage 2: 2*1200 + 4*1200/4 + 12*1200/4 = 7200.
+  STATIC_REQUIRE(model_state_bytes<Strategy<ShardGradients, MixedPrecision<half, float, float, DynamicLossScale<>>>>(
+                     1200, 4) == 7'200.0);
+  // Pure bf16 Adam: no separate master copy, 2 + 2 + 2*2 = 8 bytes per parameter.
+  STATIC_REQUIRE(model_state_bytes<Strategy<PureBf16>>(1000, 2) == 8'000.0);
+  // Plain SGD (no state) at stage 3 in fp32 on 3 ranks: (4 + 4) * 1200 / 3 = 3200.
+  STATIC_REQUIRE(model_state_bytes<ZeRO<3>>(1200, 3, 0) == 3'200.0);
+  // SGD with momentum on one rank: sharding changes nothing. 4 + 4 + 4 = 12 per parameter.
+  STATIC_REQUIRE(model_state_bytes<ZeRO<3>>(1000, 1, 1) == 12'000.0);
+  STATIC_REQUIRE(model_state_bytes<DDP>(1000, 1, 1) == 12'000.0);
+  // Offloading moves state, it does not shrink it: the accounting of ZeRO-Offload is stage 2's.
+  STATIC_REQUIRE(model_state_bytes<ZeROOffload>(1200, 4) == model_state_bytes<ZeRO<2>>(1200, 4));
+}
+
+TEST_CASE("bytes_sent_per_step gives the ring collectives' bytes per rank", "[policy][accounting]") {
+  // DDP, fp32, 4 ranks: all-reduce 2 * 3/4 * 1000 * 4 bytes.
+  STATIC_REQUIRE(bytes_sent_per_step<DDP>(1000, 0, 4) == 6'000.0);
+  // Clipping a replicated gradient needs no extra collective.
+  STATIC_REQUIRE(bytes_sent_per_step<DDP>(1000, 0, 4, true) == 6'000.0);
+  // Stage 1 and 2: reduce-scatter of gradients plus all-gather of parameters, 3/4 * 1000 * (4 + 4).
+  STATIC_REQUIRE(bytes_sent_per_step<ZeRO<1>>(1000, 0, 4) == 6'000.0);
+  STATIC_REQUIRE(bytes_sent_per_step<ZeRO<2>>(1000, 0, 4) == 6'000.0);
+  // In bf16 both halve: 3/4 * 1000 * (2 + 2).
+  STATIC_REQUIRE(bytes_sent_per_step<with_t<ZeRO<2>, Bf16Mixed>>(1000, 0, 4) == 3'000.0);
+  // Stage 3, fp32, root unit of 100 parameters gathered once, the other 900 twice:
+  // 3/4 * (1000 * 4 + (100 + 2 * 900) * 4) = 8700.
+  STATIC_REQUIRE(bytes_sent_per_step<ZeRO<3>>(1000, 100, 4) == 8'700.0);
+  // SHARD_GRAD_OP gathers every unit once: 3/4 * (4000 + 4000) = 6000.
+  STATIC_REQUIRE(bytes_sent_per_step<with_t<ZeRO<3>, ShardParameters<false>>>(1000, 100, 4) == 6'000.0);
+  // ZeRO's 1.5x: with no root parameters, stage 3 sends 3(N-1)/N of the parameter bytes.
+  STATIC_REQUIRE(bytes_sent_per_step<ZeRO<3>>(1000, 0, 4) == 1.5 * bytes_sent_per_step<DDP>(1000, 0, 4));
+  // fp16 stage 1 on 2 ranks: 1/2 * 1000 * (2 + 2) = 2000, plus the all-reduced overflow flag
+  // (2 * 1/2 * 4 bytes), plus the squared norm when clipping (2 * 1/2 * 8 bytes).
+  STATIC_REQUIRE(bytes_sent_per_step<with_t<ZeRO<1>, Fp16Mixed>>(1000, 0, 2) == 2'004.0);
+  STATIC_REQUIRE(bytes_sent_per_step<with_t<ZeRO<1>, Fp16Mixed>>(1000, 0, 2, true) == 2'012.0);
+  // One rank sends nothing.
+  STATIC_REQUIRE(bytes_sent_per_step<with_t<ZeRO<3>, Fp16Mixed>>(1000, 100, 1, true) == 0.0);
+}
