@@ -1,0 +1,28 @@
+# Runs polyshard-train with its defaults (fewer steps) and checks that it learned and wrote
+# one metrics line per step with the required fields.
+set(metrics ${WORK_DIR}/check-metrics.jsonl)
+execute_process(COMMAND ${PROGRAM} --steps 60 --metrics ${metrics} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "polyshard-train failed (${rc}):\n${out}\n${err}")
+endif()
+file(STRINGS ${metrics} lines)
+list(LENGTH lines n)
+if(NOT n EQUAL 60)
+  message(FATAL_ERROR "expected 60 metrics lines, got ${n}")
+endif()
+list(GET lines 0 first)
+list(GET lines -1 last)
+foreach(field step loss tokens_per_s parameters)
+  string(JSON value ERROR_VARIABLE json_error GET "${last}" ${field})
+  if(json_error)
+    message(FATAL_ERROR "metrics line lacks '${field}': ${last}")
+  endif()
+endforeach()
+string(JSON first_loss GET "${first}" loss)
+string(JSON last_loss GET "${last}" loss)
+# A byte-level model starts near ln(256) = 5.55; after 60 steps on the built-in corpus it must
+# have learned the alphabet and common words at least.
+if(last_loss GREATER_EQUAL 3.0 OR first_loss LESS 5.0)
+  message(FATAL_ERROR "did not learn: loss ${first_loss} -> ${last_loss}")
+endif()
+message(STATUS "learned: loss ${first_loss} -> ${last_loss}")

@@ -1,0 +1,53 @@
+// polyshard-train: trains a GPT on byte-level text under a data-parallel strategy, on ranks that
+// are threads of this process or MPI processes, and reports loss, speed, traffic and memory.
+#include <cstdio>
+#include <thread>
+
+#include "options.hpp"
+#include "polyshard/comm/thread_communicator.hpp"
+#include "trainer.hpp"
+#ifdef POLYSHARD_WITH_MPI
+#include "polyshard/comm/mpi_communicator.hpp"
+#endif
+
+using namespace polyshard;
+
+namespace {
+
+int run(int argc, char** argv) {
+  train::Options o;
+  if (!train::parse(argc, argv, o)) return 0;
+  const TextDataset data = o.data.empty() ? TextDataset::from_text(builtin_corpus(), "<built-in corpus>")
+                                          : TextDataset::from_file(o.data);
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  if (o.backend == "mpi") {
+#ifdef POLYSHARD_WITH_MPI
+    MpiSession session(&argc, &argv);
+    MpiCommunicator comm = MpiCommunicator::world();
+    cpu::set_blas_threads(o.threads > 0 ? o.threads : 1);
+    train::with_strategy(o, [&]<class S>() { train::train_rank<S>(o, comm, data); });
+    return 0;
+#else
+    polyshard::detail::throw_error("polyshard-train: --backend mpi needs a build with MPI (none was found)");
+#endif
+  }
+  // Ranks as threads share the cores: each rank's BLAS and optimizer get their share.
+  const int world = static_cast<int>(o.world_size);
+  cpu::set_blas_threads(o.threads > 0 ? o.threads : std::max(1, cores / world));
+  if (world > 1) set_optimizer_threads(1);
+  train::with_strategy(o, [&]<class S>() {
+    run_ranks(world, [&](ThreadCommunicator& comm) { train::train_rank<S>(o, comm, data); });
+  });
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const polyshard::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+}

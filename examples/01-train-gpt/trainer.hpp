@@ -1,0 +1,193 @@
+// One rank's training loop under a strategy type, and the dispatch from command-line names to
+// strategy types.
+#pragma once
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "options.hpp"
+#include "polyshard/data/data.hpp"
+#include "polyshard/engine/engine.hpp"
+#include "polyshard/nn/nn.hpp"
+#include "polyshard/optim/optim.hpp"
+#include "polyshard/policy/policy.hpp"
+#include "polyshard/tensor/cpu/blas.hpp"
+
+namespace train {
+
+using namespace polyshard;
+
+inline AnyOptimizerConfig optimizer_config(const Options& o) {
+  if (o.optimizer == "sgd") {
+    SgdConfig c{.lr = o.lr, .momentum = o.momentum, .nesterov = o.nesterov};
+    if (o.weight_decay >= 0) c.weight_decay = o.weight_decay;
+    return c;
+  }
+  auto configure = [&](auto c) {
+    c.lr = o.lr;
+    c.beta1 = o.beta1;
+    c.beta2 = o.beta2;
+    c.eps = o.eps;
+    if (o.weight_decay >= 0) c.weight_decay = o.weight_decay;  // else the optimizer's default
+    return c;
+  };
+  if (o.optimizer == "adam") return configure(AdamConfig{});
+  return configure(AdamWConfig{});
+}
+
+/// Per-rank figures of one step, gathered to rank 0 for the metrics file.
+struct RankFigures {
+  static constexpr std::size_t kinds = 5;  // all-reduce, reduce-scatter, all-gather, broadcast, reduce
+  static constexpr std::size_t size = kinds + 1 + memory_category_count;
+  static constexpr CollectiveKind kind_of[kinds] = {CollectiveKind::AllReduce, CollectiveKind::ReduceScatter,
+                                                    CollectiveKind::AllGather, CollectiveKind::Broadcast,
+                                                    CollectiveKind::Reduce};
+  static constexpr const char* kind_name[kinds] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
+                                                   "reduce"};
+};
+
+/// Trains on one rank of `comm` under strategy S. Rank 0 prints progress and writes metrics.
+template <class S, class Comm>
+void train_rank(const Options& o, Comm& comm, const TextDataset& data) {
+  MemoryTracker memory;
+  TrackerScope scope(memory);
+  const int world = comm.size(), rank = comm.rank();
+  GptConfig cfg{.vocab_size = ByteTokenizer::vocab_size, .block_size = o.seq, .n_layer = o.layers,
+                .n_head = o.heads, .n_embd = o.embd};
+  Gpt<float> model(cfg);
+  model.checkpoint_blocks = o.checkpoint_activations;
+  StrategyConfig config;
+  config.min_num_params = wrap_threshold(o);
+  Engine<S, Gpt<float>, Comm, AnyOptimizer<float>> engine(model, comm, optimizer_config(o), config, o.seed);
+  engine.track_grad_norm(true);
+
+  const std::int64_t micro_rows = o.batch / o.accum;
+  const BatchSampler sampler(data, o.seq, micro_rows, o.seed);
+  const int states = engine.optimizers().empty() ? 0 : engine.optimizers()[0].states_per_param();
+  const std::int64_t padded = engine.units().padded_total(), root = engine.units().units[0].padded;
+  const double predicted_bytes = bytes_sent_per_step<S>(padded, root, world, /*norm=*/true);
+  const double predicted_state = model_state_bytes<S>(padded, world, states);
+
+  std::ofstream metrics;
+  if (rank == 0) {
+    std::printf("polyshard-train: GPT %lld layers, %lld heads, width %lld, sequence %lld: %lld parameters\n",
+                static_cast<long long>(o.layers), static_cast<long long>(o.heads), static_cast<long long>(o.embd),
+                static_cast<long long>(o.seq), static_cast<long long>(engine.units().numel_total()));
+    std::printf("strategy %s (%s, %s), %d rank(s), %zu unit(s); data: %s (%lld tokens); batch %lld in %lld "
+                "micro-batch(es); optimizer %s, lr %g\n",
+                o.strategy.c_str(), S::sharding::name, S::precision::name, world, engine.units().units.size(),
+                data.origin().c_str(), static_cast<long long>(data.size()), static_cast<long long>(o.batch),
+                static_cast<long long>(o.accum), o.optimizer.c_str(), o.lr);
+    if (!o.metrics.empty()) {
+      metrics.open(o.metrics);
+      POLYSHARD_CHECK(metrics.good(), "polyshard-train: cannot write metrics to '", o.metrics, "'");
+    }
+  }
+
+  const auto start = std::chrono::steady_clock::now();
+  double first_loss = NAN, last_loss = NAN;
+  for (std::int64_t step = 0; step < o.steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    memory.reset_peaks();
+    comm.stats().reset();
+    double local_loss = 0;
+    for (std::int64_t micro = 0; micro < o.accum; ++micro) {
+      const Batch batch = sampler.batch(step * o.accum + micro, rank, world);
+      const double weight = static_cast<double>(batch.inputs.size(0)) / static_cast<double>(o.batch);
+      std::optional<typename decltype(engine)::NoSync> no_sync;
+      if (micro + 1 < o.accum) no_sync.emplace(engine);
+      Var<float> loss = engine.forward([&] { return model.loss(batch.inputs, batch.targets); });
+      local_loss += weight * loss.value().data()[0];
+      engine.backward(loss, weight);
+    }
+    const double lr = learning_rate(o, step);
+    const bool applied = engine.step(lr, o.clip > 0 ? o.clip : std::numeric_limits<double>::infinity());
+    const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    // Figures of this step, before the reporting collectives below add to the counters.
+    std::vector<double> mine(RankFigures::size);
+    for (std::size_t k = 0; k < RankFigures::kinds; ++k) mine[k] = comm.stats().bytes_sent(RankFigures::kind_of[k]);
+    mine[RankFigures::kinds] = static_cast<double>(memory.current(MemoryCategory::Parameters) +
+                                                   memory.current(MemoryCategory::Gradients) +
+                                                   memory.current(MemoryCategory::OptimizerState));
+    for (std::size_t c = 0; c < memory_category_count; ++c)
+      mine[RankFigures::kinds + 1 + c] = static_cast<double>(memory.peak(static_cast<MemoryCategory>(c)));
+    std::vector<double> all(mine.size() * static_cast<std::size_t>(world));
+    comm.all_gather(std::span<const double>(mine), std::span<double>(all));
+    double loss_sum = local_loss;
+    comm.all_reduce(std::span<double>(&loss_sum, 1), ReduceOp::Sum);
+    if (rank != 0) continue;
+
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double tokens_per_s = static_cast<double>(o.batch * o.seq) / step_s;
+    if (step == 0) first_loss = loss_sum;
+    last_loss = loss_sum;
+    POLYSHARD_CHECK(std::isfinite(loss_sum), "polyshard-train: the loss became ", loss_sum, " at step ", step,
+                    " (try a lower --lr)");
+    if (step % o.log_every == 0 || step + 1 == o.steps)
+      std::printf("step %5lld | loss %.4f | lr %.2e | grad norm %.3f | %8.0f tok/s | %.1f ms | elapsed %.1f s%s\n",
+                  static_cast<long long>(step), loss_sum, lr, engine.last_grad_norm(), tokens_per_s, step_s * 1e3,
+                  elapsed, applied ? "" : " | skipped (overflow)");
+    if (metrics.is_open()) {
+      metrics << "{\"step\":" << step << ",\"loss\":" << loss_sum << ",\"lr\":" << lr << ",\"grad_norm\":"
+              << engine.last_grad_norm() << ",\"skipped\":" << (applied ? "false" : "true")
+              << ",\"loss_scale\":" << engine.loss_scaler().scale() << ",\"tokens_per_s\":" << tokens_per_s
+              << ",\"step_s\":" << step_s << ",\"elapsed_s\":" << elapsed
+              << ",\"parameters\":" << engine.units().numel_total() << ",\"world_size\":" << world
+              << ",\"strategy\":\"" << o.strategy << "\",\"precision\":\"" << o.precision
+              << "\",\"predicted\":{\"bytes_sent\":" << predicted_bytes << ",\"model_state_bytes\":" << predicted_state
+              << "},\"ranks\":[";
+      for (int r = 0; r < world; ++r) {
+        const double* f = all.data() + static_cast<std::size_t>(r) * RankFigures::size;
+        metrics << (r ? "," : "") << "{\"rank\":" << r << ",\"bytes_sent\":{";
+        double total = 0;
+        for (std::size_t k = 0; k < RankFigures::kinds; ++k) {
+          metrics << (k ? "," : "") << '"' << RankFigures::kind_name[k] << "\":" << f[k];
+          total += f[k];
+        }
+        metrics << ",\"total\":" << total << "},\"model_state_bytes\":" << f[RankFigures::kinds] << ",\"peak_bytes\":{";
+        for (std::size_t c = 0; c < memory_category_count; ++c)
+          metrics << (c ? "," : "") << '"' << memory_category_name(static_cast<MemoryCategory>(c))
+                  << "\":" << f[RankFigures::kinds + 1 + c];
+        metrics << "}}";
+      }
+      metrics << "]}\n";
+      metrics.flush();
+    }
+  }
+  if (rank == 0)
+    std::printf("done: loss %.4f -> %.4f in %lld steps\n", first_loss, last_loss, static_cast<long long>(o.steps));
+}
+
+/// Calls f.template operator()<S>() with the strategy type the options name.
+template <class F>
+void with_strategy(const Options& o, F&& f) {
+  auto with_precision = [&]<class Sharding, class Offload>() {
+    auto with_wrap = [&]<class Precision>() {
+      if (o.wrap == "block") f.template operator()<Strategy<Sharding, Offload, Precision, WrapByType<Block>>>();
+      else f.template operator()<Strategy<Sharding, Offload, Precision, WrapBySize<1>>>();
+    };
+    if (o.precision == "fp32") with_wrap.template operator()<Fp32>();
+    else if (o.precision == "bf16-mixed") with_wrap.template operator()<Bf16Mixed>();
+    else with_wrap.template operator()<Fp16Mixed>();
+  };
+  const std::string& s = o.strategy;
+  if (s == "ddp") with_precision.template operator()<NoShard, NoOffload>();
+  else if (s == "zero1") with_precision.template operator()<ShardOptimizerState, NoOffload>();
+  else if (s == "zero2" || s == "sharded_ddp") with_precision.template operator()<ShardGradients, NoOffload>();
+  else if (s == "zero3" || s == "fsdp") with_precision.template operator()<ShardParameters<true>, NoOffload>();
+  else if (s == "fsdp_grad_op") with_precision.template operator()<ShardParameters<false>, NoOffload>();
+  else if (s == "zero_offload") with_precision.template operator()<ShardGradients, OffloadOptimizer<Cpu>>();
+  else if (s == "zero3_offload") with_precision.template operator()<ShardParameters<true>, OffloadParameters<Cpu>>();
+  else if (s == "zero_infinity" || s == "hybrid")
+    polyshard::detail::throw_error("polyshard-train: --strategy ", s,
+                                   " is not supported by the engine yet (NVMe offload and hybrid sharding are "
+                                   "planned)");
+  else
+    polyshard::detail::throw_error("polyshard-train: unknown --strategy '", s, "' (see --help)");
+}
+
+}  // namespace train
