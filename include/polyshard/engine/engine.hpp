@@ -10,6 +10,7 @@
 
 #include "polyshard/autograd/checkpoint.hpp"
 #include "polyshard/engine/loss_scaler.hpp"
+#include "polyshard/engine/offload.hpp"
 #include "polyshard/engine/sharding/no_shard.hpp"
 #include "polyshard/engine/sharding/shard_gradients.hpp"
 #include "polyshard/engine/sharding/shard_optimizer_state.hpp"
@@ -47,7 +48,8 @@ class Engine : private ModuleHooks<float> {
                 "Engine<S, Model, Comm, Opt>: the optimizer's parameter type must be the precision policy's master "
                 "type (float for every preset)");
   static_assert(!sharding::hybrid, "HybridShard is not supported by the engine yet");
-  static_assert(!S::offload::to_nvme, "NVMe offload is not supported by the engine yet");
+  /// Where the offload policy keeps optimizer state between steps (see engine/offload.hpp).
+  static constexpr const char* optimizer_state_location = OffloadPlacement<typename S::offload>::optimizer_state;
 
   /// Binds `model`'s parameters to the strategy's buffers and builds the rank's state: whole
   /// parameters or only the rank's shards, as the strategy says, initialised from `seed`.
@@ -63,6 +65,7 @@ class Engine : private ModuleHooks<float> {
       u.world = comm.size();
       u.shard = u.layout->padded / u.world;
       Behaviour::allocate(u, seed);
+      if (config.sync_models_at_startup) sync_from_rank0(u);
       u.bind();
       optimizers_.emplace_back(optimizer, Behaviour::optimizer_params(u).size());
     }
@@ -226,6 +229,26 @@ class Engine : private ModuleHooks<float> {
     return Var<float>(std::move(node));
   }
 
+  /// FairScale's sync_models_at_startup: rank 0's whole parameters overwrite every other
+  /// rank's (and their master copies), for when ranks were not initialised alike. Sharded
+  /// parameters are built as shards of one deterministic init, so there is nothing to sync.
+  void sync_from_rank0(State& u) {
+    if constexpr (!sharding::shards_parameters) {
+      if (comm_.size() == 1) return;
+      const auto before = u.full.to_vector();
+      comm_.broadcast(u.full.span(), 0);
+      const auto after = u.full.to_vector();
+      if (std::equal(before.begin(), before.end(), after.begin(), [](CT a, CT b) { return a == b; })) return;
+      // This rank was initialised differently: take rank 0's parameters, masters included
+      // (a separate master copy can only be re-derived from them at compute precision).
+      u.refresh_work_from_full();
+      if constexpr (!std::is_same_v<MT, CT>) {
+        const std::int64_t begin = sharding::shards_optimizer_state ? u.shard_begin() : 0;
+        cast_into(u.full.flat_view(begin, u.master.numel()), u.master);
+      }
+    }
+  }
+
   /// A unit's gradients are complete: reduce them (or keep accumulating under no_sync), and
   /// free its gathered parameters.
   void post_backward(State& u) {
@@ -233,6 +256,7 @@ class Engine : private ModuleHooks<float> {
     if (sync_) {
       const auto bucket = static_cast<std::int64_t>(config_.bucket_cap_mb * 1024 * 1024 / sizeof(RT));
       Behaviour::reduce(u, comm_, pending_, bucket);
+      if (!config_.overlap_comm) finish_reductions();  // each reduction before backward goes on
     } else {
       u.local_grads = true;
     }

@@ -11,7 +11,8 @@
 namespace polyshard {
 
 /// Bytes of parameters, gradients and optimizer state one rank holds between steps, for
-/// `params` parameters (padded to a multiple of the world size, as the engine lays them out)
+/// `params` parameters. Pass the padded count (every unit rounded up to a multiple of the
+/// world size, as the engine lays them out: UnitPlan::padded_total()) for exact figures
 /// and an optimizer with `states_per_param` state values per parameter (Adam: 2, SGD with
 /// momentum: 1, plain SGD: 0).
 ///   parameters   sizeof(compute)          / N if parameters are sharded

@@ -64,9 +64,9 @@ struct MixedPrecision {
                 "MixedPrecision<Compute, Reduce, Master>: each must be float, double, half or bfloat16");
   static_assert(sizeof(Master) >= sizeof(Compute),
                 "MixedPrecision: master weights narrower than the compute dtype would lose every update");
-  static_assert(!LossScale::scaled || std::is_same_v<Compute, half>,
-                "loss scaling protects fp16 gradients from underflow: use it with half compute only "
-                "(bf16 and fp32 have fp32's exponent range and need none)");
+  static_assert(!LossScale::scaled || std::is_same_v<Compute, half> || std::is_same_v<Reduce, half>,
+                "loss scaling protects fp16 gradients from underflow: use it when gradients are computed or reduced "
+                "in half (bf16 and fp32 have fp32's exponent range and need none)");
   using family = precision_family;
   using compute_type = Compute;
   using reduce_type = Reduce;
