@@ -74,16 +74,97 @@ void reduce_scatter_grads(U& u, Comm& comm, std::vector<PendingReduction>& pendi
   }
 }
 
-/// All-gathers the rank's updated shard of `full` (elements [shard_begin, +shard)) into the
-/// whole of `full`, then refreshes the float view.
-template <class U, class Comm>
-void all_gather_updated_shard(U& u, Comm& comm) {
-  using CT = typename decltype(u.full)::value_type;
-  // The input is copied out first: a collective's input must not alias its output.
-  Tensor<CT> mine = u.full.flat_view(u.shard_begin(), u.shard).clone(MemoryCategory::Communication);
-  comm.all_gather(std::span<const CT>(mine.span()), u.full.span());
-  u.refresh_work_from_full();
-}
+/// Parameters that stay whole on every rank (NoShard, ShardOptimizerState, ShardGradients):
+/// nothing to gather or free around a unit.
+struct WholeParameters {
+  template <class U, class Comm>
+  static void gather(U&, Comm&) {}
+  template <class U>
+  static void release(U&) {}
+
+  /// Whole parameters built from the deterministic init on every rank (no broadcast needed),
+  /// and master weights for the rank's shard only: with all-float dtypes, the master shard is
+  /// the rank's slice of the parameters themselves.
+  template <class U>
+  static void allocate_with_master_shard(U& u, std::uint64_t seed) {
+    using CT = typename decltype(u.full)::value_type;
+    using MT = typename decltype(u.master)::value_type;
+    allocate_full_params(u, MemoryCategory::Parameters);
+    u.initialize_range(u.full.span(), 0, seed);
+    if constexpr (std::is_same_v<MT, CT>) {
+      u.master = u.full.flat_view(u.shard_begin(), u.shard);
+    } else {
+      u.master = buffer<MT>(u.shard, MemoryCategory::OptimizerState);
+      u.initialize_range(u.master.span(), u.shard_begin(), seed);
+    }
+    u.refresh_work_from_full();
+    u.gathered = true;
+  }
+
+  /// Writes the updated master shard into the parameters and all-gathers every rank's shard.
+  template <class U, class Comm>
+  static void write_back_and_gather(U& u, Comm& comm) {
+    using CT = typename decltype(u.full)::value_type;
+    using MT = typename decltype(u.master)::value_type;
+    if constexpr (!std::is_same_v<MT, CT>) cast_into(u.master, u.full.flat_view(u.shard_begin(), u.shard));
+    // The input is copied out first: a collective's input must not alias its output.
+    Tensor<CT> mine = u.full.flat_view(u.shard_begin(), u.shard).clone(MemoryCategory::Communication);
+    comm.all_gather(std::span<const CT>(mine.span()), u.full.span());
+    u.refresh_work_from_full();
+  }
+};
+
+/// Whole local gradients kept between backward and step (NoShard, ShardOptimizerState): with
+/// all-float dtypes backward writes straight into the buffer that is reduced.
+struct WholeGradients {
+  template <class U>
+  static void allocate_grads(U& u) {
+    using RT = typename decltype(u.reduced)::value_type;
+    const std::int64_t n = u.layout->padded;
+    if constexpr (U::float_compute && std::is_same_v<RT, float>) {
+      u.grad_work = buffer<float>(n, MemoryCategory::Gradients);
+      u.reduced = u.grad_work;
+    } else {
+      u.grad_work = buffer<float>(n, MemoryCategory::Other);
+      u.reduced = buffer<RT>(n, MemoryCategory::Gradients);
+    }
+  }
+
+  template <class U>
+  static void begin_backward(U& u) {
+    if (!u.local_grads) u.reset_grad_flags();
+  }
+};
+
+/// Gradients of a unit that exist whole only during its backward and are reduce-scattered into
+/// the shard the rank owns (ShardGradients, ShardParameters).
+struct ShardedGradients {
+  template <class U>
+  static void allocate_grads(U& u) {
+    using RT = typename decltype(u.reduced)::value_type;
+    u.grad_work = buffer<float>(u.layout->padded, MemoryCategory::Gradients);
+    u.grad_work.storage()->release();
+    u.reduced = buffer<RT>(u.shard, MemoryCategory::Gradients);
+  }
+
+  template <class U>
+  static void begin_backward(U& u) {
+    if (u.local_grads) return;  // accumulating under no_sync: the local gradients stay
+    u.grad_work.storage()->materialize();
+    u.reset_grad_flags();
+  }
+
+  template <class U, class Comm>
+  static void reduce(U& u, Comm& comm, std::vector<PendingReduction>& pending, std::int64_t) {
+    auto work = u.grad_work.storage();
+    reduce_scatter_grads(u, comm, pending, u.reduced, u.reduced_has_grad, [work] { work->release(); });
+    u.local_grads = false;
+    u.reduced_has_grad = true;
+  }
+
+  template <class U>
+  static auto optimizer_grads(U& u) { return u.reduced.span(); }
+};
 }  // namespace detail
 
 }  // namespace polyshard

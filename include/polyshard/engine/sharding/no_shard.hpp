@@ -8,40 +8,21 @@
 namespace polyshard {
 
 template <>
-struct ShardingBehaviour<NoShard> {
-  /// Parameters, gradients and master weights, all whole. When compute, reduce and master
-  /// dtypes are all float, the gradient and master buffers are the compute buffers themselves.
+struct ShardingBehaviour<NoShard> : detail::WholeParameters, detail::WholeGradients {
+  /// Parameters, gradients and master weights, all whole. When compute and master dtypes are
+  /// both float, the master weights are the parameters themselves.
   template <class U>
   static void allocate(U& u, std::uint64_t seed) {
-    using RT = typename decltype(u.reduced)::value_type;
+    using CT = typename decltype(u.full)::value_type;
     using MT = typename decltype(u.master)::value_type;
-    const std::int64_t n = u.layout->padded;
     detail::allocate_full_params(u, MemoryCategory::Parameters);
-    if constexpr (std::is_same_v<MT, typename decltype(u.full)::value_type>) {
-      u.master = u.full;
-    } else {
-      u.master = detail::buffer<MT>(n, MemoryCategory::OptimizerState);
-    }
+    if constexpr (std::is_same_v<MT, CT>) u.master = u.full;
+    else u.master = detail::buffer<MT>(u.layout->padded, MemoryCategory::OptimizerState);
     u.initialize_range(u.master.span(), 0, seed);
-    if constexpr (!std::is_same_v<MT, typename decltype(u.full)::value_type>) cast_into(u.master, u.full);
+    if constexpr (!std::is_same_v<MT, CT>) cast_into(u.master, u.full);
     u.refresh_work_from_full();
-    if constexpr (U::float_compute && std::is_same_v<RT, float>) {
-      u.grad_work = detail::buffer<float>(n, MemoryCategory::Gradients);
-      u.reduced = u.grad_work;
-    } else {
-      u.grad_work = detail::buffer<float>(n, MemoryCategory::Other);
-      u.reduced = detail::buffer<RT>(n, MemoryCategory::Gradients);
-    }
+    allocate_grads(u);
     u.gathered = true;
-  }
-
-  template <class U, class Comm>
-  static void gather(U&, Comm&) {}
-  template <class U>
-  static void release(U&) {}
-  template <class U>
-  static void begin_backward(U& u) {
-    if (!u.local_grads) u.reset_grad_flags();
   }
 
   /// All-reduces the local gradients in buckets of `bucket_elements` (whole unit when <= 0).

@@ -7,42 +7,11 @@
 namespace polyshard {
 
 template <>
-struct ShardingBehaviour<ShardOptimizerState> {
-  /// Master weights and optimizer state for the rank's shard only; with all-float dtypes the
-  /// master shard is the rank's slice of the parameters.
+struct ShardingBehaviour<ShardOptimizerState> : detail::WholeParameters, detail::WholeGradients {
   template <class U>
   static void allocate(U& u, std::uint64_t seed) {
-    using CT = typename decltype(u.full)::value_type;
-    using RT = typename decltype(u.reduced)::value_type;
-    using MT = typename decltype(u.master)::value_type;
-    const std::int64_t n = u.layout->padded;
-    detail::allocate_full_params(u, MemoryCategory::Parameters);
-    // Every rank builds the whole parameters from the deterministic init: no broadcast needed.
-    u.initialize_range(u.full.span(), 0, seed);
-    if constexpr (std::is_same_v<MT, CT>) {
-      u.master = u.full.flat_view(u.shard_begin(), u.shard);
-    } else {
-      u.master = detail::buffer<MT>(u.shard, MemoryCategory::OptimizerState);
-      u.initialize_range(u.master.span(), u.shard_begin(), seed);
-    }
-    u.refresh_work_from_full();
-    if constexpr (U::float_compute && std::is_same_v<RT, float>) {
-      u.grad_work = detail::buffer<float>(n, MemoryCategory::Gradients);
-      u.reduced = u.grad_work;
-    } else {
-      u.grad_work = detail::buffer<float>(n, MemoryCategory::Other);
-      u.reduced = detail::buffer<RT>(n, MemoryCategory::Gradients);
-    }
-    u.gathered = true;
-  }
-
-  template <class U, class Comm>
-  static void gather(U&, Comm&) {}
-  template <class U>
-  static void release(U&) {}
-  template <class U>
-  static void begin_backward(U& u) {
-    if (!u.local_grads) u.reset_grad_flags();
+    allocate_with_master_shard(u, seed);
+    allocate_grads(u);
   }
 
   /// Reduce-scatters the whole local gradients; the rank's reduced shard lands in its slice of
@@ -52,9 +21,10 @@ struct ShardingBehaviour<ShardOptimizerState> {
     using RT = typename decltype(u.reduced)::value_type;
     Tensor<RT> mine = u.reduced.flat_view(u.shard_begin(), u.shard);
     if constexpr (!(U::float_compute && std::is_same_v<RT, float>)) {
-      // Reduce from a copy: the output slice lies inside the buffer being reduced.
+      // gradients_to_reduce casts into a separate buffer, so the output slice aliases nothing.
       detail::reduce_scatter_grads(u, comm, pending, mine, false, [] {});
     } else {
+      // Reduce from a copy: the output slice lies inside the buffer being reduced.
       Tensor<RT> src = u.grad_work.clone(MemoryCategory::Communication);
       Tensor<RT> out = detail::buffer<RT>(u.shard, MemoryCategory::Communication);
       CommHandle h = comm.reduce_scatter_async(std::span<const RT>(src.span()), out.span(), ReduceOp::Sum);
@@ -69,14 +39,8 @@ struct ShardingBehaviour<ShardOptimizerState> {
   template <class U>
   static auto optimizer_grads(U& u) { return u.reduced.flat_view(u.shard_begin(), u.shard).span(); }
 
-  /// Writes the updated shard into the parameters and all-gathers every rank's shard.
   template <class U, class Comm>
-  static void after_step(U& u, Comm& comm) {
-    using CT = typename decltype(u.full)::value_type;
-    using MT = typename decltype(u.master)::value_type;
-    if constexpr (!std::is_same_v<MT, CT>) cast_into(u.master, u.full.flat_view(u.shard_begin(), u.shard));
-    detail::all_gather_updated_shard(u, comm);
-  }
+  static void after_step(U& u, Comm& comm) { write_back_and_gather(u, comm); }
 };
 
 }  // namespace polyshard

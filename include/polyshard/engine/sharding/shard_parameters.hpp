@@ -4,7 +4,7 @@
 // after each; its gradients are reduce-scattered as soon as its backward is done.
 #pragma once
 
-#include "polyshard/engine/sharding/shard_gradients.hpp"
+#include "polyshard/engine/sharding/behaviour.hpp"
 
 namespace polyshard {
 
@@ -53,8 +53,6 @@ struct ShardingBehaviour<ShardParameters<ReshardAfterForward>> : detail::Sharded
 
   template <class U>
   static auto optimizer_params(U& u) { return u.master.span(); }
-  template <class U>
-  static auto optimizer_grads(U& u) { return u.reduced.span(); }
 
   /// The updated master shard becomes the parameter shard; the next forward gathers it.
   template <class U, class Comm>
