@@ -42,47 +42,51 @@ inline SgdConfig momentum_sgd() { return {.lr = 0.1, .momentum = 0.9}; }
 
 /// Catch2 assertions are not thread-safe: rank bodies only compute, and the test thread checks.
 
-/// Trains tiny_gpt() for `steps` steps of global batch `batch` under S on `world` thread ranks
-/// with optimizer `Opt`; returns rank 0's view.
+/// Trains tiny_gpt() for `steps` steps of global batch `batch` under S on this rank of `comm`
+/// with optimizer `Opt`; returns what this rank saw (the losses are its weighted share).
+template <class S, class Opt = Sgd<float>, class Comm>
+RunResult train_rank(Comm& comm, int steps = 3, std::int64_t batch = 6, typename Opt::config_type opt = momentum_sgd(),
+                     double clip = std::numeric_limits<double>::infinity()) {
+  RunResult result;
+  const int world = comm.size();
+  MemoryTracker tracker;
+  TrackerScope scope(tracker);
+  Gpt<float> model(tiny_gpt());
+  Engine<S, Gpt<float>, Comm, Opt> engine(model, comm, opt, {}, 42);
+  BatchSampler sampler(tiny_data(), 8, batch, 7);
+  const RowRange rows = rank_rows(batch, comm.rank(), world);
+  const double weight = double(rows.end - rows.begin) / double(batch);
+  for (int step = 0; step < steps; ++step) {
+    comm.stats().reset();
+    const Batch b = sampler.batch(step, comm.rank(), world);
+    POLYSHARD_CHECK(b.inputs.size(0) > 0, "train: every rank needs rows (batch >= world)");
+    Var<float> loss = engine.forward([&] { return model.loss(b.inputs, b.targets); });
+    result.losses.push_back(loss.value().data()[0] * weight);
+    engine.backward(loss, weight);
+    loss = Var<float>();
+    engine.step(opt.lr, clip);
+  }
+  result.stats = comm.stats();  // of the last step, before gathering the parameters for the check
+  result.model_state = tracker.current(MemoryCategory::Parameters) + tracker.current(MemoryCategory::Gradients) +
+                       tracker.current(MemoryCategory::OptimizerState);
+  result.parameters = engine.full_parameters();
+  result.padded = engine.units().padded_total();
+  result.root_padded = engine.units().units[0].padded;
+  return result;
+}
+
+/// train_rank on `world` thread ranks: rank 0's view, with each step's loss summed over ranks
+/// (the global mean loss).
 template <class S, class Opt = Sgd<float>>
 RunResult train(int world, int steps = 3, std::int64_t batch = 6, typename Opt::config_type opt = momentum_sgd(),
                 double clip = std::numeric_limits<double>::infinity()) {
-  RunResult result;
-  std::vector<double> step_loss(static_cast<std::size_t>(steps), 0.0);
-  std::mutex mutex;
+  std::vector<RunResult> results(static_cast<std::size_t>(world));
   run_ranks(world, [&](ThreadCommunicator& comm) {
-    MemoryTracker tracker;
-    TrackerScope scope(tracker);
-    Gpt<float> model(tiny_gpt());
-    Engine<S, Gpt<float>, ThreadCommunicator, Opt> engine(model, comm, opt, {}, 42);
-    BatchSampler sampler(tiny_data(), 8, batch, 7);
-    const RowRange rows = rank_rows(batch, comm.rank(), world);
-    const double weight = double(rows.end - rows.begin) / double(batch);
-    for (int step = 0; step < steps; ++step) {
-      comm.stats().reset();
-      const Batch b = sampler.batch(step, comm.rank(), world);
-      POLYSHARD_CHECK(b.inputs.size(0) > 0, "train: every rank needs rows (batch >= world)");
-      Var<float> loss = engine.forward([&] { return model.loss(b.inputs, b.targets); });
-      const double loss_value = loss.value().data()[0];
-      engine.backward(loss, weight);
-      loss = Var<float>();
-      engine.step(opt.lr, clip);
-      std::lock_guard lock(mutex);
-      step_loss[static_cast<std::size_t>(step)] += loss_value * weight;
-    }
-    const std::int64_t state = tracker.current(MemoryCategory::Parameters) + tracker.current(MemoryCategory::Gradients) +
-                               tracker.current(MemoryCategory::OptimizerState);
-    const CommStats last_step = comm.stats();  // before gathering the parameters for the check
-    auto params = engine.full_parameters();
-    if (comm.rank() == 0) {
-      result.parameters = std::move(params);
-      result.stats = last_step;
-      result.model_state = state;
-      result.padded = engine.units().padded_total();
-      result.root_padded = engine.units().units[0].padded;
-    }
+    results[static_cast<std::size_t>(comm.rank())] = train_rank<S, Opt>(comm, steps, batch, opt, clip);
   });
-  result.losses = step_loss;
+  RunResult result = std::move(results[0]);
+  for (std::size_t r = 1; r < results.size(); ++r)
+    for (std::size_t i = 0; i < result.losses.size(); ++i) result.losses[i] += results[r].losses[i];
   return result;
 }
 

@@ -107,6 +107,10 @@ struct WholeParameters {
     using CT = typename decltype(u.full)::value_type;
     using MT = typename decltype(u.master)::value_type;
     if constexpr (!std::is_same_v<MT, CT>) cast_into(u.master, u.full.flat_view(u.shard_begin(), u.shard));
+    if (comm.size() == 1) {  // the one shard is the whole unit: nothing to gather
+      u.refresh_work_from_full();
+      return;
+    }
     // The input is copied out first: a collective's input must not alias its output.
     Tensor<CT> mine = u.full.flat_view(u.shard_begin(), u.shard).clone(MemoryCategory::Communication);
     comm.all_gather(std::span<const CT>(mine.span()), u.full.span());

@@ -20,6 +20,12 @@ struct ShardingBehaviour<ShardOptimizerState> : detail::WholeParameters, detail:
   static void reduce(U& u, Comm& comm, std::vector<PendingReduction>& pending, std::int64_t) {
     using RT = typename decltype(u.reduced)::value_type;
     Tensor<RT> mine = u.reduced.flat_view(u.shard_begin(), u.shard);
+    if (comm.size() == 1) {  // one rank: its local gradients are the reduced ones
+      if constexpr (!(U::float_compute && std::is_same_v<RT, float>)) cast_into(u.grad_work, u.reduced);
+      u.local_grads = false;
+      u.reduced_has_grad = true;
+      return;
+    }
     if constexpr (!(U::float_compute && std::is_same_v<RT, float>)) {
       // gradients_to_reduce casts into a separate buffer, so the output slice aliases nothing.
       detail::reduce_scatter_grads(u, comm, pending, mine, false, [] {});
