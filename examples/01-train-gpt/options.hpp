@@ -37,6 +37,7 @@ struct Options {
   std::string precision = "fp32";   // fp32 | fp16-mixed | bf16-mixed
   std::string wrap = "block";       // whole | block | size:N
   std::int64_t accum = 1;           // micro-batches per step (gradient accumulation with no_sync)
+  std::int64_t hybrid_group = 0;    // --strategy hybrid: ranks per sharding group (0: half the world)
   // Input and output.
   std::string data;     // empty: the built-in corpus
   std::string metrics;  // JSON lines, one per step
@@ -53,10 +54,10 @@ Training:   --batch N (16, global)  --steps N (200)  --lr X (1e-3)  --seed N (13
             --clip X (0: off; clips the global gradient norm)  --checkpoint-activations
 Optimizer:  --optimizer sgd|adam|adamw (adamw)  --betas B1,B2 (0.9,0.999)  --eps X (1e-8)
             --weight-decay X (0; 1e-2 for adamw)  --momentum X (0)  --nesterov
-Strategy:   --strategy ddp|sharded_ddp|fsdp|fsdp_grad_op|zero1|zero2|zero3|zero_offload|zero3_offload (ddp)
+Strategy:   --strategy ddp|sharded_ddp|fsdp|fsdp_grad_op|zero1|zero2|zero3|zero_offload|zero3_offload|hybrid (ddp)
             --world-size N (1; ranks as threads)  --backend threads|mpi (threads; mpi under mpirun)
             --precision fp32|fp16-mixed|bf16-mixed (fp32)  --wrap whole|block|size:N (block)
-            --accum K (1 micro-batch per step)
+            --accum K (1 micro-batch per step)  --hybrid-group N (hybrid: ranks per group; half the world)
 Data:       --data FILE (default: the built-in corpus)
 Output:     --metrics FILE.jsonl  --log-every N (1)  --threads N (0: every core)
 )";
@@ -116,6 +117,7 @@ inline bool parse(int argc, char** argv, Options& o) {
     else if (flag == "--precision") o.precision = value();
     else if (flag == "--wrap") o.wrap = value();
     else if (flag == "--accum") integer(o.accum, 1);
+    else if (flag == "--hybrid-group") integer(o.hybrid_group, 1);
     else if (flag == "--metrics") o.metrics = value();
     else if (flag == "--betas") {
       const std::string v = value();

@@ -61,6 +61,8 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data) {
   model.checkpoint_blocks = o.checkpoint_activations;
   StrategyConfig config;
   config.min_num_params = wrap_threshold(o);
+  // --strategy hybrid without --hybrid-group: two groups when the world splits evenly.
+  config.hybrid_group_size = o.hybrid_group > 0 ? static_cast<int>(o.hybrid_group) : (world % 2 == 0 ? world / 2 : world);
   Engine<S, Gpt<float>, Comm, AnyOptimizer<float>> engine(model, comm, optimizer_config(o), config, o.seed);
   engine.track_grad_norm(true);
 
@@ -68,8 +70,9 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data) {
   const BatchSampler sampler(data, o.seq, micro_rows, o.seed);
   const int states = engine.optimizers().empty() ? 0 : engine.optimizers()[0].states_per_param();
   const std::int64_t padded = engine.units().padded_total(), root = engine.units().units[0].padded;
-  const double predicted_bytes = bytes_sent_per_step<S>(padded, root, world, /*norm=*/true);
-  const double predicted_state = model_state_bytes<S>(padded, world, states);
+  const int shard_ranks = engine.shard_comm().size();
+  const double predicted_bytes = bytes_sent_per_step<S>(padded, root, world, /*norm=*/true, shard_ranks);
+  const double predicted_state = model_state_bytes<S>(padded, shard_ranks, states);
 
   std::ofstream metrics;
   if (rank == 0) {
@@ -92,7 +95,7 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data) {
   for (std::int64_t step = 0; step < o.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     memory.reset_peaks();
-    comm.stats().reset();
+    engine.reset_stats();
     double local_loss = 0;
     for (std::int64_t micro = 0; micro < o.accum; ++micro) {
       const Batch batch = sampler.batch(step * o.accum + micro, rank, world);
@@ -109,7 +112,7 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data) {
 
     // Figures of this step, before the reporting collectives below add to the counters.
     std::vector<double> mine(RankFigures::size);
-    for (std::size_t k = 0; k < RankFigures::kinds; ++k) mine[k] = comm.stats().bytes_sent(RankFigures::kind_of[k]);
+    for (std::size_t k = 0; k < RankFigures::kinds; ++k) mine[k] = engine.bytes_sent(RankFigures::kind_of[k]);
     mine[RankFigures::kinds] = static_cast<double>(memory.current(MemoryCategory::Parameters) +
                                                    memory.current(MemoryCategory::Gradients) +
                                                    memory.current(MemoryCategory::OptimizerState));
@@ -182,10 +185,10 @@ void with_strategy(const Options& o, F&& f) {
   else if (s == "fsdp_grad_op") with_precision.template operator()<ShardParameters<false>, NoOffload>();
   else if (s == "zero_offload") with_precision.template operator()<ShardGradients, OffloadOptimizer<Cpu>>();
   else if (s == "zero3_offload") with_precision.template operator()<ShardParameters<true>, OffloadParameters<Cpu>>();
-  else if (s == "zero_infinity" || s == "hybrid")
+  else if (s == "hybrid") with_precision.template operator()<HybridShard<ShardParameters<true>>, NoOffload>();
+  else if (s == "zero_infinity")
     polyshard::detail::throw_error("polyshard-train: --strategy ", s,
-                                   " is not supported by the engine yet (NVMe offload and hybrid sharding are "
-                                   "planned)");
+                                   " is not supported by the engine yet (NVMe offload is planned)");
   else
     polyshard::detail::throw_error("polyshard-train: unknown --strategy '", s, "' (see --help)");
 }

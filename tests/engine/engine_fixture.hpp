@@ -30,7 +30,7 @@ using Parameters = std::vector<std::pair<std::string, std::vector<float>>>;
 struct RunResult {
   Parameters parameters;          // after the last step, gathered
   std::vector<double> losses;     // the global mean loss of each step (summed over ranks)
-  CommStats stats;                // of the last step
+  double bytes_sent = 0;          // by this rank in the last step, over every communicator
   std::int64_t model_state = 0;   // parameters + gradients + optimizer state, after the last step
   std::int64_t padded = 0, root_padded = 0;
 };
@@ -46,18 +46,18 @@ inline SgdConfig momentum_sgd() { return {.lr = 0.1, .momentum = 0.9}; }
 /// with optimizer `Opt`; returns what this rank saw (the losses are its weighted share).
 template <class S, class Opt = Sgd<float>, class Comm>
 RunResult train_rank(Comm& comm, int steps = 3, std::int64_t batch = 6, typename Opt::config_type opt = momentum_sgd(),
-                     double clip = std::numeric_limits<double>::infinity()) {
+                     double clip = std::numeric_limits<double>::infinity(), StrategyConfig config = {}) {
   RunResult result;
   const int world = comm.size();
   MemoryTracker tracker;
   TrackerScope scope(tracker);
   Gpt<float> model(tiny_gpt());
-  Engine<S, Gpt<float>, Comm, Opt> engine(model, comm, opt, {}, 42);
+  Engine<S, Gpt<float>, Comm, Opt> engine(model, comm, opt, config, 42);
   BatchSampler sampler(tiny_data(), 8, batch, 7);
   const RowRange rows = rank_rows(batch, comm.rank(), world);
   const double weight = double(rows.end - rows.begin) / double(batch);
   for (int step = 0; step < steps; ++step) {
-    comm.stats().reset();
+    engine.reset_stats();
     const Batch b = sampler.batch(step, comm.rank(), world);
     POLYSHARD_CHECK(b.inputs.size(0) > 0, "train: every rank needs rows (batch >= world)");
     Var<float> loss = engine.forward([&] { return model.loss(b.inputs, b.targets); });
@@ -66,7 +66,7 @@ RunResult train_rank(Comm& comm, int steps = 3, std::int64_t batch = 6, typename
     loss = Var<float>();
     engine.step(opt.lr, clip);
   }
-  result.stats = comm.stats();  // of the last step, before gathering the parameters for the check
+  result.bytes_sent = engine.bytes_sent();  // of the last step, before gathering parameters for the check
   result.model_state = tracker.current(MemoryCategory::Parameters) + tracker.current(MemoryCategory::Gradients) +
                        tracker.current(MemoryCategory::OptimizerState);
   result.parameters = engine.full_parameters();
@@ -79,10 +79,10 @@ RunResult train_rank(Comm& comm, int steps = 3, std::int64_t batch = 6, typename
 /// (the global mean loss).
 template <class S, class Opt = Sgd<float>>
 RunResult train(int world, int steps = 3, std::int64_t batch = 6, typename Opt::config_type opt = momentum_sgd(),
-                double clip = std::numeric_limits<double>::infinity()) {
+                double clip = std::numeric_limits<double>::infinity(), StrategyConfig config = {}) {
   std::vector<RunResult> results(static_cast<std::size_t>(world));
   run_ranks(world, [&](ThreadCommunicator& comm) {
-    results[static_cast<std::size_t>(comm.rank())] = train_rank<S, Opt>(comm, steps, batch, opt, clip);
+    results[static_cast<std::size_t>(comm.rank())] = train_rank<S, Opt>(comm, steps, batch, opt, clip, config);
   });
   RunResult result = std::move(results[0]);
   for (std::size_t r = 1; r < results.size(); ++r)

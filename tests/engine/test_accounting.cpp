@@ -18,7 +18,7 @@ TEMPLATE_LIST_TEST_CASE("bytes sent and model state equal the compile-time accou
   const auto r = train<TestType>(world, 2);
   REQUIRE(r.padded % world == 0);
   const double expected_bytes = bytes_sent_per_step<TestType>(r.padded, r.root_padded, world);
-  CHECK(r.stats.total_bytes_sent() == Approx(expected_bytes).epsilon(1e-12).margin(1e-9));
+  CHECK(r.bytes_sent == Approx(expected_bytes).epsilon(1e-12).margin(1e-9));
   // SGD with momentum keeps one state value per parameter.
   CHECK(double(r.model_state) == Approx(model_state_bytes<TestType>(r.padded, world, 1)).epsilon(1e-12));
 }

@@ -27,7 +27,7 @@ TEMPLATE_LIST_TEST_CASE("MPI: every strategy trains like one process", "[engine]
   const auto result = test::train_rank<TestType>(world());
   CHECK(test::max_difference(result.parameters, reference().parameters) < 1e-6);
   const double expected = bytes_sent_per_step<TestType>(result.padded, result.root_padded, world().size());
-  CHECK(result.stats.total_bytes_sent() == Approx(expected).epsilon(1e-12));
+  CHECK(result.bytes_sent == Approx(expected).epsilon(1e-12));
   CHECK(double(result.model_state) == Approx(model_state_bytes<TestType>(result.padded, world().size(), 1)));
 }
 

@@ -62,3 +62,32 @@ TEST_CASE("gradient clipping equals clipping the unsharded gradient", "[engine]"
     CHECK(max_difference(train<DDP>(world, 3, 6, test::momentum_sgd(), 0.05).parameters, reference.parameters) < 1e-6);
   }
 }
+
+TEST_CASE("hybrid sharding: shard within groups, replicate across them, train like one process", "[engine]") {
+  const auto reference = train<DDP>(1);
+  using Hybrid2 = Strategy<HybridShard<ShardGradients>>;
+  using Hybrid3 = Strategy<HybridShard<ShardParameters<true>>, WrapByType<Block>>;
+  using Hybrid1 = Strategy<HybridShard<ShardOptimizerState>>;
+  for (auto [world, group] : {std::pair{4, 2}, std::pair{4, 1}, std::pair{2, 2}, std::pair{6, 3}}) {
+    CAPTURE(world, group);
+    StrategyConfig config;
+    config.hybrid_group_size = group;
+    const auto sgd = test::momentum_sgd();
+    const auto inf = std::numeric_limits<double>::infinity();
+    const auto h2 = train<Hybrid2>(world, 3, 6, sgd, inf, config);
+    const auto h3 = train<Hybrid3>(world, 3, 6, sgd, inf, config);
+    const auto h1 = train<Hybrid1>(world, 3, 6, sgd, inf, config);
+    CHECK(max_difference(h2.parameters, reference.parameters) < 1e-6);
+    CHECK(max_difference(h3.parameters, reference.parameters) < 1e-6);
+    CHECK(max_difference(h1.parameters, reference.parameters) < 1e-6);
+    // Traffic: the inner strategy within a group, plus an all-reduce of each shard across groups.
+    CHECK(h2.bytes_sent == Approx(bytes_sent_per_step<Hybrid2>(h2.padded, h2.root_padded, world, false, group)));
+    CHECK(h3.bytes_sent == Approx(bytes_sent_per_step<Hybrid3>(h3.padded, h3.root_padded, world, false, group)));
+    // Model state is that of the inner strategy on a group.
+    CHECK(double(h3.model_state) == Approx(model_state_bytes<Hybrid3>(h3.padded, group, 1)));
+  }
+  StrategyConfig bad;
+  bad.hybrid_group_size = 3;
+  CHECK_THROWS_WITH(train<Hybrid2>(4, 1, 6, test::momentum_sgd(), std::numeric_limits<double>::infinity(), bad),
+                    Catch::Contains("not a multiple of hybrid_group_size 3"));
+}

@@ -23,6 +23,18 @@
 
 namespace polyshard {
 
+namespace detail {
+/// The sharding policy a rank runs within its group: the policy itself, or HybridShard's inner.
+template <class Sharding>
+struct hybrid_inner {
+  using type = Sharding;
+};
+template <class Inner>
+struct hybrid_inner<HybridShard<Inner>> {
+  using type = Inner;
+};
+}  // namespace detail
+
 /// Data-parallel training of `model` on the ranks of `comm` under strategy `S`, with optimizer
 /// `Opt` (Sgd<float>, Adam<float>, AdamW<float>) over each unit's master weights.
 ///
@@ -41,13 +53,14 @@ class Engine : private ModuleHooks<float> {
   using CT = typename S::compute_type;
   using RT = typename S::reduce_type;
   using MT = typename S::master_type;
-  using Behaviour = ShardingBehaviour<sharding>;
+  /// HybridShard<Inner> runs Inner inside each group of ranks and all-reduces across groups.
+  using within_group = typename detail::hybrid_inner<sharding>::type;
+  using Behaviour = ShardingBehaviour<within_group>;
   using State = UnitState<CT, RT, MT>;
 
   static_assert(std::is_same_v<MT, typename Opt::param_type>,
                 "Engine<S, Model, Comm, Opt>: the optimizer's parameter type must be the precision policy's master "
                 "type (float for every preset)");
-  static_assert(!sharding::hybrid, "HybridShard is not supported by the engine yet");
   /// Where the offload policy keeps optimizer state between steps (see engine/offload.hpp).
   static constexpr const char* optimizer_state_location = OffloadPlacement<typename S::offload>::optimizer_state;
 
@@ -56,13 +69,21 @@ class Engine : private ModuleHooks<float> {
   Engine(Model& model, Comm& comm, typename Opt::config_type optimizer, StrategyConfig config = {},
          std::uint64_t seed = 0)
       : model_(model), comm_(comm), config_(config), scaler_(config.loss_scale) {
-    plan_ = plan_units<typename S::wrap, typename S::checkpointing, float>(model, comm.size(), config.min_num_params);
+    if constexpr (sharding::hybrid) {
+      const int g = config.hybrid_group_size > 0 ? config.hybrid_group_size : comm.size();
+      POLYSHARD_CHECK(comm.size() % g == 0, "HybridShard: world size ", comm.size(),
+                      " is not a multiple of hybrid_group_size ", g);
+      group_.emplace(comm.split(comm.rank() / g, comm.rank()));     // shards: consecutive ranks
+      replicas_.emplace(comm.split(comm.rank() % g, comm.rank()));  // the same shard in every group
+    }
+    Comm& shards = shard_comm();
+    plan_ = plan_units<typename S::wrap, typename S::checkpointing, float>(model, shards.size(), config.min_num_params);
     units_.resize(plan_.units.size());
     for (std::size_t i = 0; i < units_.size(); ++i) {
       State& u = units_[i];
       u.layout = &plan_.units[i];
-      u.rank = comm.rank();
-      u.world = comm.size();
+      u.rank = shards.rank();
+      u.world = shards.size();
       u.shard = u.layout->padded / u.world;
       Behaviour::allocate(u, seed);
       if (config.sync_models_at_startup) sync_from_rank0(u);
@@ -78,7 +99,7 @@ class Engine : private ModuleHooks<float> {
   Var<float> forward(F&& loss_fn) {
     ModuleHooksScope<float> hooks(*this);
     in_backward_ = false;
-    Behaviour::gather(units_[0], comm_);  // the root stays gathered until its backward is done
+    Behaviour::gather(units_[0], shard_comm());  // the root stays gathered until its backward is done
     return loss_fn();
   }
 
@@ -88,7 +109,7 @@ class Engine : private ModuleHooks<float> {
     ModuleHooksScope<float> hooks(*this);
     in_backward_ = true;
     State& root = units_[0];
-    Behaviour::gather(root, comm_);
+    Behaviour::gather(root, shard_comm());
     Behaviour::begin_backward(root);
     polyshard::backward(loss, Tensor<float>::full(loss.shape(), static_cast<float>(weight * scaler_.scale())));
     post_backward(root);
@@ -115,13 +136,18 @@ class Engine : private ModuleHooks<float> {
   bool step(double lr, double max_grad_norm = std::numeric_limits<double>::infinity()) {
     POLYSHARD_CHECK(!pending_local_grads(), "Engine::step: gradients accumulated under no_sync were never reduced; "
                                             "run one backward outside no_sync before stepping");
+    if constexpr (sharding::hybrid) {
+      // Groups hold the same shards: sum each shard's gradient over the groups, once per step
+      // (after any accumulation), so that every replica applies the same update.
+      for (State& u : units_) replicas_->all_reduce(Behaviour::optimizer_grads(u), ReduceOp::Sum);
+    }
     const double inv_scale = 1.0 / scaler_.scale();
     if constexpr (precision::loss_scale::scaled) {
       float overflow = 0;
       for (State& u : units_)
         for (const auto& g : Behaviour::optimizer_grads(u))
           if (!std::isfinite(static_cast<float>(g))) overflow = 1;
-      comm_.all_reduce(std::span<float>(&overflow, 1), ReduceOp::Sum);
+      shard_comm().all_reduce(std::span<float>(&overflow, 1), ReduceOp::Sum);
       if (!scaler_.update(overflow > 0)) {
         last_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
         zero_grad();
@@ -135,7 +161,7 @@ class Engine : private ModuleHooks<float> {
       if (std::isfinite(max_grad_norm) || track_grad_norm_) squares += squared_norm(std::span<const RT>(g));
     }
     if (std::isfinite(max_grad_norm) || track_grad_norm_) {
-      if constexpr (sharding::shards_optimizer_state) comm_.all_reduce(std::span<double>(&squares, 1), ReduceOp::Sum);
+      if constexpr (sharding::shards_optimizer_state) shard_comm().all_reduce(std::span<double>(&squares, 1), ReduceOp::Sum);
       last_grad_norm_ = std::sqrt(squares);
       if (std::isfinite(max_grad_norm))
         for (State& u : units_) scale_to_norm(Behaviour::optimizer_grads(u), last_grad_norm_, max_grad_norm);
@@ -143,7 +169,7 @@ class Engine : private ModuleHooks<float> {
     for (std::size_t i = 0; i < units_.size(); ++i) {
       optimizers_[i].set_lr(lr);
       optimizers_[i].step(Behaviour::optimizer_params(units_[i]), std::span<const RT>(Behaviour::optimizer_grads(units_[i])));
-      Behaviour::after_step(units_[i], comm_);
+      Behaviour::after_step(units_[i], shard_comm());
     }
     zero_grad();
     return true;
@@ -166,7 +192,7 @@ class Engine : private ModuleHooks<float> {
       Tensor<CT> whole = u.full;
       if constexpr (sharding::shards_parameters) {
         whole = Tensor<CT>::empty({u.layout->padded}, MemoryCategory::Communication);
-        comm_.all_gather(std::span<const CT>(u.param_shard.span()), whole.span());
+        shard_comm().all_gather(std::span<const CT>(u.param_shard.span()), whole.span());
       }
       for (const auto& e : u.layout->entries) {
         std::vector<float> values(static_cast<std::size_t>(e.numel()));
@@ -187,6 +213,30 @@ class Engine : private ModuleHooks<float> {
   const std::vector<State>& unit_states() const { return units_; }
   const std::vector<Opt>& optimizers() const { return optimizers_; }
   Comm& communicator() { return comm_; }
+  /// The communicator shards are spread over: the whole world, or this rank's group under
+  /// HybridShard.
+  Comm& shard_comm() { return group_ ? *group_ : comm_; }
+
+  /// Bytes this rank sent in collectives of `kind` over every communicator the engine uses.
+  double bytes_sent(CollectiveKind kind) const {
+    double total = comm_.stats().bytes_sent(kind);
+    if (group_) total += group_->stats().bytes_sent(kind) + replicas_->stats().bytes_sent(kind);
+    return total;
+  }
+  /// Bytes this rank sent over every communicator the engine uses.
+  double bytes_sent() const {
+    double total = comm_.stats().total_bytes_sent();
+    if (group_) total += group_->stats().total_bytes_sent() + replicas_->stats().total_bytes_sent();
+    return total;
+  }
+  /// Resets the byte counters of every communicator the engine uses.
+  void reset_stats() {
+    comm_.stats().reset();
+    if (group_) {
+      group_->stats().reset();
+      replicas_->stats().reset();
+    }
+  }
 
  private:
   Var<float> around(const void* module, std::type_index type, const std::function<Var<float>(const Var<float>&)>& body,
@@ -199,13 +249,13 @@ class Engine : private ModuleHooks<float> {
     }
     const std::size_t index = it->second;
     State& u = units_[index];
-    Behaviour::gather(u, comm_);
+    Behaviour::gather(u, shard_comm());
     // Backward reaches `out` before the unit's own nodes and `in` after all of them.
     Var<float> in = boundary(x, "unit input", [this, index] { post_backward(units_[index]); });
     Var<float> y = (u.layout->checkpointed && !in_backward_) ? checkpoint(body, in) : body(in);
     Var<float> out = boundary(y, "unit output", [this, index] {
       State& unit = units_[index];
-      Behaviour::gather(unit, comm_);
+      Behaviour::gather(unit, shard_comm());
       Behaviour::begin_backward(unit);
     });
     if (sharding::reshard_after_forward && !in_backward_) Behaviour::release(u);
@@ -255,7 +305,7 @@ class Engine : private ModuleHooks<float> {
     u.settle_grads();
     if (sync_) {
       const auto bucket = static_cast<std::int64_t>(config_.bucket_cap_mb * 1024 * 1024 / sizeof(RT));
-      Behaviour::reduce(u, comm_, pending_, bucket);
+      Behaviour::reduce(u, shard_comm(), pending_, bucket);
       if (!config_.overlap_comm) finish_reductions();  // each reduction before backward goes on
     } else {
       u.local_grads = true;
@@ -279,6 +329,7 @@ class Engine : private ModuleHooks<float> {
 
   Model& model_;
   Comm& comm_;
+  std::optional<Comm> group_, replicas_;  // HybridShard only
   StrategyConfig config_;
   UnitPlan<float> plan_;
   std::vector<State> units_;

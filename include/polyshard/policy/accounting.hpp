@@ -45,13 +45,17 @@ constexpr double model_state_bytes(std::int64_t params, int world_size, int stat
 ///   NoShard                    2(N-1)/N * P * sizeof(reduce)
 ///   ShardOptimizerState/Grads  (N-1)/N * P * (sizeof(reduce) + sizeof(compute))
 ///   ShardParameters            (N-1)/N * (P * sizeof(reduce) + (2P - root) * sizeof(compute))
+/// Under HybridShard, `group_size` ranks shard (N above is the group size) and each shard's
+/// gradient is then all-reduced across the world_size / group_size groups: 2(R-1)/R * P/N *
+/// sizeof(reduce) more. Pass the parameter count padded for the group size.
 template <StrategyType S>
 constexpr double bytes_sent_per_step(std::int64_t params, std::int64_t root_params, int world_size,
-                                     bool norm = false) {
+                                     bool norm = false, int group_size = 0) {
   using sharding = typename S::sharding;
   using CT = typename S::compute_type;
   using RT = typename S::reduce_type;
-  const double n = static_cast<double>(world_size), f = (n - 1.0) / n;
+  const int shard_ranks = sharding::hybrid && group_size > 0 ? group_size : world_size;
+  const double n = static_cast<double>(shard_ranks), f = (n - 1.0) / n;
   const double p = static_cast<double>(params), root = static_cast<double>(root_params);
   double bytes = 0;
   if constexpr (!sharding::shards_optimizer_state) {
@@ -64,6 +68,10 @@ constexpr double bytes_sent_per_step(std::int64_t params, std::int64_t root_para
   }
   if (S::precision::loss_scale::scaled) bytes += 2.0 * f * sizeof(float);
   if (norm && sharding::shards_optimizer_state) bytes += 2.0 * f * sizeof(double);
+  if (sharding::hybrid) {
+    const double groups = static_cast<double>(world_size) / n;
+    bytes += 2.0 * (groups - 1.0) / groups * (p / n) * sizeof(RT);
+  }
   return bytes;
 }
 

@@ -23,6 +23,10 @@ struct StrategyConfig {
   /// the policy's own threshold at run time; 0 keeps the policy's.
   std::int64_t min_num_params = 0;
 
+  /// HybridShard: ranks per sharding group (consecutive ranks, a node typically); groups
+  /// replicate each other. 0: the whole world is one group.
+  int hybrid_group_size = 0;
+
   // Model synchronisation (FairScale ShardedDataParallel).
   /// Broadcast module buffers from rank 0 before each forward (GPT has none; kept for models
   /// that do).
