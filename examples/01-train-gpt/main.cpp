@@ -1,6 +1,7 @@
 // polyshard-train: trains a GPT on byte-level text under a data-parallel strategy, on ranks that
 // are threads of this process or MPI processes, and reports loss, speed, traffic and memory.
 #include <cstdio>
+#include <deque>
 #include <thread>
 
 #include "options.hpp"
@@ -25,7 +26,10 @@ int run(int argc, char** argv) {
     MpiSession session(&argc, &argv);
     MpiCommunicator comm = MpiCommunicator::world();
     cpu::set_blas_threads(o.threads > 0 ? o.threads : 1);
-    train::with_strategy(o, [&]<class S>() { train::train_rank<S>(o, comm, data); });
+    Trace trace(comm.rank());
+    train::with_strategy(o, [&]<class S>() { train::train_rank<S>(o, comm, data, o.trace.empty() ? nullptr : &trace); });
+    // One file per process: FILE.rank<r>.json.
+    if (!o.trace.empty()) Trace::write_json(o.trace + ".rank" + std::to_string(comm.rank()) + ".json", {&trace});
     return 0;
 #else
     polyshard::detail::throw_error("polyshard-train: --backend mpi needs a build with MPI (none was found)");
@@ -35,9 +39,18 @@ int run(int argc, char** argv) {
   const int world = static_cast<int>(o.world_size);
   cpu::set_blas_threads(o.threads > 0 ? o.threads : std::max(1, cores / world));
   if (world > 1) set_optimizer_threads(1);
+  std::deque<Trace> traces;  // a deque: traces hold mutexes and never move
+  for (int r = 0; r < world; ++r) traces.emplace_back(r);
   train::with_strategy(o, [&]<class S>() {
-    run_ranks(world, [&](ThreadCommunicator& comm) { train::train_rank<S>(o, comm, data); });
+    run_ranks(world, [&](ThreadCommunicator& comm) {
+      train::train_rank<S>(o, comm, data, o.trace.empty() ? nullptr : &traces[static_cast<std::size_t>(comm.rank())]);
+    });
   });
+  if (!o.trace.empty()) {
+    std::vector<const Trace*> all;
+    for (const Trace& t : traces) all.push_back(&t);
+    Trace::write_json(o.trace, all);  // one file, one process per rank
+  }
   return 0;
 }
 

@@ -41,6 +41,7 @@ struct Options {
   // Input and output.
   std::string data;     // empty: the built-in corpus
   std::string metrics;  // JSON lines, one per step
+  std::string trace;    // Chrome trace of compute and communication per rank
   std::int64_t log_every = 1;
   int threads = 0;  // 0: every core
 };
@@ -59,7 +60,8 @@ Strategy:   --strategy ddp|sharded_ddp|fsdp|fsdp_grad_op|zero1|zero2|zero3|zero_
             --precision fp32|fp16-mixed|bf16-mixed (fp32)  --wrap whole|block|size:N (block)
             --accum K (1 micro-batch per step)  --hybrid-group N (hybrid: ranks per group; half the world)
 Data:       --data FILE (default: the built-in corpus)
-Output:     --metrics FILE.jsonl  --log-every N (1)  --threads N (0: every core)
+Output:     --metrics FILE.jsonl  --trace FILE.json (Chrome trace per rank)  --log-every N (1)
+            --threads N (0: every core)
 )";
 
 namespace detail {
@@ -119,6 +121,7 @@ inline bool parse(int argc, char** argv, Options& o) {
     else if (flag == "--accum") integer(o.accum, 1);
     else if (flag == "--hybrid-group") integer(o.hybrid_group, 1);
     else if (flag == "--metrics") o.metrics = value();
+    else if (flag == "--trace") o.trace = value();
     else if (flag == "--betas") {
       const std::string v = value();
       const auto comma = v.find(',');

@@ -14,6 +14,7 @@
 #include "polyshard/nn/nn.hpp"
 #include "polyshard/optim/optim.hpp"
 #include "polyshard/policy/policy.hpp"
+#include "polyshard/profile/trace.hpp"
 #include "polyshard/tensor/cpu/blas.hpp"
 
 namespace train {
@@ -51,7 +52,7 @@ struct RankFigures {
 
 /// Trains on one rank of `comm` under strategy S. Rank 0 prints progress and writes metrics.
 template <class S, class Comm>
-void train_rank(const Options& o, Comm& comm, const TextDataset& data) {
+void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* trace = nullptr) {
   MemoryTracker memory;
   TrackerScope scope(memory);
   const int world = comm.size(), rank = comm.rank();
@@ -65,6 +66,7 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data) {
   config.hybrid_group_size = o.hybrid_group > 0 ? static_cast<int>(o.hybrid_group) : (world % 2 == 0 ? world / 2 : world);
   Engine<S, Gpt<float>, Comm, AnyOptimizer<float>> engine(model, comm, optimizer_config(o), config, o.seed);
   engine.track_grad_norm(true);
+  engine.set_trace(trace);
 
   const std::int64_t micro_rows = o.batch / o.accum;
   const BatchSampler sampler(data, o.seq, micro_rows, o.seed);

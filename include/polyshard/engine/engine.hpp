@@ -20,6 +20,7 @@
 #include "polyshard/optim/optimizer.hpp"
 #include "polyshard/policy/config.hpp"
 #include "polyshard/policy/strategy.hpp"
+#include "polyshard/profile/trace.hpp"
 
 namespace polyshard {
 
@@ -97,19 +98,21 @@ class Engine : private ModuleHooks<float> {
   /// Runs `loss_fn` (the model's forward) with the strategy's hooks in place.
   template <class F>
   Var<float> forward(F&& loss_fn) {
+    Trace::Span span(trace_, "forward", "compute");
     ModuleHooksScope<float> hooks(*this);
     in_backward_ = false;
-    Behaviour::gather(units_[0], shard_comm());  // the root stays gathered until its backward is done
+    gather(0);  // the root stays gathered until its backward is done
     return loss_fn();
   }
 
   /// Backward from `loss`, seeded with `weight` times the loss scale; reduces every unit's
   /// gradients (unless inside no_sync) and waits for the reductions.
   void backward(const Var<float>& loss, double weight = 1.0) {
+    Trace::Span span(trace_, "backward", "compute");
     ModuleHooksScope<float> hooks(*this);
     in_backward_ = true;
     State& root = units_[0];
-    Behaviour::gather(root, shard_comm());
+    gather(0);
     Behaviour::begin_backward(root);
     polyshard::backward(loss, Tensor<float>::full(loss.shape(), static_cast<float>(weight * scaler_.scale())));
     post_backward(root);
@@ -134,6 +137,7 @@ class Engine : private ModuleHooks<float> {
   /// was skipped because the (scaled) gradients overflowed; the parameters are then untouched.
   /// `max_grad_norm` clips the global gradient norm (infinity: no clipping).
   bool step(double lr, double max_grad_norm = std::numeric_limits<double>::infinity()) {
+    Trace::Span span(trace_, "step", "compute");
     POLYSHARD_CHECK(!pending_local_grads(), "Engine::step: gradients accumulated under no_sync were never reduced; "
                                             "run one backward outside no_sync before stepping");
     if constexpr (sharding::hybrid) {
@@ -169,6 +173,7 @@ class Engine : private ModuleHooks<float> {
     for (std::size_t i = 0; i < units_.size(); ++i) {
       optimizers_[i].set_lr(lr);
       optimizers_[i].step(Behaviour::optimizer_params(units_[i]), std::span<const RT>(Behaviour::optimizer_grads(units_[i])));
+      Trace::Span write_back(trace_, "write back unit " + std::to_string(i), "communication", 1);
       Behaviour::after_step(units_[i], shard_comm());
     }
     zero_grad();
@@ -213,6 +218,8 @@ class Engine : private ModuleHooks<float> {
   const std::vector<State>& unit_states() const { return units_; }
   const std::vector<Opt>& optimizers() const { return optimizers_; }
   Comm& communicator() { return comm_; }
+  /// Records compute and communication spans into `trace` (null: none) from now on.
+  void set_trace(Trace* trace) { trace_ = trace; }
   /// The communicator shards are spread over: the whole world, or this rank's group under
   /// HybridShard.
   Comm& shard_comm() { return group_ ? *group_ : comm_; }
@@ -249,14 +256,13 @@ class Engine : private ModuleHooks<float> {
     }
     const std::size_t index = it->second;
     State& u = units_[index];
-    Behaviour::gather(u, shard_comm());
+    gather(index);
     // Backward reaches `out` before the unit's own nodes and `in` after all of them.
     Var<float> in = boundary(x, "unit input", [this, index] { post_backward(units_[index]); });
     Var<float> y = (u.layout->checkpointed && !in_backward_) ? checkpoint(body, in) : body(in);
     Var<float> out = boundary(y, "unit output", [this, index] {
-      State& unit = units_[index];
-      Behaviour::gather(unit, shard_comm());
-      Behaviour::begin_backward(unit);
+      gather(index);
+      Behaviour::begin_backward(units_[index]);
     });
     if (sharding::reshard_after_forward && !in_backward_) Behaviour::release(u);
     return out;
@@ -299,13 +305,32 @@ class Engine : private ModuleHooks<float> {
     }
   }
 
+  /// Gathers unit `index` if it is not (a span in the trace when it was not).
+  void gather(std::size_t index) {
+    State& u = units_[index];
+    if (u.gathered) return;
+    Trace::Span span(trace_, "gather unit " + std::to_string(index), "communication", 1);
+    Behaviour::gather(u, shard_comm());
+  }
+
   /// A unit's gradients are complete: reduce them (or keep accumulating under no_sync), and
   /// free its gathered parameters.
   void post_backward(State& u) {
     u.settle_grads();
     if (sync_) {
       const auto bucket = static_cast<std::int64_t>(config_.bucket_cap_mb * 1024 * 1024 / sizeof(RT));
+      const std::size_t issued = pending_.size();
       Behaviour::reduce(u, shard_comm(), pending_, bucket);
+      if (trace_) {
+        // Spans from issue to observed completion, one trace thread per unit.
+        const int tid = 100 + static_cast<int>(&u - units_.data());
+        const double start = Trace::now_us();
+        for (std::size_t i = issued; i < pending_.size(); ++i)
+          pending_[i].then = [then = std::move(pending_[i].then), trace = trace_, tid, start] {
+            trace->complete("reduce", "communication", start, Trace::now_us(), tid);
+            then();
+          };
+      }
       if (!config_.overlap_comm) finish_reductions();  // each reduction before backward goes on
     } else {
       u.local_grads = true;
@@ -314,6 +339,7 @@ class Engine : private ModuleHooks<float> {
   }
 
   void finish_reductions() {
+    Trace::Span span(trace_, "wait for reductions", "communication", 1);
     for (PendingReduction& p : pending_) {
       p.handle.wait();
       p.then();
@@ -336,6 +362,7 @@ class Engine : private ModuleHooks<float> {
   std::vector<Opt> optimizers_;
   LossScaler<typename precision::loss_scale> scaler_;
   std::vector<PendingReduction> pending_;
+  Trace* trace_ = nullptr;
   bool in_backward_ = false;
   bool sync_ = true;
   bool track_grad_norm_ = false;

@@ -1,0 +1,13 @@
+# Fails unless docs/getting-started.md quotes each marked part of main.cpp ("// [tag]" ... "// [tag]")
+# verbatim, so the documentation cannot drift from the compiled program.
+file(READ ${SOURCE} src)
+file(READ ${DOC} doc)
+foreach(tag strategy train save)
+  if(NOT src MATCHES "// \\[${tag}\\]\n(.*)\n[ ]*// \\[${tag}\\]")
+    message(FATAL_ERROR "${SOURCE}: no part marked // [${tag}]")
+  endif()
+  string(FIND "${doc}" "${CMAKE_MATCH_1}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "${DOC} does not quote the [${tag}] part of ${SOURCE} verbatim:\n${CMAKE_MATCH_1}")
+  endif()
+endforeach()
