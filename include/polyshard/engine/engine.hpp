@@ -63,7 +63,8 @@ class Engine : private ModuleHooks<float> {
                 "Engine<S, Model, Comm, Opt>: the optimizer's parameter type must be the precision policy's master "
                 "type (float for every preset)");
   /// Where the offload policy keeps optimizer state between steps (see engine/offload.hpp).
-  static constexpr const char* optimizer_state_location = OffloadPlacement<typename S::offload>::optimizer_state;
+  using Placement = OffloadPlacement<typename S::offload>;
+  static_assert(sizeof(Placement) > 0, "instantiates the offload placement and its checks");
 
   /// Binds `model`'s parameters to the strategy's buffers and builds the rank's state: whole
   /// parameters or only the rank's shards, as the strategy says, initialised from `seed`.
