@@ -1,0 +1,54 @@
+# Conan 2 recipe of polyshard: a header-only library whose package carries its own CMake
+# package config (find_package(polyshard CONFIG) -> polyshard::polyshard).
+import os
+
+from conan import ConanFile
+from conan.tools.cmake import CMake, CMakeToolchain, cmake_layout
+
+
+class PolyshardConan(ConanFile):
+    name = "polyshard"
+    version = "0.1.0"
+    description = "Data-parallel training strategies (DDP, ZeRO, FSDP) as compositions of compile-time policies"
+    topics = ("deep-learning", "distributed-training", "zero", "fsdp", "header-only")
+    package_type = "header-library"
+    # Settings drive the CMake install in package(); package_id() drops them: one package for all.
+    settings = "os", "arch", "compiler", "build_type"
+    exports_sources = "CMakeLists.txt", "include/*"
+    no_copy_source = True
+
+    def requirements(self):
+        # A host profile may satisfy both from the system with [platform_requires]
+        # (Debian 12: eigen/3.4.0, boost/1.74.0); see .ci/conan-test.
+        self.requires("eigen/3.4.0")
+        self.requires("boost/[>=1.74.0 <2]")
+
+    def layout(self):
+        cmake_layout(self)
+
+    def generate(self):
+        tc = CMakeToolchain(self)
+        for option in ("TESTS", "EXAMPLES", "BENCHMARKS"):
+            tc.cache_variables[f"POLYSHARD_BUILD_{option}"] = False
+        tc.cache_variables["POLYSHARD_ENABLE_MPI"] = False
+        tc.cache_variables["POLYSHARD_ENABLE_CUDA"] = "OFF"
+        tc.generate()
+
+    def build(self):
+        cmake = CMake(self)
+        cmake.configure()
+
+    def package(self):
+        cmake = CMake(self)
+        cmake.install()
+
+    def package_id(self):
+        self.info.clear()
+
+    def package_info(self):
+        self.cpp_info.bindirs = []
+        self.cpp_info.libdirs = []
+        # Consumers use the package's own config, which finds Eigen3 and Boost itself: Conan's
+        # generated config would omit find_dependency for platform requirements.
+        self.cpp_info.set_property("cmake_find_mode", "none")
+        self.cpp_info.builddirs = [os.path.join("share", "cmake", "polyshard")]

@@ -1,0 +1,191 @@
+// Full state dicts of a module and GPT-2 weights in Hugging Face's layout: exact round trips,
+// and errors that name the missing, unexpected or mis-shaped tensor.
+#include <catch2/catch.hpp>
+
+#include "io/temp_dir.hpp"
+#include "polyshard/io/hf_gpt2.hpp"
+#include "polyshard/io/state_dict.hpp"
+#include "polyshard/nn/nn.hpp"
+
+using namespace polyshard;
+namespace fs = std::filesystem;
+
+namespace {
+const GptConfig tiny{.vocab_size = 11, .block_size = 5, .n_layer = 2, .n_head = 2, .n_embd = 4};
+
+/// A Gpt bound to its own flat buffers and initialised from `seed`.
+template <FloatElement T>
+struct Model {
+  explicit Model(const GptConfig& cfg = tiny, std::uint64_t seed = 1) : gpt(cfg), flat(gpt) { flat.initialize(seed); }
+  std::vector<T> values() const {
+    auto v = flat.values().to_vector();
+    v.resize(static_cast<std::size_t>(flat.numel()));
+    return v;
+  }
+  Gpt<T> gpt;
+  FlatParameters<T> flat;
+};
+
+std::vector<std::string> parameter_names(const Gpt<float>& m) {
+  std::vector<std::string> names;
+  visit_parameters(m, [&](const std::string& n, const auto&) { names.push_back(n); });
+  return names;
+}
+}  // namespace
+
+TEST_CASE("a GPT's state dict round-trips exactly and lists lm_head.weight as PyTorch does", "[io]") {
+  TempDir dir;
+  Model<float> a(tiny, 1), b(tiny, 2);
+  REQUIRE(a.values() != b.values());
+  save_state_dict(a.gpt, dir / "model.safetensors");
+
+  const SafetensorsFile f = SafetensorsFile::open(dir / "model.safetensors");
+  std::vector<std::string> in_file;
+  for (const auto& t : f.tensors()) in_file.push_back(t.name);
+  std::vector<std::string> expected = parameter_names(a.gpt);
+  expected.push_back("lm_head.weight");
+  std::sort(in_file.begin(), in_file.end());
+  std::sort(expected.begin(), expected.end());
+  CHECK(in_file == expected);
+  CHECK(*f.metadata("format") == "pt");
+  CHECK(f.read<float>("lm_head.weight").to_vector() == a.gpt.transformer.wte.weight.value().to_vector());
+  CHECK(f.info("transformer.h.1.attn.c_attn.weight").shape == std::vector<std::int64_t>{12, 4});  // (3C, C)
+
+  const LoadStateDictResult r = load_state_dict(b.gpt, dir / "model.safetensors");
+  CHECK(r.missing_keys.empty());
+  CHECK(r.unexpected_keys.empty());
+  CHECK(b.values() == a.values());
+}
+
+TEST_CASE("a state dict saved as bf16 loads into an fp32 model rounded once", "[io]") {
+  TempDir dir;
+  Model<float> a(tiny, 3), b(tiny, 4);
+  save_state_dict(a.gpt, dir / "bf16.safetensors", {.dtype = DType::BF16, .metadata = {{"step", "7"}}});
+  const SafetensorsFile f = SafetensorsFile::open(dir / "bf16.safetensors");
+  CHECK(f.info("transformer.wte.weight").dtype == SafetensorsDType::BF16);
+  CHECK(*f.metadata("step") == "7");
+  load_state_dict(b.gpt, dir / "bf16.safetensors");
+  const auto va = a.values(), vb = b.values();
+  for (std::size_t i = 0; i < va.size(); ++i) REQUIRE(vb[i] == static_cast<float>(element_cast<bfloat16>(va[i])));
+  Model<float> c(tiny, 5);
+  CHECK_THROWS_WITH(load_state_dict(c.gpt, dir / "bf16.safetensors", {.convert_dtype = false}),
+                    Catch::Contains("is BF16 but parameter 'transformer.") && Catch::Contains("dtype conversion is off"));
+}
+
+TEST_CASE("loading a state dict that does not fit names what is wrong and leaves the module unchanged", "[io]") {
+  TempDir dir;
+  Model<float> two(tiny, 1);
+  Model<float> three({.vocab_size = 11, .block_size = 5, .n_layer = 3, .n_head = 2, .n_embd = 4}, 2);
+  Model<float> wide({.vocab_size = 11, .block_size = 5, .n_layer = 2, .n_head = 2, .n_embd = 6}, 3);
+  save_state_dict(two.gpt, dir / "two.safetensors");
+  save_state_dict(three.gpt, dir / "three.safetensors");
+  save_state_dict(wide.gpt, dir / "wide.safetensors");
+
+  Model<float> m(tiny, 9);
+  const auto before = m.values();
+  CHECK_THROWS_WITH(load_state_dict(m.gpt, dir / "three.safetensors"),
+                    Catch::Contains("three.safetensors' does not match the module") &&
+                        Catch::Contains("unexpected tensors 'transformer.h.2."));
+  CHECK_THROWS_WITH(load_state_dict(three.gpt, dir / "two.safetensors"),
+                    Catch::Contains("missing tensors 'transformer.h.2.ln_1.weight'"));
+  CHECK_THROWS_WITH(load_state_dict(m.gpt, dir / "wide.safetensors"),
+                    Catch::Contains("tensor 'transformer.wte.weight' has shape (11, 6) but parameter "
+                                    "'transformer.wte.weight' needs (11, 4)"));
+  CHECK(m.values() == before);
+
+  const LoadStateDictResult r = load_state_dict(m.gpt, dir / "three.safetensors", {.strict = false});
+  CHECK(r.missing_keys.empty());
+  CHECK(r.unexpected_keys.size() == 12);  // the 12 tensors of block 2
+  CHECK(m.gpt.transformer.h[1].mlp.c_fc.weight.value().to_vector() ==
+        three.gpt.transformer.h[1].mlp.c_fc.weight.value().to_vector());
+}
+
+TEST_CASE("a tied lm_head.weight must equal the token embedding", "[io]") {
+  TempDir dir;
+  Model<float> a(tiny, 1), b(tiny, 2);
+  SafetensorsWriter w;
+  visit_parameters(a.gpt, [&](const std::string& n, const auto& p) { w.add(n, p.value()); });
+  w.add("lm_head.weight", b.gpt.transformer.wte.weight.value());  // not the same as a's wte
+  w.write(dir / "untied.safetensors");
+  CHECK_THROWS_WITH(load_state_dict(b.gpt, dir / "untied.safetensors"),
+                    Catch::Contains("'lm_head.weight' differs from 'transformer.wte.weight'"));
+
+  save_state_dict(a.gpt, dir / "no-lm-head.safetensors", {.write_tied = false});
+  CHECK_FALSE(SafetensorsFile::open(dir / "no-lm-head.safetensors").find("lm_head.weight"));
+  load_state_dict(b.gpt, dir / "no-lm-head.safetensors");
+  CHECK(b.values() == a.values());
+}
+
+namespace {
+/// Writes `m` as Hugging Face publishes GPT-2, by hand: names without "transformer.", Conv1D
+/// weights transposed to (in, out) element by element, and the attention-mask buffers.
+void write_hf_layout(const Gpt<float>& m, const fs::path& path, bool prefix, bool lm_head) {
+  SafetensorsWriter w;
+  w.add_metadata("format", "pt");
+  const std::int64_t n = m.config.block_size;
+  visit_parameters(m, [&](const std::string& name, const auto& p) {
+    std::string hf = prefix ? name : name.substr(std::string("transformer.").size());
+    const bool conv1d = name.ends_with("c_attn.weight") || name.ends_with("c_proj.weight") || name.ends_with("c_fc.weight");
+    if (!conv1d) {
+      w.add(hf, p.value().clone());
+      return;
+    }
+    const Tensor<float> v = p.value();  // (out, in)
+    auto t = Tensor<float>::empty({v.size(1), v.size(0)});  // (in, out)
+    for (std::int64_t o = 0; o < v.size(0); ++o)
+      for (std::int64_t i = 0; i < v.size(1); ++i) t.at(i, o) = v.at(o, i);
+    w.add(hf, t);
+  });
+  for (std::size_t l = 0; l < m.transformer.h.size(); ++l) {
+    const std::string h = std::string(prefix ? "transformer." : "") + "h." + std::to_string(l) + ".attn.";
+    w.add(h + "bias", Tensor<float>::full({1, 1, n, n}, 1.0f));
+    w.add(h + "masked_bias", Tensor<float>::full({}, -1e4f));
+  }
+  if (lm_head) w.add("lm_head.weight", m.transformer.wte.weight.value().clone());
+  w.write(path);
+}
+}  // namespace
+
+TEST_CASE("GPT-2 weights in Hugging Face's layout load exactly", "[io]") {
+  TempDir dir;
+  const bool prefix = GENERATE(false, true);
+  const bool lm_head = GENERATE(false, true);
+  Model<float> a(tiny, 1), b(tiny, 2);
+  write_hf_layout(a.gpt, dir / "model.safetensors", prefix, lm_head);
+  const LoadStateDictResult r = load_hf_gpt2(b.gpt, dir / "model.safetensors");
+  CHECK(r.unexpected_keys.empty());
+  CHECK(b.values() == a.values());
+  // The same weights compute the same logits.
+  const auto ids = Tensor<std::int32_t>::from({1, 4}, {1, 7, 3, 10});
+  NoGradGuard no_grad;
+  CHECK(b.gpt.logits(ids).value().to_vector() == a.gpt.logits(ids).value().to_vector());
+}
+
+TEST_CASE("GPT-2 in Hugging Face's layout: a plain state dict load refuses it, sizes must match", "[io]") {
+  TempDir dir;
+  Model<float> a(tiny, 1);
+  write_hf_layout(a.gpt, dir / "hf.safetensors", false, false);
+  Model<float> b(tiny, 2);
+  CHECK_THROWS_WITH(load_state_dict(b.gpt, dir / "hf.safetensors"), Catch::Contains("unexpected tensors 'h.0."));
+  Model<float> small({.vocab_size = 11, .block_size = 5, .n_layer = 2, .n_head = 2, .n_embd = 8}, 2);
+  CHECK_THROWS_WITH(load_hf_gpt2(small.gpt, dir / "hf.safetensors"),
+                    Catch::Contains("has shape (4, 12) but parameter 'transformer.h.0.attn.c_attn.weight' needs (32, 8) "
+                                    "(its transpose, Conv1D layout)") ||
+                        Catch::Contains("'transformer.wpe.weight' needs (5, 8)") ||
+                        Catch::Contains("'transformer.wte.weight' needs (11, 8)") ||
+                        Catch::Contains("needs (8,)"));
+}
+
+TEST_CASE("save_hf_gpt2 writes Hugging Face's layout and load_hf_gpt2 reads it back", "[io]") {
+  TempDir dir;
+  Model<float> a(tiny, 1), b(tiny, 2);
+  save_hf_gpt2(a.gpt, dir / "model.safetensors");
+  const SafetensorsFile f = SafetensorsFile::open(dir / "model.safetensors");
+  CHECK(f.info("h.0.attn.c_attn.weight").shape == std::vector<std::int64_t>{4, 12});  // (C, 3C): Conv1D
+  CHECK(f.info("h.1.mlp.c_fc.weight").shape == std::vector<std::int64_t>{4, 16});
+  CHECK(f.read<float>("h.0.attn.c_attn.weight").at(1, 5) == a.gpt.transformer.h[0].attn.c_attn.weight.value().at(5, 1));
+  CHECK_FALSE(f.find("lm_head.weight"));
+  CHECK_FALSE(f.find("transformer.wte.weight"));
+  load_hf_gpt2(b.gpt, dir / "model.safetensors");
+  CHECK(b.values() == a.values());
+}

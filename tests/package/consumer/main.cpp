@@ -1,0 +1,24 @@
+// Uses an installed polyshard: composes a custom strategy from its policies, builds a tiny GPT
+// on flat parameters, and prints what the strategy type predicts for it.
+#include <iostream>
+
+#include <polyshard/nn/nn.hpp>
+#include <polyshard/policy/policy.hpp>
+
+using namespace polyshard;
+
+// ZeRO-2 (sharded gradients and optimizer state) with bf16 compute and fp32 master weights.
+using MyStrategy = Strategy<ShardGradients, Bf16Mixed>;
+static_assert(MyStrategy::sharding::shards_gradients && !MyStrategy::sharding::shards_parameters);
+static_assert(std::is_same_v<MyStrategy::master_type, float>);
+
+int main() {
+  Gpt<float> model({.vocab_size = 64, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 32});
+  FlatParameters<float> flat(model, /*pad_to=*/4);
+  flat.initialize(/*seed=*/0);
+  const std::int64_t n = flat.numel();
+  std::cout << "parameters: " << n << "\n"
+            << "model-state bytes per rank at 4 ranks (Adam): " << model_state_bytes<MyStrategy>(flat.padded_numel(), 4)
+            << "\n";
+  return n == count_parameters(model) ? 0 : 1;
+}
