@@ -9,10 +9,9 @@
 using namespace polyshard;
 
 namespace {
-MpiCommunicator& world() {
-  static MpiCommunicator comm = MpiCommunicator::world();
-  return comm;
-}
+// Created in main after MPI_Init and destroyed before MPI_Finalize.
+MpiCommunicator* world_comm = nullptr;
+MpiCommunicator& world() { return *world_comm; }
 
 test::RunResult reference() {
   static const test::RunResult r = test::train<DDP>(1);
@@ -41,8 +40,11 @@ TEST_CASE("MPI: the sharded stages agree with the in-process backend bit for bit
 
 int main(int argc, char* argv[]) {
   MpiSession session(&argc, &argv);
+  MpiCommunicator comm = MpiCommunicator::world();
+  world_comm = &comm;
   Catch::Session catch_session;
-  const int rc = catch_session.applyCommandLine(argc, argv);
-  if (rc != 0) return rc;
-  return catch_session.run();
+  int rc = catch_session.applyCommandLine(argc, argv);
+  if (rc == 0) rc = catch_session.run();
+  world_comm = nullptr;
+  return rc;
 }

@@ -19,9 +19,12 @@ class CachingHostAllocator {
  public:
   static constexpr std::size_t alignment = 64;
 
+  /// The process's allocator. It is never destroyed: tensors owned by other static objects
+  /// may be freed at exit after any static allocator would have been, and their blocks must
+  /// still have somewhere to go.
   static CachingHostAllocator& instance() {
-    static CachingHostAllocator allocator;
-    return allocator;
+    static CachingHostAllocator* allocator = new CachingHostAllocator();
+    return *allocator;
   }
 
   /// Rounds up to a multiple of 64 bytes below 4 KiB, and to a quarter power of two above,
