@@ -7,6 +7,7 @@
 
 #include "polyshard/comm/communicator.hpp"
 #include "polyshard/engine/unit_state.hpp"
+#include "polyshard/tensor/ops/elementwise.hpp"
 #include "polyshard/policy/sharding.hpp"
 
 namespace polyshard {
@@ -31,13 +32,6 @@ void allocate_full_params(U& u, MemoryCategory category) {
   u.full = buffer<typename decltype(u.full)::value_type>(u.layout->padded, category);
   if constexpr (U::float_compute) u.work = u.full;
   else u.work = buffer<float>(u.layout->padded, MemoryCategory::Other);
-}
-
-/// Sums `n` elements of `src` into `dst` (both of the reduce dtype, computed in float).
-template <class X>
-void add_into(std::span<X> dst, std::span<const X> src) {
-  for (std::size_t i = 0; i < dst.size(); ++i)
-    dst[i] = static_cast<X>(static_cast<float>(dst[i]) + static_cast<float>(src[i]));
 }
 
 /// The local gradients of a unit as the reduce dtype: grad_work itself when that is float, a
@@ -68,7 +62,7 @@ void reduce_scatter_grads(U& u, Comm& comm, std::vector<PendingReduction>& pendi
     Tensor<RT> tmp = buffer<RT>(out.numel(), MemoryCategory::Communication);
     CommHandle h = comm.reduce_scatter_async(std::span<const RT>(src.span()), tmp.span(), ReduceOp::Sum);
     pending.push_back({std::move(h), [src, tmp, out, done = std::move(done)] {
-                         add_into(out.span(), std::span<const RT>(tmp.span()));
+                         add_into(out, tmp, out);  // out += tmp, in float for the 16-bit types
                          done();
                        }});
   }
