@@ -12,17 +12,8 @@
 using namespace polyshard;
 using test::gradient_error;
 using test::random_tensor;
+using test::random_ids;
 using Vars = std::vector<Var<double>>;
-
-namespace {
-Tensor<std::int32_t> random_ids(const Shape& shape, std::int32_t v, std::uint64_t seed) {
-  std::mt19937_64 gen(seed);
-  std::uniform_int_distribution<std::int32_t> dist(0, v - 1);
-  Tensor<std::int32_t> t = Tensor<std::int32_t>::empty(shape);
-  for (auto& x : t.span()) x = dist(gen);
-  return t;
-}
-}  // namespace
 
 TEST_CASE("gelu: gradient", "[autograd][ops]") {
   const Shape s = GENERATE(Shape{1}, Shape{3, 5}, Shape{2, 1, 7}, Shape{1500});  // 1500: more than one block

@@ -19,6 +19,15 @@ inline Tensor<double> random_tensor(const Shape& shape, std::uint64_t seed, doub
   return t;
 }
 
+/// Token ids uniform in [0, v) from a seeded generator.
+inline Tensor<std::int32_t> random_ids(const Shape& shape, std::int32_t v, std::uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::uniform_int_distribution<std::int32_t> dist(0, v - 1);
+  Tensor<std::int32_t> t = Tensor<std::int32_t>::empty(shape);
+  for (auto& x : t.span()) x = dist(gen);
+  return t;
+}
+
 /// Worst relative error, over every input, between the gradient backward() gives for
 /// dot(seed, f(inputs)) and the central difference (f(x + h) - f(x - h)) / 2h.
 /// The error of one input is ||analytic - numeric|| / max(||analytic||, ||numeric||, 1e-12).

@@ -18,13 +18,7 @@ Tensor<T> random_as(const Shape& shape, std::uint64_t seed, double scale = 1.0) 
   return cast<T>(random_tensor(shape, seed, scale));
 }
 
-Tensor<std::int32_t> random_ids(const Shape& shape, std::int32_t v, std::uint64_t seed) {
-  std::mt19937_64 gen(seed);
-  std::uniform_int_distribution<std::int32_t> dist(0, v - 1);
-  Tensor<std::int32_t> t = Tensor<std::int32_t>::empty(shape);
-  for (auto& x : t.span()) x = dist(gen);
-  return t;
-}
+using test::random_ids;
 
 /// Softmax of one row in double, the textbook way (shifted by the max).
 std::vector<double> naive_softmax(const double* x, std::int64_t n) {
