@@ -218,6 +218,26 @@ class Engine : private ModuleHooks<float> {
   const UnitPlan<float>& units() const { return plan_; }
   const std::vector<State>& unit_states() const { return units_; }
   const std::vector<Opt>& optimizers() const { return optimizers_; }
+  /// Calls `f(optimizer, params)` with unit `unit`'s optimizer, its state resident in memory, and
+  /// the master weights it updates (the whole unit, or this rank's shard), then puts the state
+  /// back where the offload policy keeps it. Checkpoints read and restore state through this.
+  template <class F>
+  decltype(auto) access_optimizer(std::size_t unit, F&& f) {
+    POLYSHARD_CHECK(unit < units_.size(), "Engine::access_optimizer: unit ", unit, " of ", units_.size());
+    return f(optimizers_[unit], Behaviour::optimizer_params(units_[unit]));
+  }
+  /// Where unit `unit`'s optimizer span starts in the unit's flat buffer: 0 when the rank
+  /// updates the whole unit, the start of its shard otherwise.
+  std::int64_t optimizer_offset(std::size_t unit) const {
+    const State& u = units_[unit];
+    return static_cast<std::int64_t>(optimizers_[unit].numel()) == u.layout->padded ? 0 : u.shard_begin();
+  }
+  /// Makes the compute-dtype parameters of every unit equal the master weights again, after
+  /// the masters were written (a checkpoint restore), as after an optimizer step: a collective
+  /// where the policy all-gathers updated shards.
+  void refresh_parameters_from_master() {
+    for (State& u : units_) Behaviour::after_step(u, shard_comm());
+  }
   Comm& communicator() { return comm_; }
   /// Records compute and communication spans into `trace` (null: none) from now on.
   void set_trace(Trace* trace) { trace_ = trace; }
