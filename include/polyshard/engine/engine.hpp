@@ -226,6 +226,9 @@ class Engine : private ModuleHooks<float> {
     POLYSHARD_CHECK(unit < units_.size(), "Engine::access_optimizer: unit ", unit, " of ", units_.size());
     return f(optimizers_[unit], Behaviour::optimizer_params(units_[unit]));
   }
+  /// False when the offload policy keeps optimizer state outside memory between steps (NVMe):
+  /// state() tensors are then valid only inside access_optimizer.
+  static constexpr bool optimizer_state_resident = !S::offload::to_nvme;
   /// Where unit `unit`'s optimizer span starts in the unit's flat buffer: 0 when the rank
   /// updates the whole unit, the start of its shard otherwise.
   std::int64_t optimizer_offset(std::size_t unit) const {

@@ -83,16 +83,10 @@ inline std::size_t remove_stale_checkpoint_temporaries(const std::filesystem::pa
   return n;
 }
 
-/// Writes checkpoint directory `dir` atomically: removes stale temporaries of earlier
-/// interrupted saves, calls `fill(tmp)` to write every file under a fresh temporary directory
-/// beside `dir`, fsyncs every file and directory in it, then swaps it into place with one
-/// rename (Linux renameat2 RENAME_EXCHANGE when `dir` exists; a rename pair with recovery
-/// elsewhere), fsyncs the parent and removes the previous contents. If `fill` throws, `dir` is
-/// untouched and the temporary is removed. One writer per checkpoint directory at a time.
-/// @param dir   the checkpoint directory to create or replace; its parent must exist
-/// @param fill  writes the checkpoint's files into the directory it is given
-inline void write_directory_atomically(const std::filesystem::path& dir,
-                                       const std::function<void(const std::filesystem::path&)>& fill) {
+/// The first half of write_directory_atomically, for a checkpoint whose files several ranks
+/// write: checks `dir`'s parent, removes stale temporaries of earlier interrupted saves and
+/// creates a fresh temporary directory beside `dir`, which it returns.
+inline std::filesystem::path begin_directory_write(const std::filesystem::path& dir) {
   namespace fs = std::filesystem;
   const fs::path parent = detail::parent_of(dir);
   POLYSHARD_CHECK(fs::is_directory(parent), "write_directory_atomically: parent directory '", parent.string(),
@@ -102,16 +96,34 @@ inline void write_directory_atomically(const std::filesystem::path& dir,
   remove_stale_checkpoint_temporaries(dir);
   const fs::path tmp = parent / (detail::temporary_prefix(dir) + detail::unique_suffix());
   fs::create_directory(tmp);
+  return tmp;
+}
+
+/// Gives up a write begun by begin_directory_write: removes the temporary, leaves `dir` as it was.
+inline void abort_directory_write(const std::filesystem::path& tmp) {
+  std::error_code ignored;
+  std::filesystem::remove_all(tmp, ignored);
+}
+
+/// The second half of write_directory_atomically: fsyncs every file and directory under `tmp`,
+/// swaps it into place as `dir` with one rename (Linux renameat2 RENAME_EXCHANGE when `dir`
+/// exists; a rename pair with recovery elsewhere), fsyncs the parent and removes the previous
+/// contents. On failure `dir` is left as it was and `tmp` is removed.
+inline void commit_directory_write(const std::filesystem::path& tmp, const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  const fs::path parent = detail::parent_of(dir);
   try {
-    fill(tmp);
     detail::fsync_tree(tmp);
   } catch (...) {
-    std::error_code ignored;
-    fs::remove_all(tmp, ignored);
+    abort_directory_write(tmp);
     throw;
   }
   if (!fs::exists(dir)) {
-    if (::rename(tmp.c_str(), dir.c_str()) != 0) detail::throw_errno("cannot rename checkpoint into place", dir, errno);
+    if (::rename(tmp.c_str(), dir.c_str()) != 0) {
+      const int err = errno;
+      abort_directory_write(tmp);
+      detail::throw_errno("cannot rename checkpoint into place", dir, err);
+    }
     fsync_directory(parent);
     return;
   }
@@ -122,20 +134,46 @@ inline void write_directory_atomically(const std::filesystem::path& dir,
     fs::remove_all(tmp);  // now holds the previous checkpoint
     return;
   }
-  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
-    detail::throw_errno("cannot swap checkpoint into place", dir, errno);
+  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) {
+    const int err = errno;
+    abort_directory_write(tmp);
+    detail::throw_errno("cannot swap checkpoint into place", dir, err);
+  }
 #endif
   // Two steps: between them `dir` is missing, and remove_stale_checkpoint_temporaries puts the
   // ".old-" directory back if the process dies there.
   const fs::path old = parent / (detail::previous_prefix(dir) + detail::unique_suffix());
-  if (::rename(dir.c_str(), old.c_str()) != 0) detail::throw_errno("cannot move previous checkpoint aside", dir, errno);
+  if (::rename(dir.c_str(), old.c_str()) != 0) {
+    const int err = errno;
+    abort_directory_write(tmp);
+    detail::throw_errno("cannot move previous checkpoint aside", dir, err);
+  }
   if (::rename(tmp.c_str(), dir.c_str()) != 0) {
     const int err = errno;
     ::rename(old.c_str(), dir.c_str());
+    abort_directory_write(tmp);
     detail::throw_errno("cannot rename checkpoint into place", dir, err);
   }
   fsync_directory(parent);
   fs::remove_all(old);
+}
+
+/// Writes checkpoint directory `dir` atomically: removes stale temporaries of earlier
+/// interrupted saves, calls `fill(tmp)` to write every file under a fresh temporary directory
+/// beside `dir`, then commits it (commit_directory_write). If `fill` throws, `dir` is untouched
+/// and the temporary is removed. One writer per checkpoint directory at a time.
+/// @param dir   the checkpoint directory to create or replace; its parent must exist
+/// @param fill  writes the checkpoint's files into the directory it is given
+inline void write_directory_atomically(const std::filesystem::path& dir,
+                                       const std::function<void(const std::filesystem::path&)>& fill) {
+  const std::filesystem::path tmp = begin_directory_write(dir);
+  try {
+    fill(tmp);
+  } catch (...) {
+    abort_directory_write(tmp);
+    throw;
+  }
+  commit_directory_write(tmp, dir);
 }
 
 }  // namespace polyshard

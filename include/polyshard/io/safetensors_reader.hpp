@@ -204,6 +204,20 @@ class SafetensorsFile {
     copy_elements(t, dst.data());
   }
 
+  /// Reads elements [first, first + dst.size()) of tensor `name`, in its row-major order, into
+  /// `dst`: a slice of a tensor without reading the rest (sharded checkpoints read this way).
+  /// @param conversion  whether a tensor stored in another dtype is converted (default: refused)
+  template <Element T>
+  void read_elements(std::string_view name, std::uint64_t first, std::span<T> dst,
+                     DTypeConversion conversion = DTypeConversion::exact) const {
+    const SafetensorsTensorInfo& t = info(name);
+    if (first > t.numel || dst.size() > t.numel - first)
+      detail::safetensors_error(name_, "tensor '", t.name, "' has ", t.numel, " elements; elements [", first, ", ",
+                                first + dst.size(), ") were asked for");
+    check_readable<T>(t, conversion);
+    copy_elements(t, dst.data(), first, dst.size());
+  }
+
  private:
   SafetensorsFile(std::shared_ptr<const detail::ByteSource> source, std::string name)
       : source_(std::move(source)), name_(std::move(name)) {
@@ -237,19 +251,25 @@ class SafetensorsFile {
   // holds a second copy of a large tensor.
   template <Element T>
   void copy_elements(const SafetensorsTensorInfo& t, T* out) const {
+    copy_elements(t, out, 0, t.numel);
+  }
+  // Elements [first, first + count) of `t` (checked by the caller) into `out`.
+  template <Element T>
+  void copy_elements(const SafetensorsTensorInfo& t, T* out, std::uint64_t first, std::uint64_t count) const {
     const DType from = *to_core_dtype(t.dtype);
     if (from == dtype_v<T>) {
-      source_->read(t.data_begin, reinterpret_cast<std::byte*>(out), static_cast<std::size_t>(t.nbytes()));
+      source_->read(t.data_begin + first * sizeof(T), reinterpret_cast<std::byte*>(out),
+                    static_cast<std::size_t>(count * sizeof(T)));
       return;
     }
     detail::visit_dtype(from, [&](auto tag) {
       using S = decltype(tag);
       if constexpr (FloatElement<S> == FloatElement<T>) {
         constexpr std::uint64_t chunk = 1 << 16;
-        std::vector<S> buffer(static_cast<std::size_t>(std::min<std::uint64_t>(chunk, t.numel)));
-        for (std::uint64_t done = 0; done < t.numel;) {
-          const std::uint64_t n = std::min<std::uint64_t>(chunk, t.numel - done);
-          source_->read(t.data_begin + done * sizeof(S), reinterpret_cast<std::byte*>(buffer.data()),
+        std::vector<S> buffer(static_cast<std::size_t>(std::min<std::uint64_t>(chunk, count)));
+        for (std::uint64_t done = 0; done < count;) {
+          const std::uint64_t n = std::min<std::uint64_t>(chunk, count - done);
+          source_->read(t.data_begin + (first + done) * sizeof(S), reinterpret_cast<std::byte*>(buffer.data()),
                         static_cast<std::size_t>(n * sizeof(S)));
           for (std::uint64_t i = 0; i < n; ++i) out[done + i] = element_cast<T>(buffer[i]);
           done += n;

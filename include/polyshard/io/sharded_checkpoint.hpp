@@ -1,0 +1,423 @@
+// Sharded checkpoints of an Engine: every rank that holds distinct state writes one safetensors
+// file of its master weights and optimizer state, rank 0 writes metadata.json, and the directory
+// appears atomically. Loading accepts any world size, sharding and wrap policy: each rank reads
+// exactly the slices of the files its own shards need (plan_checkpoint_reads).
+#pragma once
+
+#include <algorithm>
+#include <exception>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "polyshard/comm/communicator.hpp"
+#include "polyshard/io/atomic_directory.hpp"
+#include "polyshard/io/checkpoint_metadata.hpp"
+#include "polyshard/io/safetensors_reader.hpp"
+#include "polyshard/io/safetensors_writer.hpp"
+#include "polyshard/io/state_dict.hpp"
+
+namespace polyshard {
+
+namespace detail {
+
+/// The part of one parameter inside a rank's optimizer span of a unit.
+struct SpanSlice {
+  std::size_t entry;            ///< index in the unit's entries
+  std::int64_t begin, end;      ///< element range within the parameter
+  std::int64_t span_offset;     ///< where element `begin` sits in the optimizer span
+};
+
+/// The parameters' pieces inside elements [span_begin, span_begin + span_size) of `unit`'s flat
+/// buffer (padding holds no parameter and is left out).
+template <class Layout>
+std::vector<SpanSlice> span_slices(const Layout& unit, std::int64_t span_begin, std::int64_t span_size) {
+  std::vector<SpanSlice> out;
+  const std::int64_t span_end = span_begin + span_size;
+  for (std::size_t i = 0; i < unit.entries.size(); ++i) {
+    const auto& e = unit.entries[i];
+    const std::int64_t lo = std::max(span_begin, e.offset), hi = std::min(span_end, e.offset + e.numel());
+    if (lo < hi) out.push_back({i, lo - e.offset, hi - e.offset, lo - span_begin});
+  }
+  return out;
+}
+
+/// Whether every rank agrees that its part succeeded: each reports `ok`, all learn whether all
+/// did. A rank whose part failed must still call this, so that no rank waits in a later
+/// collective for one that gave up.
+template <Communicator Comm>
+bool all_ranks_succeeded(Comm& comm, bool ok) {
+  double failures = ok ? 0 : 1;
+  comm.all_reduce(std::span<double>(&failures, 1), ReduceOp::Sum);
+  return failures == 0;
+}
+
+/// Runs `part`; returns its error message ("" when it succeeded).
+template <class F>
+std::string attempt(F&& part) {
+  try {
+    part();
+    return {};
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+/// Throws on every rank when any rank's part failed: the failing ranks with their own message,
+/// the others saying that another rank failed.
+template <Communicator Comm>
+void agree_or_throw(Comm& comm, const std::string& error, const char* what, const std::filesystem::path& dir) {
+  if (all_ranks_succeeded(comm, error.empty())) return;
+  if (!error.empty()) throw Error(error);
+  throw_error(what, ": another rank failed on '", dir.string(), "' (its error says why); nothing was changed here");
+}
+
+/// `s` as rank `root` holds it, on every rank (a checkpoint's temporary directory name).
+template <Communicator Comm>
+std::string broadcast_string(Comm& comm, const std::string& s, int root) {
+  double n = static_cast<double>(s.size());
+  comm.broadcast(std::span<double>(&n, 1), root);
+  std::vector<double> chars(static_cast<std::size_t>(n));
+  if (comm.rank() == root)
+    for (std::size_t i = 0; i < chars.size(); ++i) chars[i] = static_cast<unsigned char>(s[i]);
+  comm.broadcast(std::span<double>(chars), root);
+  std::string out(chars.size(), '\0');
+  for (std::size_t i = 0; i < chars.size(); ++i) out[i] = static_cast<char>(static_cast<unsigned char>(chars[i]));
+  return out;
+}
+
+/// How an engine's state splits into files: one file per rank of the sharding group when the
+/// strategy shards optimizer state, else one file; ranks of other replica groups write nothing.
+template <class E>
+struct CheckpointFiles {
+  std::size_t count = 1;
+  bool writes = false;
+  std::size_t mine = 0;
+
+  explicit CheckpointFiles(E& engine) {
+    const int shard_world = engine.shard_comm().size(), shard_rank = engine.shard_comm().rank();
+    const bool first_replica = engine.communicator().rank() < shard_world;
+    if constexpr (E::within_group::shards_optimizer_state) {
+      count = static_cast<std::size_t>(shard_world);
+      writes = first_replica;
+      mine = static_cast<std::size_t>(shard_rank);
+    } else {
+      writes = first_replica && shard_rank == 0;
+    }
+  }
+};
+
+/// The state names of an engine's optimizer ({"exp_avg", "exp_avg_sq"} for Adam and AdamW).
+template <class E>
+std::vector<std::string> optimizer_state_names(E& engine) {
+  std::vector<std::string> names;
+  engine.access_optimizer(0, [&](auto& opt, auto) {
+    for (const auto& [name, tensor] : opt.state()) names.push_back(name);
+  });
+  return names;
+}
+
+/// The metadata of `engine`'s checkpoint: a pure function of its unit layout and strategy.
+template <class E>
+CheckpointMetadata describe_checkpoint(E& engine, const TrainingState& training) {
+  using S = typename E::strategy;
+  using MT = typename E::MT;
+  const CheckpointFiles<E> files(engine);
+  CheckpointMetadata m;
+  m.sharding = S::sharding::name;
+  m.offload = S::offload::name;
+  m.precision = S::precision::name;
+  m.wrap = S::wrap::name;
+  m.world_size = engine.communicator().size();
+  for (std::size_t f = 0; f < files.count; ++f) m.files.push_back(checkpoint_file_name(f, files.count));
+  m.master_dtype = std::string(safetensors_dtype_name(to_safetensors_dtype(dtype_v<MT>)));
+  m.optimizer_step = engine.optimizers().empty() ? 0 : engine.optimizers()[0].step_count();
+  m.optimizer_state = optimizer_state_names(engine);
+  const auto& scaler = engine.loss_scaler();
+  m.loss_scaled = scaler.scaled();
+  m.loss_scale = scaler.scale();
+  m.good_steps = scaler.good_steps();
+  m.hysteresis_left = scaler.hysteresis_left();
+  m.skipped_steps = scaler.skipped_steps();
+  m.training = training;
+  for (const auto& unit : engine.units().units) {
+    std::vector<std::size_t> index;
+    for (const auto& e : unit.entries) {
+      index.push_back(m.parameters.size());
+      m.parameters.push_back({e.name, std::vector<std::int64_t>(e.shape.begin(), e.shape.end()), {}});
+    }
+    const std::int64_t span = files.count == 1 ? unit.padded : unit.padded / static_cast<std::int64_t>(files.count);
+    for (std::size_t f = 0; f < files.count; ++f)
+      for (const SpanSlice& s : span_slices(unit, static_cast<std::int64_t>(f) * span, span))
+        m.parameters[index[s.entry]].pieces.push_back({f, s.begin, s.end});
+  }
+  return m;
+}
+
+/// Writes this rank's file: its master weights and optimizer state, one tensor per parameter
+/// piece. State kept off memory between steps (NVMe) is copied out while it is resident.
+template <class E>
+void write_checkpoint_file(E& engine, const std::filesystem::path& path) {
+  using MT = typename E::MT;
+  SafetensorsWriter writer;
+  writer.add_metadata("format", "polyshard-shard");
+  for (std::size_t u = 0; u < engine.units().units.size(); ++u) {
+    const auto& unit = engine.units().units[u];
+    const std::int64_t offset = engine.optimizer_offset(u);
+    engine.access_optimizer(u, [&](auto& opt, auto params) {
+      const Tensor<MT> master = Tensor<MT>::wrap(params.data(), Shape{static_cast<std::int64_t>(params.size())});
+      const auto state = opt.state();
+      auto keep = [](const auto& t) { return E::optimizer_state_resident ? t : t.clone(MemoryCategory::Other); };
+      for (const SpanSlice& s : span_slices(unit, offset, static_cast<std::int64_t>(params.size()))) {
+        const std::string& name = unit.entries[s.entry].name;
+        const std::int64_t n = s.end - s.begin;
+        writer.add(checkpoint_tensor_name("master", name, s.begin), keep(master.flat_view(s.span_offset, n)));
+        for (const auto& [kind, tensor] : state)
+          writer.add(checkpoint_tensor_name(kind, name, s.begin), keep(tensor.flat_view(s.span_offset, n)));
+      }
+    });
+  }
+  writer.write(path);
+}
+
+/// Checks that checkpoint `m` fits `engine`: the same parameters with the same shapes, and
+/// optimizer state of the same names. Throws naming every difference.
+template <class E>
+void check_checkpoint_fits(E& engine, const CheckpointMetadata& m, const std::filesystem::path& dir) {
+  std::vector<std::string> missing, unexpected, misshaped;
+  std::set<std::string> engine_names;
+  for (const auto& unit : engine.units().units)
+    for (const auto& e : unit.entries) {
+      engine_names.insert(e.name);
+      const CheckpointParameter* p = m.find(e.name);
+      if (!p) missing.push_back(e.name);
+      else if (!std::equal(p->shape.begin(), p->shape.end(), e.shape.begin(), e.shape.end()))
+        misshaped.push_back(e.name + " (checkpoint " + shape_string(p->shape) + ", model " +
+                            shape_string(std::vector<std::int64_t>(e.shape.begin(), e.shape.end())) + ")");
+    }
+  for (const auto& p : m.parameters)
+    if (!engine_names.count(p.name)) unexpected.push_back(p.name);
+  if (!missing.empty() || !unexpected.empty() || !misshaped.empty()) {
+    std::string msg = "load_checkpoint: '" + dir.string() + "' does not match the model:";
+    if (!missing.empty()) msg += " missing parameters " + join_names(missing) + ";";
+    if (!unexpected.empty()) msg += " unexpected parameters " + join_names(unexpected) + ";";
+    if (!misshaped.empty()) msg += " different shapes for " + join_names(misshaped) + ";";
+    throw Error(msg);
+  }
+  std::vector<std::string> mine = optimizer_state_names(engine), theirs = m.optimizer_state;
+  std::sort(mine.begin(), mine.end());
+  std::sort(theirs.begin(), theirs.end());
+  if (mine != theirs) {
+    auto list = [](const std::vector<std::string>& v) { return v.empty() ? std::string("none") : join_names(v); };
+    throw_error("load_checkpoint: '", dir.string(), "' holds optimizer state ", list(theirs),
+                " but the engine's optimizer keeps ", list(mine), "; load it with the optimizer it was saved with");
+  }
+  POLYSHARD_CHECK(parse_safetensors_dtype(m.master_dtype).has_value() &&
+                      to_core_dtype(*parse_safetensors_dtype(m.master_dtype)).has_value(),
+                  "load_checkpoint: '", dir.string(), "': master dtype '", m.master_dtype, "' is not one polyshard reads");
+}
+
+/// Opens the files of checkpoint `m` that this rank's reads touch, once each.
+class CheckpointFileSet {
+ public:
+  CheckpointFileSet(const std::filesystem::path& dir, const CheckpointMetadata& m) : dir_(dir), m_(m) {}
+
+  const SafetensorsFile& file(std::size_t index) {
+    auto it = open_.find(index);
+    if (it == open_.end()) {
+      const std::filesystem::path path = dir_ / m_.files[index];
+      POLYSHARD_CHECK(std::filesystem::is_regular_file(path), "load_checkpoint: '", dir_.string(), "' lacks file '",
+                      m_.files[index], "' that its metadata lists");
+      it = open_.emplace(index, std::make_unique<SafetensorsFile>(SafetensorsFile::open(path))).first;
+    }
+    return *it->second;
+  }
+
+  /// Checks that tensor `name` of file `index` holds `count` elements (one dimension), so that
+  /// a file that disagrees with the metadata fails before anything is written.
+  void check(std::size_t index, const std::string& name, std::int64_t count) {
+    const SafetensorsFile& f = file(index);
+    const SafetensorsTensorInfo* t = f.find(name);
+    POLYSHARD_CHECK(t, "load_checkpoint: '", f.name(), "' lacks tensor '", name, "' that the metadata places there");
+    POLYSHARD_CHECK(t->shape.size() == 1 && t->shape[0] == count, "load_checkpoint: '", f.name(), "': tensor '", name,
+                    "' has shape ", detail::shape_string(t->shape), " but the metadata says (", count, ",)");
+    const auto dtype = to_core_dtype(t->dtype);
+    POLYSHARD_CHECK(dtype && is_float_dtype(*dtype), "load_checkpoint: '", f.name(), "': tensor '", name, "' has dtype ",
+                    safetensors_dtype_name(t->dtype), ", not a floating-point type");
+  }
+
+ private:
+  std::filesystem::path dir_;
+  const CheckpointMetadata& m_;
+  std::map<std::size_t, std::unique_ptr<SafetensorsFile>> open_;
+};
+
+/// Each kind ("master", then the optimizer state names) of every parameter slice this rank's
+/// optimizer spans hold, with the reads that fill it.
+struct PlannedSlice {
+  std::size_t unit;
+  SpanSlice slice;
+  const CheckpointParameter* parameter;
+  std::vector<CheckpointRead> reads;
+};
+
+}  // namespace detail
+
+/// Saves `engine`'s training state into checkpoint directory `dir`: master weights and optimizer
+/// state as one safetensors file per rank that holds distinct shards, and metadata.json
+/// (strategy, world size, parameter layout, optimizer step, loss-scaler state, `training`: the
+/// data position and random seed). The directory appears only when complete (temporary
+/// directory, fsync, rename): a process killed mid-save leaves the previous checkpoint whole. A
+/// collective: every rank of the engine's communicator calls it. Files must be visible to all
+/// ranks at `dir` (one machine, or a shared file system).
+template <class E>
+void save_checkpoint(E& engine, const std::filesystem::path& dir, const TrainingState& training = {}) {
+  auto& comm = engine.communicator();
+  std::filesystem::path tmp;
+  std::string error = detail::attempt([&] {
+    if (comm.rank() == 0) tmp = begin_directory_write(dir);
+  });
+  detail::agree_or_throw(comm, error, "save_checkpoint", dir);
+  tmp = detail::broadcast_string(comm, tmp.string(), 0);
+
+  const detail::CheckpointFiles<E> files(engine);
+  error = detail::attempt([&] {
+    if (files.writes) detail::write_checkpoint_file(engine, tmp / checkpoint_file_name(files.mine, files.count));
+  });
+  if (!detail::all_ranks_succeeded(comm, error.empty())) {
+    if (comm.rank() == 0) abort_directory_write(tmp);
+    if (!error.empty()) throw Error(error);
+    detail::throw_error("save_checkpoint: another rank failed to write its file of '", dir.string(),
+                        "' (its error says why); the previous checkpoint is intact");
+  }
+  if (comm.rank() == 0)
+    error = detail::attempt([&] {
+      const std::string json = checkpoint_metadata_json(detail::describe_checkpoint(engine, training));
+      write_file_atomically(tmp / "metadata.json", [&](FileSink& sink) { sink.write(std::as_bytes(std::span(json))); });
+      commit_directory_write(tmp, dir);
+    });
+  detail::agree_or_throw(comm, error, "save_checkpoint", dir);
+}
+
+/// Loads checkpoint directory `dir` into `engine`, whatever world size, sharding or wrap policy
+/// saved it: each rank reads from the files exactly the slices of master weights and optimizer
+/// state its shards need, then rebuilds its parameters from the masters; the optimizer step and
+/// the loss-scaler state are restored and gradients cleared. Returns the saved TrainingState.
+/// The model must have the same parameters and shapes, and the optimizer the same state names.
+/// Everything is checked (metadata, every file header, every tensor's shape) before any state
+/// is written; an error on one rank is an error on all. A collective.
+template <class E>
+TrainingState load_checkpoint(E& engine, const std::filesystem::path& dir) {
+  using MT = typename E::MT;
+  auto& comm = engine.communicator();
+  CheckpointMetadata m;
+  std::unique_ptr<detail::CheckpointFileSet> files;
+  std::vector<detail::PlannedSlice> plan;
+  std::vector<std::string> kinds;
+  std::string error = detail::attempt([&] {
+    m = read_checkpoint_metadata(dir);
+    detail::check_checkpoint_fits(engine, m, dir);
+    files = std::make_unique<detail::CheckpointFileSet>(dir, m);
+    kinds.push_back("master");
+    for (const std::string& s : m.optimizer_state) kinds.push_back(s);
+    for (std::size_t u = 0; u < engine.units().units.size(); ++u) {
+      const auto& unit = engine.units().units[u];
+      const std::int64_t size = static_cast<std::int64_t>(engine.optimizers()[u].numel());
+      for (const detail::SpanSlice& s : detail::span_slices(unit, engine.optimizer_offset(u), size)) {
+        const CheckpointParameter* p = m.find(unit.entries[s.entry].name);
+        detail::PlannedSlice planned{u, s, p, plan_checkpoint_reads(*p, s.begin, s.end)};
+        for (const CheckpointRead& r : planned.reads)
+          for (const std::string& kind : kinds) {
+            const auto& piece = *std::find_if(p->pieces.begin(), p->pieces.end(),
+                                              [&](const CheckpointPiece& c) { return c.begin == r.piece_begin; });
+            files->check(r.file, checkpoint_tensor_name(kind, p->name, r.piece_begin), piece.end - piece.begin);
+          }
+        plan.push_back(std::move(planned));
+      }
+    }
+  });
+  detail::agree_or_throw(comm, error, "load_checkpoint", dir);
+
+  error = detail::attempt([&] {
+    for (std::size_t u = 0; u < engine.units().units.size(); ++u) {
+      engine.access_optimizer(u, [&](auto& opt, auto params) {
+        using P = typename std::remove_cvref_t<decltype(opt)>::param_type;
+        auto state = opt.state();
+        // Padding holds no parameter: zero, as a fresh engine has it.
+        std::fill(params.begin(), params.end(), MT(0));
+        for (auto& [name, tensor] : state) tensor.fill(P(0));
+        for (const detail::PlannedSlice& ps : plan) {
+          if (ps.unit != u) continue;
+          for (const CheckpointRead& r : ps.reads) {
+            const std::int64_t at = ps.slice.span_offset + r.into;
+            const SafetensorsFile& f = files->file(r.file);
+            f.read_elements(checkpoint_tensor_name("master", ps.parameter->name, r.piece_begin),
+                            static_cast<std::uint64_t>(r.offset),
+                            params.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(r.count)),
+                            DTypeConversion::convert);
+            for (auto& [name, tensor] : state)
+              f.read_elements(checkpoint_tensor_name(name, ps.parameter->name, r.piece_begin),
+                              static_cast<std::uint64_t>(r.offset), tensor.flat_view(at, r.count).span(),
+                              DTypeConversion::convert);
+          }
+        }
+        opt.set_step_count(m.optimizer_step);
+      });
+    }
+  });
+  detail::agree_or_throw(comm, error, "load_checkpoint", dir);
+
+  auto& scaler = engine.loss_scaler();
+  if (scaler.scaled() && m.loss_scaled)
+    scaler.restore(m.loss_scale, static_cast<int>(m.good_steps), static_cast<int>(m.hysteresis_left), m.skipped_steps);
+  engine.refresh_parameters_from_master();
+  engine.zero_grad();
+  return m.training;
+}
+
+/// The whole `kind` ("master", or an optimizer state name such as "exp_avg") of parameter `p`
+/// of the checkpoint in `dir` described by `m`, assembled from its pieces as float, in the
+/// parameter's shape. Needs no engine and no communicator: tools read checkpoints this way.
+inline Tensor<float> read_checkpoint_tensor(const std::filesystem::path& dir, const CheckpointMetadata& m,
+                                            std::string_view kind, const CheckpointParameter& p) {
+  Tensor<float> out = Tensor<float>::empty(Shape(std::span<const std::int64_t>(p.shape)));
+  detail::CheckpointFileSet files(dir, m);
+  for (const CheckpointPiece& c : p.pieces) {
+    const std::string name = checkpoint_tensor_name(kind, p.name, c.begin);
+    files.check(c.file, name, c.end - c.begin);
+    files.file(c.file).read_elements(name, 0, out.flat_view(c.begin, c.end - c.begin).span(), DTypeConversion::convert);
+  }
+  return out;
+}
+
+/// Writes the master weights of checkpoint `dir` as one full state dict with PyTorch names
+/// (as DeepSpeed's zero_to_fp32 does), for PyTorch or load_state_dict: no engine, no ranks.
+/// `tied` aliases (GPT's lm_head.weight; tied_parameters<Gpt<float>>::of(model) lists them) are
+/// written too, so that a strict PyTorch load finds every key. Stored as `dtype` when given.
+inline void consolidate_checkpoint(const std::filesystem::path& dir, const std::filesystem::path& out,
+                                   const std::vector<TiedParameter>& tied = {},
+                                   std::optional<DType> dtype = std::nullopt) {
+  const CheckpointMetadata m = read_checkpoint_metadata(dir);
+  SafetensorsWriter writer;
+  writer.add_metadata("format", "pt");
+  writer.add_metadata("step", std::to_string(m.training.step));
+  auto add = [&](const std::string& name, const Tensor<float>& t) {
+    detail::add_with_dtype(dtype, [&](auto as) {
+      using To = typename decltype(as)::type;
+      if constexpr (std::is_void_v<To>) writer.add(name, t);
+      else writer.add_as<To>(name, t);
+    });
+  };
+  for (const CheckpointParameter& p : m.parameters) {
+    const Tensor<float> t = read_checkpoint_tensor(dir, m, "master", p);
+    add(p.name, t);
+    for (const TiedParameter& tie : tied)
+      if (tie.source == p.name) add(tie.alias, t);
+  }
+  writer.write(out);
+}
+
+}  // namespace polyshard

@@ -1,0 +1,362 @@
+// Sharded checkpoints: the metadata format and its validation, resharding as a pure function
+// of it, exact resume, loading onto other world sizes, strategies and wrap policies, and the
+// errors a corrupt or mismatched checkpoint gives.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <optional>
+
+#include "../engine/engine_fixture.hpp"
+#include "polyshard/io/sharded_checkpoint.hpp"
+#include "temp_dir.hpp"
+
+using namespace polyshard;
+using namespace polyshard::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// What rank 0 saw of a run that may start from a checkpoint and may end by saving one.
+struct CheckpointRun {
+  Parameters parameters;
+  std::vector<double> losses;  // global mean loss per step
+  double loss_scale = 0;
+  int good_steps = 0;
+  std::int64_t resumed_step = -1;  // TrainingState::step read from the loaded checkpoint
+  std::vector<std::string> errors;  // per rank, "" when it succeeded
+};
+
+struct RunSpec {
+  int world = 1;
+  int first_step = 0, steps = 0;
+  std::optional<fs::path> load = {}, save = {};
+  GptConfig model = tiny_gpt();
+};
+
+template <class Opt>
+typename Opt::config_type optimizer_config() {
+  if constexpr (std::is_same_v<Opt, Sgd<float>>) return momentum_sgd();
+  else return {.lr = 0.01, .weight_decay = 0.1};
+}
+
+/// Trains tiny_gpt() under S with optimizer Opt from spec.first_step for spec.steps steps on
+/// spec.world thread ranks, loading and saving as spec says. Errors are caught per rank.
+template <class S, class Opt = AdamW<float>>
+CheckpointRun run(const RunSpec& spec, StrategyConfig config = {}) {
+  const int world = spec.world;
+  std::vector<CheckpointRun> results(static_cast<std::size_t>(world));
+  run_ranks(world, [&](ThreadCommunicator& comm) {
+    CheckpointRun& out = results[static_cast<std::size_t>(comm.rank())];
+    out.errors.assign(1, "");
+    try {
+      Gpt<float> model(spec.model);
+      const auto opt = optimizer_config<Opt>();
+      Engine<S, Gpt<float>, ThreadCommunicator, Opt> engine(model, comm, opt, config, 42);
+      if (spec.load) out.resumed_step = load_checkpoint(engine, *spec.load).step;
+      const std::int64_t batch = 6;
+      BatchSampler sampler(tiny_data(), 8, batch, 7);
+      const RowRange rows = rank_rows(batch, comm.rank(), world);
+      const double weight = double(rows.end - rows.begin) / double(batch);
+      for (int step = spec.first_step; step < spec.first_step + spec.steps; ++step) {
+        const Batch b = sampler.batch(step, comm.rank(), world);
+        Var<float> loss = engine.forward([&] { return model.loss(b.inputs, b.targets); });
+        out.losses.push_back(loss.value().data()[0] * weight);
+        engine.backward(loss, weight);
+        loss = Var<float>();
+        engine.step(opt.lr);
+      }
+      if (spec.save)
+        save_checkpoint(engine, *spec.save, {.step = spec.first_step + spec.steps, .seed = 7, .extra = {{"run", "test"}}});
+      out.parameters = engine.full_parameters();
+      out.loss_scale = engine.loss_scaler().scale();
+      out.good_steps = engine.loss_scaler().good_steps();
+    } catch (const std::exception& e) {
+      out.errors[0] = e.what();
+    }
+  });
+  CheckpointRun result = std::move(results[0]);
+  for (std::size_t r = 1; r < results.size(); ++r) {
+    result.errors.push_back(results[r].errors[0]);
+    for (std::size_t i = 0; i < result.losses.size() && i < results[r].losses.size(); ++i)
+      result.losses[i] += results[r].losses[i];
+  }
+  return result;
+}
+
+bool succeeded(const CheckpointRun& r) {
+  for (const std::string& e : r.errors)
+    if (!e.empty()) {
+      UNSCOPED_INFO("rank error: " << e);
+      return false;
+    }
+  return true;
+}
+
+bool bit_identical(const Parameters& a, const Parameters& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].first != b[i].first ||
+        std::memcmp(a[i].second.data(), b[i].second.data(), a[i].second.size() * sizeof(float)) != 0 ||
+        a[i].second.size() != b[i].second.size())
+      return false;
+  return true;
+}
+
+/// Every kind of every parameter of a checkpoint, assembled whole: what it holds independent
+/// of how it was sharded.
+std::map<std::string, std::vector<float>> contents(const fs::path& dir) {
+  const CheckpointMetadata m = read_checkpoint_metadata(dir);
+  std::map<std::string, std::vector<float>> out;
+  std::vector<std::string> kinds{"master"};
+  kinds.insert(kinds.end(), m.optimizer_state.begin(), m.optimizer_state.end());
+  for (const auto& p : m.parameters)
+    for (const auto& kind : kinds) out[kind + "/" + p.name] = read_checkpoint_tensor(dir, m, kind, p).to_vector();
+  return out;
+}
+
+using Zero3Blocks = Strategy<ShardParameters<true>, WrapByType<Block>>;
+
+}  // namespace
+
+TEST_CASE("checkpoint metadata round-trips through its JSON", "[io][checkpoint]") {
+  CheckpointMetadata m;
+  m.sharding = "ShardParameters<true>";
+  m.offload = "NoOffload";
+  m.precision = "Fp16Mixed";
+  m.wrap = "WrapByType";
+  m.world_size = 4;
+  m.files = {checkpoint_file_name(0, 2), checkpoint_file_name(1, 2)};
+  m.optimizer_step = 17;
+  m.optimizer_state = {"exp_avg", "exp_avg_sq"};
+  m.loss_scaled = true;
+  m.loss_scale = 0.1;  // not a power of two: must read back exactly
+  m.good_steps = 3;
+  m.hysteresis_left = 1;
+  m.skipped_steps = 2;
+  m.training = {.step = 17, .seed = 18446744073709551615ull, .extra = {{"a \"quoted\" key", "v\n"}}};
+  m.parameters = {{"w", {2, 3}, {{0, 0, 4}, {1, 4, 6}}}, {"b", {3}, {{1, 0, 3}}}};
+  const CheckpointMetadata r = parse_checkpoint_metadata(checkpoint_metadata_json(m), "test");
+  CHECK(m.files == r.files);
+  CHECK(r.world_size == 4);
+  CHECK(r.sharding == m.sharding);
+  CHECK(r.optimizer_step == 17);
+  CHECK(r.optimizer_state == m.optimizer_state);
+  CHECK(r.loss_scaled);
+  CHECK(r.loss_scale == 0.1);
+  CHECK(r.good_steps == 3);
+  CHECK(r.hysteresis_left == 1);
+  CHECK(r.skipped_steps == 2);
+  CHECK(r.training.seed == m.training.seed);
+  REQUIRE(r.training.find("a \"quoted\" key"));
+  CHECK(*r.training.find("a \"quoted\" key") == "v\n");
+  REQUIRE(r.parameters.size() == 2);
+  CHECK(r.parameters[0].pieces.size() == 2);
+  CHECK(r.parameters[0].pieces[1].file == 1);
+  CHECK(r.parameters[0].pieces[1].begin == 4);
+  CHECK(r.parameters[1].numel() == 3);
+}
+
+TEST_CASE("corrupt checkpoint metadata is refused with what is wrong", "[io][checkpoint]") {
+  CheckpointMetadata m;
+  m.files = {"rank-00000-of-00001.safetensors"};
+  m.parameters = {{"w", {2, 3}, {{0, 0, 4}, {0, 4, 6}}}};
+  const std::string good = checkpoint_metadata_json(m);
+  CHECK_NOTHROW(parse_checkpoint_metadata(good, "m.json"));
+  auto refused = [&](std::string from, const std::string& to, const std::string& message) {
+    const auto at = good.find(from);
+    REQUIRE(at != std::string::npos);
+    std::string bad = good;
+    bad.replace(at, from.size(), to);
+    CHECK_THROWS_WITH(parse_checkpoint_metadata(bad, "m.json"), Catch::Contains(message) && Catch::Contains("m.json"));
+  };
+  refused("[0, 4, 6]", "[0, 5, 6]", "does not follow the previous one at 4");      // gap
+  refused("[0, 4, 6]", "[0, 3, 6]", "does not follow the previous one at 4");      // overlap
+  refused("[0, 4, 6]", "[0, 4, 5]", "pieces cover [0, 5) of its 6 elements");      // short
+  refused("[0, 4, 6]", "[3, 4, 6]", "piece names file 3 of 1");
+  refused("[0, 4, 6]", "[0, 4]", "is not [file, begin, end]");
+  refused("polyshard-sharded-checkpoint", "something-else", "'format' is 'something-else'");
+  refused("\"version\": 1", "\"version\": 9", "format version 9");
+  refused("\"world_size\": 1", "\"world_size\": 0", "'world_size' is 0, less than 1");
+  refused("\"scale\": \"1\"", "\"scale\": \"x\"", "'scale' is not a number");
+  refused("rank-00000-of-00001.safetensors", "../escape", "is not a plain file name");
+  refused("\"name\": \"w\"", "\"name\": 5", "'name' is an integer, not a string");
+  refused("{\n", "[\n", "not valid JSON");
+  CHECK_THROWS_WITH(parse_checkpoint_metadata(good.substr(0, good.size() / 2), "m.json"), Catch::Contains("not valid JSON"));
+}
+
+TEST_CASE("resharding plans cover a range exactly once, from the metadata alone", "[io][checkpoint]") {
+  const CheckpointParameter p{"w", {12}, {{0, 0, 4}, {1, 4, 10}, {2, 10, 12}}};
+  const auto reads = plan_checkpoint_reads(p, 3, 11);
+  REQUIRE(reads.size() == 3);
+  CHECK((reads[0].file == 0 && reads[0].piece_begin == 0 && reads[0].offset == 3 && reads[0].count == 1 && reads[0].into == 0));
+  CHECK((reads[1].file == 1 && reads[1].piece_begin == 4 && reads[1].offset == 0 && reads[1].count == 6 && reads[1].into == 1));
+  CHECK((reads[2].file == 2 && reads[2].piece_begin == 10 && reads[2].offset == 0 && reads[2].count == 1 && reads[2].into == 7));
+  // Every sub-range of every length is covered once, in order.
+  for (std::int64_t b = 0; b <= 12; ++b)
+    for (std::int64_t e = b; e <= 12; ++e) {
+      std::int64_t next = 0;
+      for (const auto& r : plan_checkpoint_reads(p, b, e)) {
+        CHECK(r.into == next);
+        CHECK(r.piece_begin + r.offset == b + r.into);
+        next += r.count;
+      }
+      CHECK(next == e - b);
+    }
+  CHECK_THROWS_WITH(plan_checkpoint_reads(p, 5, 13), Catch::Contains("range [5, 13)"));
+}
+
+TEMPLATE_TEST_CASE("resuming from a checkpoint equals training without a break, bit for bit", "[io][checkpoint]",
+                   (Strategy<NoShard>), ZeRO<1>, Zero3Blocks, (Strategy<ShardGradients, Fp16Mixed, WrapByType<Block>>)) {
+  using S = TestType;
+  for (const int world : {1, 2, 4}) {
+    INFO("world size " << world);
+    TempDir dir;
+    const CheckpointRun whole = run<S>({.world = world, .steps = 5});
+    REQUIRE(succeeded(whole));
+    const CheckpointRun first = run<S>({.world = world, .steps = 3, .save = dir / "ckpt"});
+    REQUIRE(succeeded(first));
+    const CheckpointRun second = run<S>({.world = world, .first_step = 3, .steps = 2, .load = dir / "ckpt"});
+    REQUIRE(succeeded(second));
+    CHECK(second.resumed_step == 3);
+    CHECK(bit_identical(second.parameters, whole.parameters));
+    REQUIRE(second.losses.size() == 2);
+    CHECK(second.losses[0] == whole.losses[3]);
+    CHECK(second.losses[1] == whole.losses[4]);
+    CHECK(second.loss_scale == whole.loss_scale);
+    CHECK(second.good_steps == whole.good_steps);
+  }
+}
+
+TEST_CASE("a checkpoint loads onto any world size, sharding and wrap policy unchanged", "[io][checkpoint]") {
+  TempDir dir;
+  const fs::path saved = dir / "zero3x4";
+  const CheckpointRun a = run<Zero3Blocks>({.world = 4, .steps = 3, .save = saved});
+  REQUIRE(succeeded(a));
+  const auto original = contents(saved);
+  CHECK(read_checkpoint_metadata(saved).files.size() == 4);
+
+  // Load, then save again without a step: the parameters gathered after loading, and every
+  // master weight and optimizer state element of the new checkpoint, equal the original's.
+  auto reload = [&]<class S>(int world, const std::string& name) {
+    INFO(name << " on " << world << " rank(s)");
+    StrategyConfig config;
+    config.hybrid_group_size = 2;
+    const CheckpointRun b = run<S>({.world = world, .first_step = 3, .load = saved, .save = dir / name}, config);
+    REQUIRE(succeeded(b));
+    CHECK(b.resumed_step == 3);
+    // Parameters are the masters in the compute dtype: equal where that is float.
+    if constexpr (std::is_same_v<typename S::compute_type, float>) CHECK(bit_identical(b.parameters, a.parameters));
+    CHECK(contents(dir / name) == original);
+    const CheckpointMetadata m = read_checkpoint_metadata(dir / name);
+    CHECK(m.optimizer_step == 3);
+    CHECK(m.world_size == world);
+    REQUIRE(m.training.find("run"));
+  };
+  reload.operator()<DDP>(1, "ddp1");
+  reload.operator()<Strategy<NoShard>>(3, "ddp3");
+  reload.operator()<ZeRO<1>>(3, "zero1x3");
+  reload.operator()<ZeRO<2>>(2, "zero2x2");
+  reload.operator()<Strategy<ShardParameters<false>, WrapBySize<40>>>(3, "fsdp_grad_op_x3");
+  reload.operator()<Strategy<ShardParameters<true>, Bf16Mixed>>(4, "zero3_bf16_whole");
+  reload.operator()<Strategy<HybridShard<ShardParameters<true>>>>(4, "hybrid");
+  CHECK(read_checkpoint_metadata(dir / "ddp3").files.size() == 1);
+  CHECK(read_checkpoint_metadata(dir / "zero1x3").files.size() == 3);
+}
+
+TEST_CASE("training resumed on another world size follows the original run", "[io][checkpoint]") {
+  // Momentum SGD: linear in the gradients, so a different reduction order only moves the
+  // parameters by rounding (see engine_fixture.hpp).
+  TempDir dir;
+  const CheckpointRun whole = run<Zero3Blocks, Sgd<float>>({.world = 4, .steps = 5});
+  REQUIRE(succeeded(whole));
+  REQUIRE(succeeded(run<Zero3Blocks, Sgd<float>>({.world = 4, .steps = 3, .save = dir / "ckpt"})));
+  const CheckpointRun ddp = run<DDP, Sgd<float>>({.world = 1, .first_step = 3, .steps = 2, .load = dir / "ckpt"});
+  REQUIRE(succeeded(ddp));
+  CHECK(max_difference(ddp.parameters, whole.parameters) < 1e-6);
+  CHECK(std::abs(ddp.losses[1] - whole.losses[4]) < 1e-6);
+  const CheckpointRun zero2 = run<ZeRO<2>, Sgd<float>>({.world = 3, .first_step = 3, .steps = 2, .load = dir / "ckpt"});
+  REQUIRE(succeeded(zero2));
+  CHECK(max_difference(zero2.parameters, whole.parameters) < 1e-6);
+}
+
+TEST_CASE("a corrupt or mismatched checkpoint fails on every rank with what is wrong", "[io][checkpoint]") {
+  TempDir dir;
+  const fs::path saved = dir / "ckpt";
+  REQUIRE(succeeded(run<Zero3Blocks>({.world = 2, .steps = 1, .save = saved})));
+  const Parameters fresh = run<Zero3Blocks>({.world = 2}).parameters;
+
+  // Every rank must fail (none may wait for another), each naming the problem or the other rank.
+  auto fails_everywhere = [&](const CheckpointRun& r, const std::string& message) {
+    REQUIRE(r.errors.size() == 2);
+    bool named = false;
+    for (const std::string& e : r.errors) {
+      CHECK(!e.empty());
+      named = named || e.find(message) != std::string::npos;
+    }
+    CHECK(named);
+    INFO(r.errors[0] << " | " << r.errors[1]);
+  };
+  auto load_into_zero3 = [&](const fs::path& from) {
+    return run<Zero3Blocks>({.world = 2, .first_step = 1, .load = from});
+  };
+
+  SECTION("not a checkpoint") { fails_everywhere(load_into_zero3(dir / "missing"), "is not a sharded checkpoint"); }
+  SECTION("a missing rank file") {
+    fs::copy(saved, dir / "copy", fs::copy_options::recursive);
+    fs::remove(dir / "copy" / checkpoint_file_name(1, 2));
+    fails_everywhere(load_into_zero3(dir / "copy"), "lacks file 'rank-00001-of-00002.safetensors'");
+  }
+  SECTION("a truncated rank file") {
+    fs::copy(saved, dir / "copy", fs::copy_options::recursive);
+    fs::resize_file(dir / "copy" / checkpoint_file_name(0, 2), fs::file_size(dir / "copy" / checkpoint_file_name(0, 2)) - 4);
+    fails_everywhere(load_into_zero3(dir / "copy"), "rank-00000-of-00002.safetensors");
+  }
+  SECTION("metadata that disagrees with a file") {
+    fs::copy(saved, dir / "copy", fs::copy_options::recursive);
+    // Swap the files: each now lacks the tensors the metadata places there.
+    fs::rename(dir / "copy" / checkpoint_file_name(0, 2), dir / "copy" / "tmp");
+    fs::rename(dir / "copy" / checkpoint_file_name(1, 2), dir / "copy" / checkpoint_file_name(0, 2));
+    fs::rename(dir / "copy" / "tmp", dir / "copy" / checkpoint_file_name(1, 2));
+    fails_everywhere(load_into_zero3(dir / "copy"), "that the metadata places there");
+  }
+  SECTION("another model") {
+    GptConfig wider = tiny_gpt();
+    wider.n_embd = 8;
+    fails_everywhere(run<Zero3Blocks>({.world = 2, .load = saved, .model = wider}), "different shapes for");
+    GptConfig deeper = tiny_gpt();
+    deeper.n_layer = 3;
+    fails_everywhere(run<Zero3Blocks>({.world = 2, .load = saved, .model = deeper}), "missing parameters 'transformer.h.2");
+  }
+  SECTION("another optimizer") {
+    fails_everywhere(run<Zero3Blocks, Sgd<float>>({.world = 2, .load = saved}),
+                     "holds optimizer state 'exp_avg', 'exp_avg_sq' but the engine's optimizer keeps 'momentum_buffer'");
+  }
+  // A failed load changes nothing a later successful one would not overwrite; the model a
+  // mismatch was refused for still trains from its own initialisation.
+  CHECK(bit_identical(run<Zero3Blocks>({.world = 2}).parameters, fresh));
+}
+
+TEST_CASE("saving over a checkpoint replaces it whole; a consolidated file holds every weight", "[io][checkpoint]") {
+  TempDir dir;
+  const fs::path saved = dir / "ckpt";
+  REQUIRE(succeeded(run<ZeRO<2>>({.world = 2, .steps = 1, .save = saved})));
+  const CheckpointRun later = run<ZeRO<2>>({.world = 2, .steps = 2, .save = saved});
+  REQUIRE(succeeded(later));
+  CHECK(read_checkpoint_metadata(saved).optimizer_step == 2);
+  std::size_t entries = 0;
+  for (const auto& e : fs::directory_iterator(dir.path())) {
+    (void)e;
+    ++entries;
+  }
+  CHECK(entries == 1);  // no temporary or previous checkpoint left beside it
+
+  Gpt<float> model(tiny_gpt());
+  consolidate_checkpoint(saved, dir / "full.safetensors", tied_parameters<Gpt<float>>::of(model));
+  const SafetensorsFile full = SafetensorsFile::open(dir / "full.safetensors");
+  CHECK(full.find("lm_head.weight"));
+  for (const auto& [name, values] : later.parameters) {
+    INFO(name);
+    const Tensor<float> t = full.read<float>(name);
+    CHECK(t.to_vector() == values);
+  }
+}
