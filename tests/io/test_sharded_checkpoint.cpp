@@ -7,7 +7,9 @@
 #include <optional>
 
 #include "../engine/engine_fixture.hpp"
+#include "polyshard/io/full_weights.hpp"
 #include "polyshard/io/sharded_checkpoint.hpp"
+#include "polyshard/io/state_dict.hpp"
 #include "temp_dir.hpp"
 
 using namespace polyshard;
@@ -30,6 +32,7 @@ struct RunSpec {
   int world = 1;
   int first_step = 0, steps = 0;
   std::optional<fs::path> load = {}, save = {};
+  std::optional<fs::path> init = {}, export_to = {};  // full weights in, full weights out
   GptConfig model = tiny_gpt();
 };
 
@@ -53,6 +56,7 @@ CheckpointRun run(const RunSpec& spec, StrategyConfig config = {}) {
       const auto opt = optimizer_config<Opt>();
       Engine<S, Gpt<float>, ThreadCommunicator, Opt> engine(model, comm, opt, config, 42);
       if (spec.load) out.resumed_step = load_checkpoint(engine, *spec.load).step;
+      if (spec.init) load_full_weights(engine, *spec.init, tied_parameters<Gpt<float>>::of(model));
       const std::int64_t batch = 6;
       BatchSampler sampler(tiny_data(), 8, batch, 7);
       const RowRange rows = rank_rows(batch, comm.rank(), world);
@@ -67,6 +71,7 @@ CheckpointRun run(const RunSpec& spec, StrategyConfig config = {}) {
       }
       if (spec.save)
         save_checkpoint(engine, *spec.save, {.step = spec.first_step + spec.steps, .seed = 7, .extra = {{"run", "test"}}});
+      if (spec.export_to) save_full_weights(engine, *spec.export_to, tied_parameters<Gpt<float>>::of(model));
       out.parameters = engine.full_parameters();
       out.loss_scale = engine.loss_scaler().scale();
       out.good_steps = engine.loss_scaler().good_steps();
@@ -359,4 +364,44 @@ TEST_CASE("saving over a checkpoint replaces it whole; a consolidated file holds
     const Tensor<float> t = full.read<float>(name);
     CHECK(t.to_vector() == values);
   }
+}
+
+TEST_CASE("full weights leave a sharded engine as one PyTorch state dict and load into any other", "[io][checkpoint]") {
+  TempDir dir;
+  const fs::path file = dir / "model.safetensors";
+  const CheckpointRun a = run<Zero3Blocks>({.world = 4, .steps = 2, .export_to = file});
+  REQUIRE(succeeded(a));
+  {
+    // The file is a plain state dict: it loads into a model without any engine.
+    Gpt<float> model(tiny_gpt());
+    FlatParameters<float> flat(model);
+    load_state_dict(model, file);  // strict: every name, the tied lm_head.weight included
+    Parameters plain;
+    visit_parameters(model, [&](const std::string& name, auto& p) { plain.emplace_back(name, p.value().to_vector()); });
+    std::sort(plain.begin(), plain.end());
+    CHECK(bit_identical(plain, a.parameters));
+  }
+  // Each rank of another strategy reads its own slices: the same parameters, bit for bit.
+  const CheckpointRun ddp = run<DDP>({.world = 1, .init = file});
+  REQUIRE(succeeded(ddp));
+  CHECK(bit_identical(ddp.parameters, a.parameters));
+  const CheckpointRun zero1 = run<ZeRO<1>>({.world = 3, .init = file});
+  REQUIRE(succeeded(zero1));
+  CHECK(bit_identical(zero1.parameters, a.parameters));
+  // bf16 compute keeps fp32 masters: the masters come back exactly through another export.
+  const CheckpointRun bf16 = run<Strategy<ShardParameters<true>, Bf16Mixed>>({.world = 2, .init = file, .export_to = dir / "again.safetensors"});
+  REQUIRE(succeeded(bf16));
+  Gpt<float> model(tiny_gpt());
+  FlatParameters<float> flat(model);
+  load_state_dict(model, dir / "again.safetensors");
+  Parameters again;
+  visit_parameters(model, [&](const std::string& name, auto& p) { again.emplace_back(name, p.value().to_vector()); });
+  std::sort(again.begin(), again.end());
+  CHECK(bit_identical(again, a.parameters));
+
+  GptConfig wider = tiny_gpt();
+  wider.n_embd = 8;
+  const CheckpointRun wrong = run<Zero3Blocks>({.world = 2, .init = file, .model = wider});
+  for (const std::string& e : wrong.errors) CHECK(!e.empty());
+  CHECK_THAT(wrong.errors[0], Catch::Contains("does not match the model") && Catch::Contains("different shapes for"));
 }

@@ -1,0 +1,113 @@
+// Full state dicts of an Engine's model, whatever its sharding: gathered into one safetensors
+// file written by rank 0, and loaded by every rank reading only the slices its shards need.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "polyshard/io/sharded_checkpoint.hpp"
+
+namespace polyshard {
+
+/// Gathers the master weights of `engine`'s model (a collective: every rank calls it) and writes
+/// them from rank 0 as one safetensors file with PyTorch names and shapes, atomically: a
+/// PyTorch state_dict (FSDP's full state dict with rank0_only and state_dict_to_cpu). `tied`
+/// aliases (tied_parameters<Gpt<float>>::of(model)) are written too; stored as `dtype` if given.
+template <class E>
+void save_full_weights(E& engine, const std::filesystem::path& path, const std::vector<TiedParameter>& tied = {},
+                       std::optional<DType> dtype = std::nullopt) {
+  using MT = typename E::MT;
+  auto& comm = engine.communicator();
+  // The master weights, whole: the most precise copy of the parameters under every precision.
+  std::vector<Tensor<MT>> whole;
+  for (std::size_t u = 0; u < engine.units().units.size(); ++u) {
+    const std::int64_t padded = engine.units().units[u].padded;
+    engine.access_optimizer(u, [&](auto&, auto params) {
+      if (static_cast<std::int64_t>(params.size()) == padded) {
+        whole.push_back(Tensor<MT>::wrap(params.data(), Shape{padded}));
+      } else {
+        whole.push_back(Tensor<MT>::empty({padded}, MemoryCategory::Communication));
+        engine.shard_comm().all_gather(std::span<const MT>(params), whole.back().span());
+      }
+    });
+  }
+  std::string error = detail::attempt([&] {
+    if (comm.rank() != 0) return;
+    SafetensorsWriter writer;
+    writer.add_metadata("format", "pt");
+    auto add = [&](const std::string& name, const Tensor<MT>& t) {
+      detail::add_with_dtype(dtype, [&](auto as) {
+        using To = typename decltype(as)::type;
+        if constexpr (std::is_void_v<To>) writer.add(name, t);
+        else writer.add_as<To>(name, t);
+      });
+    };
+    for (std::size_t u = 0; u < engine.units().units.size(); ++u)
+      for (const auto& e : engine.units().units[u].entries) {
+        const Tensor<MT> t = whole[u].flat_view(e.offset, e.numel()).reshape(e.shape);
+        add(e.name, t);
+        for (const TiedParameter& tie : tied)
+          if (tie.source == e.name) add(tie.alias, t);
+      }
+    writer.write(path);
+  });
+  detail::agree_or_throw(comm, error, "save_full_weights", path);
+}
+
+/// Loads a full state dict (save_full_weights', save_state_dict's, or PyTorch's in nn.Linear
+/// layout) into `engine`: every rank reads from the file only the slices of its own shards into
+/// its master weights, then rebuilds its parameters; optimizer state is untouched. Names and
+/// shapes must match the model exactly; `tied` aliases may be present and are not read (FSDP's
+/// load_full_weights). A collective; an error on one rank is an error on all.
+template <class E>
+void load_full_weights(E& engine, const std::filesystem::path& path, const std::vector<TiedParameter>& tied = {}) {
+  using MT = typename E::MT;
+  auto& comm = engine.communicator();
+  std::optional<SafetensorsFile> file;
+  std::string error = detail::attempt([&] {
+    file.emplace(SafetensorsFile::open(path));
+    std::vector<std::string> missing, unexpected, misshaped;
+    std::set<std::string> names;
+    for (const auto& unit : engine.units().units)
+      for (const auto& e : unit.entries) {
+        names.insert(e.name);
+        const SafetensorsTensorInfo* t = file->find(e.name);
+        if (!t) missing.push_back(e.name);
+        else if (!std::equal(t->shape.begin(), t->shape.end(), e.shape.begin(), e.shape.end()))
+          misshaped.push_back(e.name + " (file " + detail::shape_string(t->shape) + ", model " +
+                              detail::shape_string(std::vector<std::int64_t>(e.shape.begin(), e.shape.end())) + ")");
+      }
+    for (const SafetensorsTensorInfo& t : file->tensors()) {
+      const bool alias = std::any_of(tied.begin(), tied.end(), [&](const TiedParameter& tie) { return tie.alias == t.name; });
+      if (!names.count(t.name) && !alias) unexpected.push_back(t.name);
+    }
+    if (!missing.empty() || !unexpected.empty() || !misshaped.empty()) {
+      std::string msg = "load_full_weights: '" + path.string() + "' does not match the model:";
+      if (!missing.empty()) msg += " missing tensors " + detail::join_names(missing) + ";";
+      if (!unexpected.empty()) msg += " unexpected tensors " + detail::join_names(unexpected) + ";";
+      if (!misshaped.empty()) msg += " different shapes for " + detail::join_names(misshaped) + ";";
+      throw Error(msg);
+    }
+  });
+  detail::agree_or_throw(comm, error, "load_full_weights", path);
+
+  error = detail::attempt([&] {
+    for (std::size_t u = 0; u < engine.units().units.size(); ++u) {
+      const auto& unit = engine.units().units[u];
+      engine.access_optimizer(u, [&](auto&, auto params) {
+        std::fill(params.begin(), params.end(), MT(0));
+        for (const detail::SpanSlice& s : detail::span_slices(unit, engine.optimizer_offset(u), std::int64_t(params.size())))
+          file->read_elements(unit.entries[s.entry].name, static_cast<std::uint64_t>(s.begin),
+                              params.subspan(static_cast<std::size_t>(s.span_offset), static_cast<std::size_t>(s.end - s.begin)),
+                              DTypeConversion::convert);
+      });
+    }
+  });
+  detail::agree_or_throw(comm, error, "load_full_weights", path);
+  engine.refresh_parameters_from_master();
+}
+
+}  // namespace polyshard
