@@ -27,7 +27,13 @@ int run(int argc, char** argv) {
     MpiCommunicator comm = MpiCommunicator::world();
     cpu::set_blas_threads(o.threads > 0 ? o.threads : 1);
     Trace trace(comm.rank());
-    train::with_strategy(o, [&]<class S>() { train::train_rank<S>(o, comm, data, o.trace.empty() ? nullptr : &trace); });
+    try {
+      train::with_strategy(o, [&]<class S>() { train::train_rank<S>(o, comm, data, o.trace.empty() ? nullptr : &trace); });
+    } catch (const polyshard::Error& e) {
+      // An error of this rank alone (a file it cannot write) would leave the others waiting in
+      // a collective until it times out: end the whole job now, saying why.
+      MpiSession::abort(e.what(), 2);
+    }
     // One file per process: FILE.rank<r>.json.
     if (!o.trace.empty()) Trace::write_json(o.trace + ".rank" + std::to_string(comm.rank()) + ".json", {&trace});
     return 0;

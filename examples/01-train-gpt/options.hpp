@@ -44,6 +44,12 @@ struct Options {
   std::string trace;    // Chrome trace of compute and communication per rank
   std::int64_t log_every = 1;
   int threads = 0;  // 0: every core
+  // Checkpoints and weights.
+  std::string save;             // sharded checkpoint directory written at the end (and every save_every steps)
+  std::int64_t save_every = 0;  // 0: only at the end
+  std::string resume;           // sharded checkpoint directory to continue from
+  std::string init;             // full weights (safetensors, PyTorch names) to start from
+  std::string export_weights;   // full weights written at the end
 };
 
 inline const char* usage =
@@ -62,6 +68,9 @@ Strategy:   --strategy ddp|sharded_ddp|fsdp|fsdp_grad_op|zero1|zero2|zero3|zero_
 Data:       --data FILE (default: the built-in corpus)
 Output:     --metrics FILE.jsonl  --trace FILE.json (Chrome trace per rank)  --log-every N (1)
             --threads N (0: every core)
+Checkpoints: --save DIR (sharded checkpoint at the end)  --save-every K (also every K steps)
+            --resume DIR (continue a run from its checkpoint, on any strategy and world size)
+            --init FILE.safetensors (start from full weights)  --export FILE.safetensors (full weights at the end)
 )";
 
 namespace detail {
@@ -122,6 +131,11 @@ inline bool parse(int argc, char** argv, Options& o) {
     else if (flag == "--hybrid-group") integer(o.hybrid_group, 1);
     else if (flag == "--metrics") o.metrics = value();
     else if (flag == "--trace") o.trace = value();
+    else if (flag == "--save") o.save = value();
+    else if (flag == "--save-every") integer(o.save_every, 1);
+    else if (flag == "--resume") o.resume = value();
+    else if (flag == "--init") o.init = value();
+    else if (flag == "--export") o.export_weights = value();
     else if (flag == "--betas") {
       const std::string v = value();
       const auto comma = v.find(',');
@@ -142,6 +156,9 @@ inline bool parse(int argc, char** argv, Options& o) {
                   "polyshard-train: --precision must be fp32, fp16-mixed or bf16-mixed, got '", o.precision, "'");
   POLYSHARD_CHECK(o.wrap == "whole" || o.wrap == "block" || o.wrap.rfind("size:", 0) == 0,
                   "polyshard-train: --wrap must be whole, block or size:N, got '", o.wrap, "'");
+  POLYSHARD_CHECK(o.save_every == 0 || !o.save.empty(), "polyshard-train: --save-every needs --save DIR");
+  POLYSHARD_CHECK(o.resume.empty() || o.init.empty(),
+                  "polyshard-train: --resume and --init both set the weights; give one of them");
   POLYSHARD_CHECK(o.batch % o.accum == 0, "polyshard-train: --batch ", o.batch, " is not divisible by --accum ",
                   o.accum);
   POLYSHARD_CHECK(o.embd % o.heads == 0, "polyshard-train: --embd ", o.embd, " is not divisible by --heads ", o.heads);

@@ -11,6 +11,8 @@
 #include "options.hpp"
 #include "polyshard/data/data.hpp"
 #include "polyshard/engine/engine.hpp"
+#include "polyshard/io/full_weights.hpp"
+#include "polyshard/io/sharded_checkpoint.hpp"
 #include "polyshard/nn/nn.hpp"
 #include "polyshard/optim/optim.hpp"
 #include "polyshard/policy/policy.hpp"
@@ -68,8 +70,34 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
   engine.track_grad_norm(true);
   engine.set_trace(trace);
 
+  // Where the data stands is the step and the seed (every draw is a pure function of both); the
+  // batch shape and the data set must match for the positions to mean the same batches.
+  const std::vector<std::pair<std::string, std::string>> run_values = {
+      {"batch", std::to_string(o.batch)}, {"accum", std::to_string(o.accum)}, {"data", data.origin()}};
+  std::int64_t first_step = 0;
+  std::uint64_t seed = o.seed;
+  const auto tied = tied_parameters<Gpt<float>>::of(model);
+  if (!o.init.empty()) load_full_weights(engine, o.init, tied);
+  if (!o.resume.empty()) {
+    const TrainingState state = load_checkpoint(engine, o.resume);
+    for (const auto& [key, value] : run_values) {
+      const std::string* saved = state.find(key);
+      POLYSHARD_CHECK(!saved || *saved == value, "polyshard-train: --resume ", o.resume, " was saved with ", key, " ",
+                      *saved, ", this run has ", value, "; the data would not continue where it stopped");
+    }
+    first_step = state.step;
+    seed = state.seed;
+    if (rank == 0)
+      std::printf("resuming from %s at step %lld (seed %llu)\n", o.resume.c_str(), static_cast<long long>(first_step),
+                  static_cast<unsigned long long>(seed));
+  }
+  auto save = [&](std::int64_t steps_done) {
+    save_checkpoint(engine, o.save, {.step = steps_done, .seed = seed, .extra = run_values});
+    if (rank == 0) std::printf("saved checkpoint %s at step %lld\n", o.save.c_str(), static_cast<long long>(steps_done));
+  };
+
   const std::int64_t micro_rows = o.batch / o.accum;
-  const BatchSampler sampler(data, o.seq, micro_rows, o.seed);
+  const BatchSampler sampler(data, o.seq, micro_rows, seed);
   const int states = engine.optimizers().empty() ? 0 : engine.optimizers()[0].states_per_param();
   const std::int64_t padded = engine.units().padded_total(), root = engine.units().units[0].padded;
   const int shard_ranks = engine.shard_comm().size();
@@ -88,13 +116,14 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
                 static_cast<long long>(o.accum), o.optimizer.c_str(), o.lr);
     if (!o.metrics.empty()) {
       metrics.open(o.metrics);
+      metrics.precision(17);  // losses that read back exactly: a resumed run can be compared digit for digit
       POLYSHARD_CHECK(metrics.good(), "polyshard-train: cannot write metrics to '", o.metrics, "'");
     }
   }
 
   const auto start = std::chrono::steady_clock::now();
   double first_loss = NAN, last_loss = NAN;
-  for (std::int64_t step = 0; step < o.steps; ++step) {
+  for (std::int64_t step = first_step; step < o.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     memory.reset_peaks();
     engine.reset_stats();
@@ -124,11 +153,12 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
     comm.all_gather(std::span<const double>(mine), std::span<double>(all));
     double loss_sum = local_loss;
     comm.all_reduce(std::span<double>(&loss_sum, 1), ReduceOp::Sum);
+    if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < o.steps) save(step + 1);
     if (rank != 0) continue;
 
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double tokens_per_s = static_cast<double>(o.batch * o.seq) / step_s;
-    if (step == 0) first_loss = loss_sum;
+    if (step == first_step) first_loss = loss_sum;
     last_loss = loss_sum;
     POLYSHARD_CHECK(std::isfinite(loss_sum), "polyshard-train: the loss became ", loss_sum, " at step ", step,
                     " (try a lower --lr)");
@@ -163,8 +193,14 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
       metrics.flush();
     }
   }
+  if (!o.save.empty()) save(std::max(first_step, o.steps));
+  if (!o.export_weights.empty()) {
+    save_full_weights(engine, o.export_weights, tied);
+    if (rank == 0) std::printf("exported full weights to %s\n", o.export_weights.c_str());
+  }
   if (rank == 0)
-    std::printf("done: loss %.4f -> %.4f in %lld steps\n", first_loss, last_loss, static_cast<long long>(o.steps));
+    std::printf("done: loss %.4f -> %.4f in %lld steps\n", first_loss, last_loss,
+                static_cast<long long>(std::max<std::int64_t>(o.steps - first_step, 0)));
 }
 
 /// Calls f.template operator()<S>() with the strategy type the options name.
