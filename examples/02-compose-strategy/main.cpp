@@ -5,7 +5,7 @@
 #include <polyshard/comm/thread_communicator.hpp>
 #include <polyshard/data/data.hpp>
 #include <polyshard/engine/engine.hpp>
-#include <polyshard/io/state_dict.hpp>
+#include <polyshard/io/full_weights.hpp>
 #include <polyshard/nn/nn.hpp>
 #include <polyshard/optim/optim.hpp>
 
@@ -45,18 +45,12 @@ int main(int argc, char** argv) {
     // [train]
 
     // [save]
-    // The whole model, gathered from every rank's shard (a collective), into a plain model that
-    // rank 0 saves under PyTorch's names.
-    const auto trained = engine.full_parameters();
-    if (comm.rank() == 0) {
-      Gpt<float> whole(config);
-      FlatParameters<float> flat(whole);
-      for (const auto& e : flat.entries())
-        for (const auto& [name, values] : trained)
-          if (name == e.name) std::copy(values.begin(), values.end(), e.parameter->value().data());
-      save_state_dict(whole, out);
-      std::printf("saved %lld parameters to %s\n", static_cast<long long>(flat.numel()), out);
-    }
+    // The whole model, gathered from every rank's shard of the fp32 master weights (a
+    // collective), saved by rank 0 under PyTorch's names; lm_head.weight is written as the tied
+    // alias PyTorch's state_dict() lists.
+    save_full_weights(engine, out, tied_parameters<Gpt<float>>::of(model));
+    if (comm.rank() == 0)
+      std::printf("saved %lld parameters to %s\n", static_cast<long long>(engine.units().numel_total()), out);
     // [save]
   });
   return 0;
