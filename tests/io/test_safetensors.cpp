@@ -60,6 +60,45 @@ TEST_CASE("strict JSON: escapes, surrogate pairs and 64-bit integers decode exac
   CHECK_THROWS_WITH(parse_json("{\"a\" 1}"), Catch::Contains("expected ':'"));
 }
 
+TEST_CASE("a header of many tiny values is refused before its tree outgrows the text", "[io]") {
+  // 4,200,000 values in 8.4 MB of text: parsed, they would take about 400 MB.
+  std::string text = "[";
+  for (int i = 0; i < 2000; ++i) {
+    text += i ? ",[" : "[";
+    for (int j = 0; j < 2100; ++j) text += j ? ",0" : "0";
+    text += ']';
+  }
+  text += ']';
+  CHECK_THROWS_WITH(parse_json(text), Catch::Contains("more than 4194304 values"));
+  CHECK(parse_json(text, 16, 1 << 20, 1 << 23).elements.size() == 2000);
+  // In a safetensors header arrays are short (shapes), so the many values come as members.
+  std::string header = "{";
+  for (int i = 0; i < 4'200'000; ++i) (header += i ? ",\"" : "\"") += std::to_string(i) + "\":0";
+  header += '}';
+  std::string file(8, '\0');
+  std::uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i, n >>= 8) file[static_cast<std::size_t>(i)] = static_cast<char>(n & 0xff);
+  file += header;
+  CHECK_THROWS_WITH(SafetensorsFile::from_memory(std::as_bytes(std::span(file)), "many.safetensors"),
+                    Catch::Contains("many.safetensors") && Catch::Contains("more than 4194304 values"));
+}
+
+TEST_CASE("a slice of a tensor reads without the rest, within bounds", "[io]") {
+  const Tensor<float> t = Tensor<float>::from({2, 5}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  SafetensorsWriter w;
+  w.add("t", t);
+  const auto bytes = w.to_bytes();
+  const SafetensorsFile f = SafetensorsFile::from_memory(bytes);
+  std::vector<float> out(4);
+  f.read_elements("t", 3, std::span<float>(out));
+  CHECK(out == std::vector<float>{3, 4, 5, 6});
+  std::vector<double> wide(2);
+  f.read_elements("t", 8, std::span<double>(wide), DTypeConversion::convert);
+  CHECK(wide == std::vector<double>{8, 9});
+  CHECK_THROWS_WITH(f.read_elements("t", 7, std::span<float>(out)), Catch::Contains("elements [7, 11) were asked for"));
+  CHECK_THROWS_WITH(f.read_elements("t", 0, std::span<double>(wide)), Catch::Contains("not F64"));
+}
+
 TEMPLATE_TEST_CASE("safetensors round trip keeps values, shapes and metadata", "[io]", float, double, half, bfloat16,
                    std::int32_t, std::int64_t) {
   TempDir dir;

@@ -220,7 +220,7 @@ inline CheckpointMetadata parse_checkpoint_metadata(std::string_view text, const
   const detail::MetadataReader r(where);
   JsonValue doc;
   try {
-    doc = parse_json(text, 8, std::size_t{1} << 24);
+    doc = parse_json(text, 8, std::size_t{1} << 24, std::size_t{1} << 24);
   } catch (const Error& e) {
     r.fail("not valid JSON: ", e.what());
   }

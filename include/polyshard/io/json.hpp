@@ -60,8 +60,8 @@ namespace detail {
 /// exhaust the stack; every read is bounds-checked against the text.
 class JsonParser {
  public:
-  JsonParser(std::string_view text, int max_depth, std::size_t max_array)
-      : text_(text), max_depth_(max_depth), max_array_(max_array) {}
+  JsonParser(std::string_view text, int max_depth, std::size_t max_array, std::size_t max_values)
+      : text_(text), max_depth_(max_depth), max_array_(max_array), max_values_(max_values) {}
 
   JsonValue parse_document() {
     skip_whitespace();
@@ -99,6 +99,9 @@ class JsonParser {
 
   JsonValue parse_value(int depth) {
     if (depth > max_depth_) fail("values nested deeper than ", max_depth_, " levels");
+    // Each value costs a JsonValue (about 100 bytes) however short its text ("[]," is 3 bytes):
+    // bound the count so that a hostile 100 MB header cannot make the tree take gigabytes.
+    if (++values_ > max_values_) fail("more than ", max_values_, " values");
     if (at_end()) fail("expected a value but the text ended");
     const char c = peek();
     if (c == '{') return parse_object(depth);
@@ -322,6 +325,8 @@ class JsonParser {
   std::size_t pos_ = 0;
   int max_depth_;
   std::size_t max_array_;
+  std::size_t max_values_;
+  std::size_t values_ = 0;
 };
 
 }  // namespace detail
@@ -332,8 +337,10 @@ class JsonParser {
 /// @param text       the JSON text (not necessarily NUL-terminated)
 /// @param max_depth  deepest nesting accepted (bounds the recursion on hostile input)
 /// @param max_array  most elements accepted in one array (bounds memory on hostile input)
-inline JsonValue parse_json(std::string_view text, int max_depth = 16, std::size_t max_array = 1 << 20) {
-  return detail::JsonParser(text, max_depth, max_array).parse_document();
+/// @param max_values most values accepted in all (bounds the parsed tree's memory)
+inline JsonValue parse_json(std::string_view text, int max_depth = 16, std::size_t max_array = 1 << 20,
+                            std::size_t max_values = 1 << 22) {
+  return detail::JsonParser(text, max_depth, max_array, max_values).parse_document();
 }
 
 /// Appends `s` to `out` as a JSON string literal (quotes, escapes for '"', '\\' and controls).
