@@ -14,7 +14,7 @@ class PolyshardConan(ConanFile):
     package_type = "header-library"
     # Settings drive the CMake install in package(); package_id() drops them: one package for all.
     settings = "os", "arch", "compiler", "build_type"
-    exports_sources = "CMakeLists.txt", "include/*"
+    exports_sources = "CMakeLists.txt", "cmake/*", "include/*"
     no_copy_source = True
 
     def requirements(self):
@@ -22,6 +22,9 @@ class PolyshardConan(ConanFile):
         # (Debian 12: eigen/3.4.0, boost/1.74.0); see .ci/conan-test.
         self.requires("eigen/3.4.0")
         self.requires("boost/[>=1.74.0 <2]")
+        # No requirement on liburing: it is optional (NVMe offload only), and the package's own
+        # CMake config looks for it on the consumer's machine (cmake/polyshardLiburing.cmake), so
+        # the one header-only package serves machines with and without it.
 
     def layout(self):
         cmake_layout(self)

@@ -1,6 +1,7 @@
 # Checkpoints through polyshard-train: a run saved at step 3 and resumed to step 6 logs the same
-# losses, digit for digit, as 6 uninterrupted steps (ZeRO-3 on 2 ranks, fp32); resumed instead as
-# DDP on 1 rank it follows within rounding; full weights exported by one run start another.
+# losses, digit for digit, as 6 uninterrupted steps (ZeRO-3 on 2 ranks, fp32), also when saved by
+# ZeRO-Infinity; resumed instead as DDP on 1 rank it follows within rounding; full weights
+# exported by one run start another.
 set(common --layers 2 --heads 2 --embd 32 --seq 32 --batch 8 --log-every 100)
 function(train name)
   execute_process(COMMAND ${PROGRAM} ${common} ${ARGN} --metrics ${WORK_DIR}/${name}.jsonl
@@ -29,6 +30,21 @@ train(second --strategy zero3 --world-size 2 --steps 6 --resume ${WORK_DIR}/resu
 list(SUBLIST whole 3 3 expected)
 if(NOT second STREQUAL expected)
   message(FATAL_ERROR "resumed losses ${second} differ from the uninterrupted run's ${expected}")
+endif()
+
+# ZeRO-Infinity (optimizer state in files under --nvme-path) is ZeRO-3 bit for bit, and its
+# checkpoints (state read from the files while saving) resume on ZeRO-3 exactly.
+file(REMOVE_RECURSE ${WORK_DIR}/resume-nvme ${WORK_DIR}/resume-infinity-ckpt)
+file(MAKE_DIRECTORY ${WORK_DIR}/resume-nvme)
+train(infinity --strategy zero_infinity --world-size 2 --steps 6 --nvme-path ${WORK_DIR}/resume-nvme)
+if(NOT infinity STREQUAL whole)
+  message(FATAL_ERROR "zero_infinity losses ${infinity} differ from zero3's ${whole}")
+endif()
+train(infinity_first --strategy zero_infinity --world-size 2 --steps 3 --nvme-path ${WORK_DIR}/resume-nvme
+      --save ${WORK_DIR}/resume-infinity-ckpt)
+train(infinity_second --strategy zero3 --world-size 2 --steps 6 --resume ${WORK_DIR}/resume-infinity-ckpt)
+if(NOT infinity_second STREQUAL expected)
+  message(FATAL_ERROR "zero3 resumed from a zero_infinity checkpoint: ${infinity_second}, expected ${expected}")
 endif()
 
 # Another strategy and world size: the same data, losses within rounding (to 1e-4).

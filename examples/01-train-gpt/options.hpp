@@ -38,6 +38,7 @@ struct Options {
   std::string wrap = "block";       // whole | block | size:N
   std::int64_t accum = 1;           // micro-batches per step (gradient accumulation with no_sync)
   std::int64_t hybrid_group = 0;    // --strategy hybrid: ranks per sharding group (0: half the world)
+  std::string nvme_path = "/local_nvme";  // --strategy zero_infinity: directory of the optimizer-state files
   // Input and output.
   std::string data;     // empty: the built-in corpus
   std::string metrics;  // JSON lines, one per step
@@ -61,10 +62,11 @@ Training:   --batch N (16, global)  --steps N (200)  --lr X (1e-3)  --seed N (13
             --clip X (0: off; clips the global gradient norm)  --checkpoint-activations
 Optimizer:  --optimizer sgd|adam|adamw (adamw)  --betas B1,B2 (0.9,0.999)  --eps X (1e-8)
             --weight-decay X (0; 1e-2 for adamw)  --momentum X (0)  --nesterov
-Strategy:   --strategy ddp|sharded_ddp|fsdp|fsdp_grad_op|zero1|zero2|zero3|zero_offload|zero3_offload|hybrid (ddp)
+Strategy:   --strategy ddp|sharded_ddp|fsdp|fsdp_grad_op|zero1|zero2|zero3|zero_offload|zero3_offload|zero_infinity|hybrid (ddp)
             --world-size N (1; ranks as threads)  --backend threads|mpi (threads; mpi under mpirun)
             --precision fp32|fp16-mixed|bf16-mixed (fp32)  --wrap whole|block|size:N (block)
             --accum K (1 micro-batch per step)  --hybrid-group N (hybrid: ranks per group; half the world)
+            --nvme-path DIR (zero_infinity: directory on a local NVMe drive for the optimizer state; /local_nvme)
 Data:       --data FILE (default: the built-in corpus)
 Output:     --metrics FILE.jsonl  --trace FILE.json (Chrome trace per rank)  --log-every N (1)
             --threads N (0: every core)
@@ -129,6 +131,7 @@ inline bool parse(int argc, char** argv, Options& o) {
     else if (flag == "--wrap") o.wrap = value();
     else if (flag == "--accum") integer(o.accum, 1);
     else if (flag == "--hybrid-group") integer(o.hybrid_group, 1);
+    else if (flag == "--nvme-path") o.nvme_path = value();
     else if (flag == "--metrics") o.metrics = value();
     else if (flag == "--trace") o.trace = value();
     else if (flag == "--save") o.save = value();

@@ -65,6 +65,7 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
   StrategyConfig config;
   config.min_num_params = wrap_threshold(o);
   // --strategy hybrid without --hybrid-group: two groups when the world splits evenly.
+  config.nvme_path = o.nvme_path;  // --strategy zero_infinity: where each rank's optimizer-state file goes
   config.hybrid_group_size = o.hybrid_group > 0 ? static_cast<int>(o.hybrid_group) : (world % 2 == 0 ? world / 2 : world);
   Engine<S, Gpt<float>, Comm, AnyOptimizer<float>> engine(model, comm, optimizer_config(o), config, o.seed);
   engine.track_grad_norm(true);
@@ -224,9 +225,7 @@ void with_strategy(const Options& o, F&& f) {
   else if (s == "zero_offload") with_precision.template operator()<ShardGradients, OffloadOptimizer<Cpu>>();
   else if (s == "zero3_offload") with_precision.template operator()<ShardParameters<true>, OffloadParameters<Cpu>>();
   else if (s == "hybrid") with_precision.template operator()<HybridShard<ShardParameters<true>>, NoOffload>();
-  else if (s == "zero_infinity")
-    polyshard::detail::throw_error("polyshard-train: --strategy ", s,
-                                   " is not supported by the engine yet (NVMe offload is planned)");
+  else if (s == "zero_infinity") with_precision.template operator()<ShardParameters<true>, OffloadOptimizer<Nvme>>();
   else
     polyshard::detail::throw_error("polyshard-train: unknown --strategy '", s, "' (see --help)");
 }

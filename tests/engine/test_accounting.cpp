@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "engine_fixture.hpp"
+#include "io/temp_dir.hpp"
 
 using namespace polyshard;
 using test::train;
@@ -41,3 +42,59 @@ TEST_CASE("the accounting formulas are ZeRO's", "[engine]") {
     CHECK(bytes_sent_per_step<ZeRO<3>>(p, 0, n) == Approx(3 * f * bytes));
   }
 }
+
+#ifdef POLYSHARD_HAVE_LIBURING
+TEST_CASE("ZeRO-Infinity: no optimizer state in memory between steps, at most optimizer_buffer_count units' in one",
+          "[engine][nvme]") {
+  using S = with_t<ZeROInfinity, WrapByType<Block>>;  // 3 units: the root and 2 blocks
+  const int world = GENERATE(1, 2, 4);
+  const int buffers = GENERATE(1, 2, 4);
+  CAPTURE(world, buffers);
+  TempDir dir;
+  StrategyConfig config;
+  config.nvme_path = dir.path().string();
+  config.block_size = 4096;
+  config.queue_depth = 2;
+  config.optimizer_buffer_count = buffers;
+
+  // Between steps: parameters and gradients only, as the formula says, and ZeRO-3's traffic.
+  const auto r = test::train<S>(world, 2, 6, test::momentum_sgd(), std::numeric_limits<double>::infinity(), config);
+  CHECK(double(r.model_state) == Approx(model_state_bytes<S>(r.padded, world, 1)).epsilon(1e-12));
+  CHECK(model_state_bytes<S>(r.padded, world, 1) == Approx(8.0 * double(r.padded) / world));
+  CHECK(r.bytes_sent == Approx(bytes_sent_per_step<S>(r.padded, r.root_padded, world)).epsilon(1e-12));
+
+  // During a step: each unit's Adam moments come back for its own step, never more than
+  // `buffers` units' at once.
+  struct Seen {
+    std::int64_t peak = -1, after = -1, largest_unit = 0;
+  };
+  std::vector<Seen> seen(static_cast<std::size_t>(world));
+  const AdamWConfig adamw{.lr = 1e-2};
+  run_ranks(world, [&](ThreadCommunicator& comm) {
+    Seen& s = seen[static_cast<std::size_t>(comm.rank())];
+    MemoryTracker tracker;
+    TrackerScope scope(tracker);
+    Gpt<float> model(test::tiny_gpt());
+    Engine<S, Gpt<float>, ThreadCommunicator, AdamW<float>> engine(model, comm, adamw, config, 42);
+    for (const auto& u : engine.units().units) s.largest_unit = std::max(s.largest_unit, u.padded);
+    BatchSampler sampler(test::tiny_data(), 8, 6, 7);
+    for (int step = 0; step < 2; ++step) {
+      const Batch b = sampler.batch(step, comm.rank(), world);
+      tracker.reset_peaks();
+      Var<float> loss = engine.forward([&] { return model.loss(b.inputs, b.targets); });
+      engine.backward(loss, double(b.inputs.size(0)) / 6.0);
+      loss = Var<float>();
+      engine.step(adamw.lr);
+    }
+    s.peak = tracker.peak(MemoryCategory::OptimizerState);
+    s.after = tracker.current(MemoryCategory::OptimizerState);
+  });
+  for (const Seen& s : seen) {
+    const double largest_state = offloaded_state_bytes_in_step<S>(s.largest_unit, world, 1);
+    CHECK(s.after == 0);
+    CHECK(double(s.peak) >= largest_state);  // the largest unit's moments, for its step
+    CHECK(double(s.peak) <= offloaded_state_bytes_in_step<S>(s.largest_unit, world, buffers));
+    if (buffers == 1) CHECK(double(s.peak) == largest_state);
+  }
+}
+#endif

@@ -7,9 +7,10 @@
 using namespace polyshard;
 
 namespace {
-/// Two steps on global batches of 6 rows, each as `micro` micro-batches of 6 / micro rows.
+/// Two steps on global batches of 6 rows, each as `micro` micro-batches of 6 / micro rows, all
+/// but the last under no_sync (or each backward synchronising, when `use_no_sync` is false).
 template <class S>
-test::Parameters accumulate(int world, int micro) {
+test::Parameters accumulate(int world, int micro, bool use_no_sync = true) {
   test::Parameters out;
   run_ranks(world, [&](ThreadCommunicator& comm) {
     Gpt<float> model(test::tiny_gpt());
@@ -23,7 +24,7 @@ test::Parameters accumulate(int world, int micro) {
         const std::int64_t begin = m * rows_per_micro + rows.begin, end = m * rows_per_micro + rows.end;
         const auto x = whole.inputs.slice(begin, end), y = whole.targets.slice(begin, end);
         std::optional<typename decltype(engine)::NoSync> no_sync;
-        if (m + 1 < micro) no_sync.emplace(engine);
+        if (use_no_sync && m + 1 < micro) no_sync.emplace(engine);
         Var<float> loss = engine.forward([&] { return model.loss(x, y); });
         engine.backward(loss, double(end - begin) / 6.0);
       }
@@ -44,6 +45,16 @@ TEMPLATE_LIST_TEST_CASE("no_sync accumulation equals one large batch", "[engine]
     CAPTURE(world);
     CHECK(test::max_difference(accumulate<TestType>(world, 2), one_batch) < 1e-6);
     CHECK(test::max_difference(accumulate<TestType>(world, 1), one_batch) < 1e-6);
+  }
+}
+
+TEMPLATE_LIST_TEST_CASE("synchronising backward calls before one step add their gradients", "[engine]", Accumulating) {
+  // As in PyTorch: without no_sync every backward reduces, and the reduced gradients add up.
+  const auto one_batch = accumulate<DDP>(1, 1);
+  for (int world : {1, 3}) {
+    CAPTURE(world);
+    CHECK(test::max_difference(accumulate<TestType>(world, 2, /*use_no_sync=*/false), one_batch) < 1e-6);
+    if (world == 1) CHECK(test::max_difference(accumulate<TestType>(world, 3, /*use_no_sync=*/false), one_batch) < 1e-6);
   }
 }
 

@@ -92,6 +92,7 @@ class Engine : private ModuleHooks<float> {
       u.bind();
       optimizers_.emplace_back(optimizer, Behaviour::optimizer_params(u).size());
     }
+    placement_.place(optimizers_, config, comm.rank());  // NVMe: the state moves to nvme_path
   }
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -100,6 +101,7 @@ class Engine : private ModuleHooks<float> {
   template <class F>
   Var<float> forward(F&& loss_fn) {
     Trace::Span span(trace_, "forward", "compute");
+    check_trainable();
     ModuleHooksScope<float> hooks(*this);
     in_backward_ = false;
     gather(0);  // the root stays gathered until its backward is done
@@ -172,11 +174,14 @@ class Engine : private ModuleHooks<float> {
         for (State& u : units_) scale_to_norm(Behaviour::optimizer_grads(u), last_grad_norm_, max_grad_norm);
     }
     for (std::size_t i = 0; i < units_.size(); ++i) {
+      placement_.fetch(i);  // NVMe: unit i's state read back, unit i+1's on its way
       optimizers_[i].set_lr(lr);
-      optimizers_[i].step(Behaviour::optimizer_params(units_[i]), std::span<const RT>(Behaviour::optimizer_grads(units_[i])));
+      units_[i].step_trainable(optimizers_[i], Behaviour::optimizer_params(units_[i]), std::span<const RT>(Behaviour::optimizer_grads(units_[i])));
+      placement_.store(i);  // NVMe: written back behind the next unit's step
       Trace::Span write_back(trace_, "write back unit " + std::to_string(i), "communication", 1);
       Behaviour::after_step(units_[i], shard_comm());
     }
+    placement_.settle();
     zero_grad();
     return true;
   }
@@ -188,6 +193,15 @@ class Engine : private ModuleHooks<float> {
       u.reduced_has_grad = false;
       u.reset_grad_flags();
     }
+  }
+
+  /// Re-reads every parameter's requires_grad after the caller changed it (FairScale's
+  /// refresh_trainable). A frozen parameter (set_requires_grad(false)) is neither reduced (its
+  /// gradient is zero) nor updated: its values and its optimizer state stay as they are. The
+  /// engine reads the flags when it is built; forward() throws when they changed since the
+  /// last read. Local: every rank must freeze the same parameters.
+  void refresh_trainable() {
+    for (State& u : units_) u.read_trainable();
   }
 
   /// Every parameter of the model by name, as float, gathered from wherever it lives (a
@@ -224,7 +238,8 @@ class Engine : private ModuleHooks<float> {
   template <class F>
   decltype(auto) access_optimizer(std::size_t unit, F&& f) {
     POLYSHARD_CHECK(unit < units_.size(), "Engine::access_optimizer: unit ", unit, " of ", units_.size());
-    return f(optimizers_[unit], Behaviour::optimizer_params(units_[unit]));
+    return placement_.with_resident(
+        unit, [&]() -> decltype(auto) { return f(optimizers_[unit], Behaviour::optimizer_params(units_[unit])); });
   }
   /// False when the offload policy keeps optimizer state outside memory between steps (NVMe):
   /// state() tensors are then valid only inside access_optimizer.
@@ -371,6 +386,17 @@ class Engine : private ModuleHooks<float> {
     pending_.clear();
   }
 
+  /// Refuses to compute with requires_grad flags the engine has not read: a parameter frozen
+  /// behind its back would still be decayed and moved by its optimizer state.
+  void check_trainable() const {
+    for (const State& u : units_)
+      if (const auto* e = u.trainable_changed())
+        detail::throw_error("Engine::forward: parameter '", e->name, "' was ",
+                            e->parameter->requires_grad() ? "unfrozen" : "frozen",
+                            " (set_requires_grad) since the engine last read the flags: call refresh_trainable() "
+                            "after changing them");
+  }
+
   bool pending_local_grads() const {
     for (const State& u : units_)
       if (u.local_grads) return true;
@@ -384,6 +410,7 @@ class Engine : private ModuleHooks<float> {
   UnitPlan<float> plan_;
   std::vector<State> units_;
   std::vector<Opt> optimizers_;
+  Placement placement_;  // where optimizer state lives between steps
   LossScaler<typename precision::loss_scale> scaler_;
   std::vector<PendingReduction> pending_;
   Trace* trace_ = nullptr;

@@ -2,7 +2,9 @@
 // gather, release, cast, and the bookkeeping of local gradients.
 #pragma once
 
+#include <algorithm>
 #include <optional>
+#include <span>
 #include <type_traits>
 #include <vector>
 
@@ -39,17 +41,91 @@ struct UnitState {
   Tensor<RT> reduced;      // (padded or shard) the reduced gradients the optimizer reads
   Tensor<MT> master;       // (padded or shard) the weights the optimizer updates
 
+  Tensor<RT> carried;      // reduced gradients of an earlier backward of this step, added back
+                           // once this backward's reduction completes (whole-gradient policies)
   bool local_grads = false;    // grad_work holds gradients not yet reduced
   bool reduced_has_grad = false; // `reduced` holds a gradient since the last zero_grad
   bool gathered = false;       // `work` holds the full parameters
 
+  /// Ranges [first, second) of the unit's elements whose parameters are frozen
+  /// (requires_grad false when last read): never reduced (their gradient is zero) nor updated.
+  std::vector<std::pair<std::int64_t, std::int64_t>> frozen;
+
   std::int64_t shard_begin() const { return static_cast<std::int64_t>(rank) * shard; }
 
-  /// Points every parameter of the unit at its slice of `work` and `grad_work`.
+  /// Points every parameter of the unit at its slice of `work` and `grad_work`, and reads which
+  /// are frozen.
   void bind() {
     for (const auto& e : layout->entries)
       e.parameter->bind(e.name, work.flat_view(e.offset, e.numel()).reshape(e.shape),
                         grad_work.flat_view(e.offset, e.numel()).reshape(e.shape));
+    read_trainable();
+  }
+
+  /// The frozen ranges as the parameters' requires_grad flags say now (adjacent ones merged).
+  std::vector<std::pair<std::int64_t, std::int64_t>> frozen_ranges_now() const {
+    std::vector<std::pair<std::int64_t, std::int64_t>> out;
+    for (const auto& e : layout->entries) {
+      if (e.parameter->requires_grad() || e.numel() == 0) continue;
+      if (!out.empty() && out.back().second == e.offset) out.back().second += e.numel();
+      else out.emplace_back(e.offset, e.offset + e.numel());
+    }
+    return out;
+  }
+  /// Re-reads which parameters are frozen (FairScale's refresh_trainable).
+  void read_trainable() { frozen = frozen_ranges_now(); }
+  /// The first parameter whose requires_grad differs from what was last read, or null.
+  const UnitEntry<float>* trainable_changed() const {
+    for (const auto& e : layout->entries) {
+      bool was_frozen = false;
+      for (const auto& [lo, hi] : frozen) was_frozen = was_frozen || (lo <= e.offset && e.offset < hi);
+      if (e.numel() > 0 && was_frozen == e.parameter->requires_grad()) return &e;
+    }
+    return nullptr;
+  }
+
+  /// optimizer.step(params, grads) over the rank's optimizer span `params` (the whole unit, or
+  /// its shard when the span is shorter), leaving the frozen elements as they were: their
+  /// values bit for bit, and their optimizer state (zero while they were never trained). The
+  /// optimizers are elementwise, so the trainable elements get the bits of a step without
+  /// frozen neighbours. The frozen part of the span is copied aside and put back: the
+  /// Optimizer concept updates its whole span in one call.
+  template <class Opt, class P, class G>
+  void step_trainable(Opt& optimizer, std::span<P> params, std::span<const G> grads) const {
+    const std::int64_t n = static_cast<std::int64_t>(params.size());
+    const std::int64_t begin = n == layout->padded ? 0 : shard_begin();
+    std::vector<std::pair<std::int64_t, std::int64_t>> mine;  // frozen ranges within the span, from its start
+    std::int64_t count = 0;
+    for (const auto& [lo, hi] : frozen) {
+      const std::int64_t a = std::max(lo, begin) - begin, b = std::min(hi, begin + n) - begin;
+      if (a < b) {
+        mine.emplace_back(a, b);
+        count += b - a;
+      }
+    }
+    if (mine.empty()) {
+      optimizer.step(params, grads);
+      return;
+    }
+    // The state tensors as long as the span (optimizers keep one value per element each).
+    std::vector<Tensor<P>> state;
+    for (auto& [name, t] : optimizer.state())
+      if (t.numel() == n) state.push_back(t);
+    Tensor<P> saved = Tensor<P>::empty({count * static_cast<std::int64_t>(1 + state.size())}, MemoryCategory::Other);
+    const auto copy = [&](bool out) {
+      P* at = saved.data();
+      for (const auto& [a, b] : mine) {
+        for (std::size_t s = 0; s <= state.size(); ++s) {
+          P* where = (s == 0 ? params.data() : state[s - 1].data()) + a;
+          if (out) std::copy(where, where + (b - a), at);
+          else std::copy(at, at + (b - a), where);
+          at += b - a;
+        }
+      }
+    };
+    copy(true);
+    optimizer.step(params, grads);
+    copy(false);
   }
 
   /// Elements [begin, begin + out.size()) of the unit, initialised as the parameters' inits say
@@ -77,11 +153,12 @@ struct UnitState {
     }
   }
 
-  /// Zeroes the gradient of every parameter that received none since its last reset, and the
-  /// padding, so the whole buffer can be reduced as one.
+  /// Zeroes the gradient of every parameter that received none since its last reset, of the
+  /// frozen ones, and the padding, so the whole buffer can be reduced as one.
   void settle_grads() {
     for (const auto& e : layout->entries)
       if (!e.parameter->leaf().node()->has_grad) grad_work.flat_view(e.offset, e.numel()).fill(0.0f);
+    for (const auto& [lo, hi] : frozen) grad_work.flat_view(lo, hi - lo).fill(0.0f);
     const std::int64_t tail = layout->padded - layout->numel;
     if (tail > 0) grad_work.flat_view(layout->numel, tail).fill(0.0f);
   }

@@ -3,10 +3,12 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 #include <typeindex>
 #include <vector>
 
+#include "polyshard/engine/sharded_construction.hpp"
 #include "polyshard/nn/module_hooks.hpp"
 #include "polyshard/nn/reflect.hpp"
 #include "polyshard/policy/wrap.hpp"
@@ -34,15 +36,6 @@ struct UnitLayout {
   std::int64_t padded = 0;     // a multiple of the world size
 };
 
-/// A module as the engine's call hooks see it: address and type (a struct and its first member
-/// share an address).
-using ModuleKey = std::pair<const void*, std::type_index>;
-
-template <class M>
-ModuleKey module_key(const M& m) {
-  return {static_cast<const void*>(&m), std::type_index(typeid(M))};
-}
-
 /// The units of a model and the wrapped modules, for the engine's call hooks.
 template <FloatElement T>
 struct UnitPlan {
@@ -66,7 +59,12 @@ namespace detail {
 template <FloatElement T, class Wrap, class Checkpointing>
 class UnitPlanner {
  public:
-  UnitPlanner(UnitPlan<T>& plan, std::int64_t min_num_params) : plan_(plan), min_num_params_(min_num_params) {}
+  /// `marks`: the modules wrap() marked (ManualWrap only; null otherwise).
+  UnitPlanner(UnitPlan<T>& plan, std::int64_t min_num_params, const ShardedConstruction* marks = nullptr)
+      : plan_(plan), min_num_params_(min_num_params), marks_(marks) {}
+
+  /// The marked modules the walk met.
+  const std::set<ModuleKey>& found() const { return found_; }
 
   /// Walks `m`, adding its parameters to unit `unit` unless `m` (or a module inside it) is
   /// wrapped. Returns the number of parameters it left in `unit` (for size-based wrapping).
@@ -85,13 +83,19 @@ class UnitPlanner {
     } else {
       constexpr bool callable = ActivationModule<X, T>;
       if constexpr (callable && Checkpointing::template checkpoints_type<X>) plan_.checkpointed_modules[module_key(m)] = true;
-      if constexpr (callable && (Wrap::template wraps_type<X> || (Wrap::min_num_params > 0))) {
-        if (!is_root) {
+      if constexpr (callable && (Wrap::template wraps_type<X> || (Wrap::min_num_params > 0) || Wrap::manual)) {
+        // ManualWrap: only the modules wrap() marked (the root is a unit already).
+        const bool marked = Wrap::manual && marks_ && marks_->marked(module_key(m));
+        if (marked) found_.insert(module_key(m));
+        if (!is_root && (!Wrap::manual || marked)) {
           // A unit of its own, tentatively; size-based wrapping may give its parameters back.
           const std::size_t mine = plan_.units.size();
           plan_.units.push_back(UnitLayout<T>{name, plan_.checkpointed_modules.count(module_key(m)) > 0, {}, 0, 0});
           const std::int64_t left = walk_members(m, name, mine);
-          if (Wrap::template wraps_type<X> || (min_num_params_ > 0 && left >= min_num_params_)) {
+          if (Wrap::template wraps_type<X> || marked || (min_num_params_ > 0 && left >= min_num_params_)) {
+            POLYSHARD_CHECK(!marked || left > 0, "ManualWrap: wrap() marked '", name, "' (",
+                            detail::readable_type_name(typeid(X)), "), which holds no parameters outside the units "
+                            "inside it: there is nothing to shard; do not mark it");
             plan_.unit_of_module[module_key(m)] = mine;
             return 0;
           }
@@ -132,21 +136,43 @@ class UnitPlanner {
 
   UnitPlan<T>& plan_;
   std::int64_t min_num_params_;
+  const ShardedConstruction* marks_;
+  std::set<ModuleKey> found_;
 };
 }  // namespace detail
 
 /// Cuts `model` into units as `Wrap` says (WrapWhole: one; WrapByType<Ms...>: one per instance
 /// of Ms, plus the root; WrapBySize<n>: FairScale's auto_wrap, bottom-up, every module whose
-/// not-yet-wrapped parameters number at least n). Only modules that map an activation to an
-/// activation (see ActivationModule) can be units: they are the ones an engine can surround.
-/// `min_num_params` >= 1 replaces WrapBySize's threshold at run time (FSDP's option).
+/// not-yet-wrapped parameters number at least n; ManualWrap: one per module wrap() marked in
+/// this thread's ShardedConstruction context, plus the root). Only modules that map an
+/// activation to an activation (see ActivationModule) can be units: they are the ones an engine
+/// can surround. `min_num_params` >= 1 replaces WrapBySize's threshold at run time (FSDP's
+/// option). Units are numbered in the model's declaration order, whatever the order of marks.
+/// Throws polyshard::Error for ManualWrap outside a context, with no marks, or with a mark that
+/// is not a module of `model`.
 template <class Wrap, class Checkpointing, FloatElement T, class Model>
 UnitPlan<T> plan_units(Model& model, std::int64_t world_size, std::int64_t min_num_params = 0) {
-  static_assert(!Wrap::manual, "ManualWrap: manual wrap() is not supported by the engine yet");
   UnitPlan<T> plan;
   plan.units.push_back(UnitLayout<T>{"", false, {}, 0, 0});
   const std::int64_t threshold = Wrap::min_num_params > 0 && min_num_params > 0 ? min_num_params : Wrap::min_num_params;
-  detail::UnitPlanner<T, Wrap, Checkpointing>(plan, threshold).walk(model, "", 0, true);
+  const ShardedConstruction* marks = nullptr;
+  if constexpr (Wrap::manual) {
+    marks = ShardedConstruction::current();
+    POLYSHARD_CHECK(marks != nullptr, "ManualWrap: no ShardedConstruction on this thread: build the engine inside the "
+                                      "scope of a ShardedConstruction in which wrap(module) marked its units");
+    POLYSHARD_CHECK(marks->size() > 0, "ManualWrap: no module was marked with wrap(module) in this thread's "
+                                       "ShardedConstruction: mark the units (for example each Block) before building "
+                                       "the engine, or use WrapWhole for one unit");
+  }
+  detail::UnitPlanner<T, Wrap, Checkpointing> planner(plan, threshold, marks);
+  planner.walk(model, "", 0, true);
+  if constexpr (Wrap::manual) {
+    for (const auto& [key, order] : marks->marks())
+      POLYSHARD_CHECK(planner.found().count(key) > 0, "ManualWrap: wrap() marked ", detail::describe_module(key),
+                      " (mark ", order + 1, " of ", marks->size(), "), which is not a module of this model: mark "
+                      "modules where they live in the model once it is built (a module moved after wrap() is "
+                      "another object), and give each model its own ShardedConstruction");
+  }
   for (auto& u : plan.units) u.padded = (u.numel + world_size - 1) / world_size * world_size;
   return plan;
 }

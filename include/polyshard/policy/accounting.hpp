@@ -21,18 +21,41 @@ namespace polyshard {
 ///                                         / N if optimizer state is sharded
 /// For mixed-precision Adam this is ZeRO's 2 + 2 + 12 = 16 bytes per parameter: 16 (DDP),
 /// 4 + 12/N (stage 1), 2 + 14/N (stage 2), 16/N (stage 3).
+/// Under OffloadOptimizer<Nvme> (ZeRO-Infinity) the state values are in the NVMe file between
+/// steps and only a separate master copy stays: 8/N bytes per parameter for mixed-precision
+/// Adam, (4 + 4)/N in fp32. During a step, up to optimizer_buffer_count units' state comes
+/// back (offloaded_state_bytes_in_step).
 template <StrategyType S>
 constexpr double model_state_bytes(std::int64_t params, int world_size, int states_per_param = 2) {
   using sharding = typename S::sharding;
+  using offload = typename S::offload;
   using CT = typename S::compute_type;
   using RT = typename S::reduce_type;
   using MT = typename S::master_type;
   const double p = static_cast<double>(params), n = static_cast<double>(world_size);
   const double parameters = sizeof(CT) * p / (sharding::shards_parameters ? n : 1.0);
   const double gradients = sizeof(RT) * p / (sharding::shards_gradients ? n : 1.0);
-  const double copies = states_per_param + (std::is_same_v<MT, CT> ? 0 : 1);
+  const double resident_states = offload::to_nvme ? 0 : states_per_param;
+  const double copies = resident_states + (std::is_same_v<MT, CT> ? 0 : 1);
   const double optimizer = sizeof(MT) * copies * p / (sharding::shards_optimizer_state ? n : 1.0);
   return parameters + gradients + optimizer;
+}
+
+/// The most bytes of optimizer state values that an offloading strategy brings back into
+/// memory during a step, on top of model_state_bytes: under OffloadOptimizer<Nvme>,
+/// `buffer_count` (StrategyConfig::optimizer_buffer_count) units' state at most, bounded here by
+/// as many copies of the largest unit's (`largest_unit_params` padded parameters, 1/N of them per
+/// rank, as ZeRO-Infinity is stage 3); 0 for every other strategy, whose state never leaves.
+template <StrategyType S>
+constexpr double offloaded_state_bytes_in_step(std::int64_t largest_unit_params, int world_size, int buffer_count,
+                                               int states_per_param = 2) {
+  using MT = typename S::master_type;
+  if constexpr (!S::offload::to_nvme) {
+    return 0.0;
+  } else {
+    return static_cast<double>(buffer_count) * states_per_param * sizeof(MT) *
+           static_cast<double>(largest_unit_params) / static_cast<double>(world_size);
+  }
 }
 
 /// Bytes one rank sends per training step under ring collectives (all-reduce 2(N-1)/N of the

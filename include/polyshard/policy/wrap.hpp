@@ -53,7 +53,10 @@ struct WrapByType : WrapWhole {
   static constexpr const char* name = "WrapByType";
 };
 
-/// Units are the modules passed to wrap() inside a sharded-construction context.
+/// FairScale's manual wrapping: the units are the modules marked with wrap(module) in the
+/// ShardedConstruction context installed on the thread that builds the engine, plus the root
+/// (see engine/sharded_construction.hpp). Building a ManualWrap engine outside a context, or
+/// with no marks, throws.
 struct ManualWrap : WrapWhole {
   static constexpr bool manual = true;
   static constexpr const char* name = "ManualWrap";

@@ -24,6 +24,10 @@ class Storage<T, Cpu> {
     data_ = static_cast<T*>(CachingHostAllocator::instance().allocate(bytes()));
     tracker_->add(category_, static_cast<std::int64_t>(bytes()));
   }
+  /// No elements yet: as after release(), until materialize() allocates them. A sharded
+  /// strategy builds a unit's whole buffers this way, so that no rank ever holds them at start-up.
+  Storage(std::size_t numel, MemoryCategory category, std::nullptr_t)
+      : numel_(numel), category_(category), tracker_(&current_memory_tracker()) {}
   /// Wraps memory the caller owns; nothing is counted or freed.
   Storage(T* external, std::size_t numel)
       : data_(external), numel_(numel), category_(MemoryCategory::Other), tracker_(nullptr), owned_(false) {}

@@ -35,6 +35,15 @@ class Tensor {
     t.strides_ = shape.contiguous_strides();
     return t;
   }
+  /// A tensor whose storage holds no elements until storage()->materialize() (as after
+  /// release()): shape and views exist, memory does not.
+  static Tensor unmaterialized(const Shape& shape, MemoryCategory category = current_memory_category()) {
+    Tensor t;
+    t.storage_ = std::make_shared<Storage<T, D>>(static_cast<std::size_t>(shape.numel()), category, nullptr);
+    t.shape_ = shape;
+    t.strides_ = shape.contiguous_strides();
+    return t;
+  }
   static Tensor full(const Shape& shape, T value, MemoryCategory category = current_memory_category()) {
     Tensor t = empty(shape, category);
     t.fill(value);

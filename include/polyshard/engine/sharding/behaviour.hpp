@@ -26,12 +26,15 @@ Tensor<X> buffer(std::int64_t n, MemoryCategory category) {
   return Tensor<X>::empty({n}, category);
 }
 
-/// The compute-dtype parameters and the float view the modules bind to.
+/// The compute-dtype parameters and the float view the modules bind to; with `materialized`
+/// false they get memory only when a gather materializes them.
 template <class U>
-void allocate_full_params(U& u, MemoryCategory category) {
-  u.full = buffer<typename decltype(u.full)::value_type>(u.layout->padded, category);
+void allocate_full_params(U& u, MemoryCategory category, bool materialized = true) {
+  using CT = typename decltype(u.full)::value_type;
+  const std::int64_t n = u.layout->padded;
+  u.full = materialized ? buffer<CT>(n, category) : Tensor<CT>::unmaterialized({n}, category);
   if constexpr (U::float_compute) u.work = u.full;
-  else u.work = buffer<float>(u.layout->padded, MemoryCategory::Other);
+  else u.work = materialized ? buffer<float>(n, MemoryCategory::Other) : Tensor<float>::unmaterialized({n}, MemoryCategory::Other);
 }
 
 /// The local gradients of a unit as the reduce dtype: grad_work itself when that is float, a
@@ -128,9 +131,32 @@ struct WholeGradients {
     }
   }
 
+  /// A backward after an earlier synchronised one of the same step: the reduced gradients in
+  /// the buffer backward is about to overwrite are carried aside and added back by
+  /// add_carried once the new gradients are reduced (reducing them again would count them N times).
   template <class U>
   static void begin_backward(U& u) {
-    if (!u.local_grads) u.reset_grad_flags();
+    if (u.local_grads) return;  // accumulating under no_sync: the local gradients stay
+    if (u.reduced_has_grad) u.carried = u.reduced.clone(MemoryCategory::Gradients);
+    u.reset_grad_flags();
+  }
+
+  /// Adds the carried gradients to the reduced ones when the reductions issued since
+  /// `issued` complete (at once when none was issued).
+  template <class U>
+  static void add_carried(U& u, std::vector<PendingReduction>& pending, std::size_t issued) {
+    if (!u.carried.defined()) return;
+    auto carried = u.carried, reduced = u.reduced;
+    u.carried = {};
+    if (pending.size() == issued) {
+      add_into(reduced, carried, reduced);
+      return;
+    }
+    // The last reduction issued completes after the others have (they complete in order).
+    pending.back().then = [then = std::move(pending.back().then), carried, reduced] {
+      then();
+      add_into(reduced, carried, reduced);
+    };
   }
 };
 
@@ -140,8 +166,7 @@ struct ShardedGradients {
   template <class U>
   static void allocate_grads(U& u) {
     using RT = typename decltype(u.reduced)::value_type;
-    u.grad_work = buffer<float>(u.layout->padded, MemoryCategory::Gradients);
-    u.grad_work.storage()->release();
+    u.grad_work = Tensor<float>::unmaterialized({u.layout->padded}, MemoryCategory::Gradients);
     u.reduced = buffer<RT>(u.shard, MemoryCategory::Gradients);
   }
 

@@ -32,10 +32,12 @@ struct ShardingBehaviour<NoShard> : detail::WholeParameters, detail::WholeGradie
     if constexpr (!(U::float_compute && std::is_same_v<RT, float>)) cast_into(u.grad_work, u.reduced);
     const std::int64_t n = u.reduced.numel();
     const std::int64_t step = bucket_elements > 0 ? bucket_elements : std::max<std::int64_t>(n, 1);
+    const std::size_t issued = pending.size();
     for (std::int64_t begin = 0; begin < n; begin += step) {
       auto bucket = u.reduced.flat_view(begin, std::min(step, n - begin));
       pending.push_back({comm.all_reduce_async(bucket.span(), ReduceOp::Sum), [] {}});
     }
+    add_carried(u, pending, issued);
     u.local_grads = false;
     u.reduced_has_grad = true;
   }

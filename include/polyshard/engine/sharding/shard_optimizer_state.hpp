@@ -20,8 +20,10 @@ struct ShardingBehaviour<ShardOptimizerState> : detail::WholeParameters, detail:
   static void reduce(U& u, Comm& comm, std::vector<PendingReduction>& pending, std::int64_t) {
     using RT = typename decltype(u.reduced)::value_type;
     Tensor<RT> mine = u.reduced.flat_view(u.shard_begin(), u.shard);
+    const std::size_t issued = pending.size();
     if (comm.size() == 1) {  // one rank: its local gradients are the reduced ones
       if constexpr (!(U::float_compute && std::is_same_v<RT, float>)) cast_into(u.grad_work, u.reduced);
+      add_carried(u, pending, issued);
       u.local_grads = false;
       u.reduced_has_grad = true;
       return;
@@ -36,6 +38,7 @@ struct ShardingBehaviour<ShardOptimizerState> : detail::WholeParameters, detail:
       CommHandle h = comm.reduce_scatter_async(std::span<const RT>(src.span()), out.span(), ReduceOp::Sum);
       pending.push_back({std::move(h), [src, out, mine] { mine.copy_from(out); }});
     }
+    add_carried(u, pending, issued);
     u.local_grads = false;
     u.reduced_has_grad = true;
   }

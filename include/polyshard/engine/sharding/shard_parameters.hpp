@@ -15,9 +15,7 @@ struct ShardingBehaviour<ShardParameters<ReshardAfterForward>> : detail::Sharded
   static void allocate(U& u, std::uint64_t seed) {
     using CT = typename decltype(u.full)::value_type;
     using MT = typename decltype(u.master)::value_type;
-    detail::allocate_full_params(u, MemoryCategory::Parameters);
-    u.full.storage()->release();
-    u.work.storage()->release();
+    detail::allocate_full_params(u, MemoryCategory::Parameters, /*materialized=*/false);
     u.param_shard = detail::buffer<CT>(u.shard, MemoryCategory::Parameters);
     if constexpr (std::is_same_v<MT, CT>) {
       u.master = u.param_shard;
