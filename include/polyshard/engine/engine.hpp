@@ -104,6 +104,8 @@ class Engine : private ModuleHooks<float> {
     check_trainable();
     ModuleHooksScope<float> hooks(*this);
     in_backward_ = false;
+    drain_prefetch();
+    running_order_.clear();
     gather(0);  // the root stays gathered until its backward is done
     return loss_fn();
   }
@@ -114,12 +116,14 @@ class Engine : private ModuleHooks<float> {
     Trace::Span span(trace_, "backward", "compute");
     ModuleHooksScope<float> hooks(*this);
     in_backward_ = true;
+    if (!running_order_.empty()) forward_order_ = running_order_;
     State& root = units_[0];
     gather(0);
     Behaviour::begin_backward(root);
     polyshard::backward(loss, Tensor<float>::full(loss.shape(), static_cast<float>(weight * scaler_.scale())));
     post_backward(root);
     finish_reductions();
+    drain_prefetch();
     in_backward_ = false;
   }
 
@@ -141,6 +145,7 @@ class Engine : private ModuleHooks<float> {
   /// `max_grad_norm` clips the global gradient norm (infinity: no clipping).
   bool step(double lr, double max_grad_norm = std::numeric_limits<double>::infinity()) {
     Trace::Span span(trace_, "step", "compute");
+    drain_prefetch();
     POLYSHARD_CHECK(!pending_local_grads(), "Engine::step: gradients accumulated under no_sync were never reduced; "
                                             "run one backward outside no_sync before stepping");
     if constexpr (sharding::hybrid) {
@@ -207,6 +212,7 @@ class Engine : private ModuleHooks<float> {
   /// Every parameter of the model by name, as float, gathered from wherever it lives (a
   /// collective: every rank must call it). Sorted by name.
   std::vector<std::pair<std::string, std::vector<float>>> full_parameters() {
+    drain_prefetch();
     std::vector<std::pair<std::string, std::vector<float>>> out;
     for (State& u : units_) {
       Tensor<CT> whole = u.full;
@@ -296,11 +302,16 @@ class Engine : private ModuleHooks<float> {
     const std::size_t index = it->second;
     State& u = units_[index];
     gather(index);
+    if (!in_backward_) {
+      running_order_.push_back(index);
+      prefetch_after(index, +1);
+    }
     // Backward reaches `out` before the unit's own nodes and `in` after all of them.
     Var<float> in = boundary(x, "unit input", [this, index] { post_backward(units_[index]); });
     Var<float> y = (u.layout->checkpointed && !in_backward_) ? checkpoint(body, in) : body(in);
     Var<float> out = boundary(y, "unit output", [this, index] {
       gather(index);
+      prefetch_after(index, -1);
       Behaviour::begin_backward(units_[index]);
     });
     if (sharding::reshard_after_forward && !in_backward_) Behaviour::release(u);
@@ -344,12 +355,52 @@ class Engine : private ModuleHooks<float> {
     }
   }
 
-  /// Gathers unit `index` if it is not (a span in the trace when it was not).
+  /// Gathers unit `index` if it is not (a span in the trace when it was not), completing its
+  /// prefetch if one is in flight.
   void gather(std::size_t index) {
     State& u = units_[index];
+    if constexpr (sharding::shards_parameters) {
+      if (prefetched_ && prefetched_->unit == index) {
+        Trace::Span span(trace_, "wait for prefetched unit " + std::to_string(index), "communication", 1);
+        prefetched_->handle.wait();
+        prefetched_.reset();
+        Behaviour::finish_gather(u);
+        return;
+      }
+    }
     if (u.gathered) return;
     Trace::Span span(trace_, "gather unit " + std::to_string(index), "communication", 1);
     Behaviour::gather(u, shard_comm());
+  }
+
+  /// Issues the gather of the unit that runs after unit `index` (direction +1: in forward;
+  /// -1: in backward) in the last recorded forward, unless it is gathered or one is in flight.
+  /// Every rank records the same order, so every rank issues the same collectives.
+  void prefetch_after(std::size_t index, int direction) {
+    if constexpr (sharding::shards_parameters) {
+      if (!config_.prefetch || prefetched_) return;
+      const auto at = std::find(forward_order_.begin(), forward_order_.end(), index);
+      if (at == forward_order_.end()) return;
+      const auto position = (at - forward_order_.begin()) + direction;
+      if (position < 0 || position >= static_cast<std::ptrdiff_t>(forward_order_.size())) return;
+      const std::size_t next = forward_order_[static_cast<std::size_t>(position)];
+      if (units_[next].gathered) return;
+      Trace::Span span(trace_, "prefetch unit " + std::to_string(next), "communication", 1);
+      prefetched_.emplace(Prefetched{next, Behaviour::start_gather(units_[next], shard_comm())});
+    }
+  }
+
+  /// Completes and frees a prefetch the model did not use (its order changed), so that nothing
+  /// reads the parameter shards while the optimizer writes them.
+  void drain_prefetch() {
+    if constexpr (sharding::shards_parameters) {
+      if (!prefetched_) return;
+      prefetched_->handle.wait();
+      State& u = units_[prefetched_->unit];
+      prefetched_.reset();
+      Behaviour::finish_gather(u);
+      Behaviour::release(u);
+    }
   }
 
   /// A unit's gradients are complete: reduce them (or keep accumulating under no_sync), and
@@ -414,6 +465,14 @@ class Engine : private ModuleHooks<float> {
   LossScaler<typename precision::loss_scale> scaler_;
   std::vector<PendingReduction> pending_;
   Trace* trace_ = nullptr;
+  // Units in the order the last forward ran them (a model may run them in another order than
+  // it declares them), and a gather issued ahead of its unit.
+  std::vector<std::size_t> forward_order_, running_order_;
+  struct Prefetched {
+    std::size_t unit;
+    CommHandle handle;
+  };
+  std::optional<Prefetched> prefetched_;
   bool in_backward_ = false;
   bool sync_ = true;
   bool track_grad_norm_ = false;

@@ -19,6 +19,9 @@ struct StrategyConfig {
   std::int64_t allgather_bucket_size = 200'000'000;
   /// Overlap gradient reduction with backward on the communication thread or stream.
   bool overlap_comm = true;
+  /// ShardParameters: gather the next unit, in the order units ran in the last forward (reversed
+  /// in backward), while the current one computes; a rank then holds up to two gathered units.
+  bool prefetch = true;
   /// FSDP's min_num_params for size-based wrapping (WrapBySize): a value >= 1 here replaces
   /// the policy's own threshold at run time; 0 keeps the policy's.
   std::int64_t min_num_params = 0;

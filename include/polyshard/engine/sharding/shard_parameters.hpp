@@ -31,10 +31,21 @@ struct ShardingBehaviour<ShardParameters<ReshardAfterForward>> : detail::Sharded
 
   template <class U, class Comm>
   static void gather(U& u, Comm& comm) {
-    using CT = typename decltype(u.full)::value_type;
     if (u.gathered) return;
+    start_gather(u, comm).wait();
+    finish_gather(u);
+  }
+
+  /// The two halves of gather, for prefetching: issue the all-gather into the unit's whole
+  /// buffer, and, once it completed, make the modules' view of it current.
+  template <class U, class Comm>
+  static CommHandle start_gather(U& u, Comm& comm) {
+    using CT = typename decltype(u.full)::value_type;
     u.full.storage()->materialize();
-    comm.all_gather(std::span<const CT>(u.param_shard.span()), u.full.span());
+    return comm.all_gather_async(std::span<const CT>(u.param_shard.span()), u.full.span());
+  }
+  template <class U>
+  static void finish_gather(U& u) {
     if constexpr (!U::float_compute) {
       u.refresh_work_from_full();
       u.full.storage()->release();  // the float copy is what computes on the CPU
