@@ -6,9 +6,11 @@
 #include <thread>
 
 #include "engine_fixture.hpp"
+#include "support/error_of.hpp"
 #include "polyshard/engine/sharded_construction.hpp"
 
 using namespace polyshard;
+using test::error_of;
 
 namespace {
 
@@ -59,16 +61,6 @@ Run train_marked(int world, const Marker& mark, int steps = 3) {
   return std::move(runs[0]);
 }
 
-/// The message of the polyshard::Error that `f` throws, or "" when it throws none.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 /// Builds a ManualWrap engine on one rank from a model marked by `mark`, inside a context when
 /// `with_context`; returns the error it threw ("" when none).

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "engine_fixture.hpp"
+#include "support/error_of.hpp"
 
 using namespace polyshard;
 
@@ -58,16 +59,7 @@ TEMPLATE_LIST_TEST_CASE("synchronising backward calls before one step add their 
   }
 }
 
-/// The message of the polyshard::Error that `f` throws, or "" when it throws none.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 TEST_CASE("stepping with unreduced no_sync gradients is an error", "[engine]") {
   std::string message;
