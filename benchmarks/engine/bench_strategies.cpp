@@ -1,5 +1,6 @@
 // Every preset at world sizes 1, 2 and 4 on the GPT, ranks as threads: step time, tokens/s,
 // model-state and peak bytes per rank, and bytes sent per rank per step beside the formula.
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -20,7 +21,7 @@ struct Figures {
 };
 
 template <class S>
-Figures measure(int world, const GptConfig& cfg, std::int64_t batch, int steps) {
+Figures measure(int world, const GptConfig& cfg, std::int64_t batch, int steps, const StrategyConfig& config) {
   const TextDataset data = TextDataset::from_text(builtin_corpus(), "builtin");
   Figures out;
   std::mutex mutex;
@@ -31,7 +32,7 @@ Figures measure(int world, const GptConfig& cfg, std::int64_t batch, int steps) 
     MemoryTracker memory;
     TrackerScope scope(memory);
     Gpt<float> model(cfg);
-    Engine<S, Gpt<float>, ThreadCommunicator, AdamW<float>> engine(model, comm, AdamWConfig{}, {}, 1);
+    Engine<S, Gpt<float>, ThreadCommunicator, AdamW<float>> engine(model, comm, AdamWConfig{}, config, 1);
     const BatchSampler sampler(data, cfg.block_size, batch, 3);
     std::vector<double> times;
     double bytes = 0;
@@ -65,8 +66,8 @@ Figures measure(int world, const GptConfig& cfg, std::int64_t batch, int steps) 
 
 template <class S>
 void row(bench::Table& table, const char* name, int world, const GptConfig& cfg, std::int64_t batch, int steps,
-         double& ddp_step) {
-  const Figures f = measure<S>(world, cfg, batch, steps);
+         double& ddp_step, const StrategyConfig& config = {}) {
+  const Figures f = measure<S>(world, cfg, batch, steps, config);
   if (std::string(name) == "ddp") ddp_step = f.step_s;
   table.row()
       .set("strategy", name)
@@ -98,6 +99,13 @@ int main(int argc, char** argv) {
     row<Strategy<ShardParameters<true>, PerBlock>>(table, "zero3", world, cfg, batch, steps, ddp_step);
     row<Strategy<ShardParameters<false>, PerBlock>>(table, "fsdp_grad_op", world, cfg, batch, steps, ddp_step);
     row<Strategy<ShardGradients, Bf16Mixed, PerBlock>>(table, "zero2 bf16", world, cfg, batch, steps, ddp_step);
+#ifdef POLYSHARD_HAVE_LIBURING
+    // ZeRO-Infinity: AdamW's state in a file per rank under the temporary directory.
+    StrategyConfig nvme;
+    nvme.nvme_path = std::filesystem::temp_directory_path().string();
+    row<Strategy<ShardParameters<true>, OffloadOptimizer<Nvme>, PerBlock>>(table, "zero_infinity", world, cfg, batch,
+                                                                           steps, ddp_step, nvme);
+#endif
   }
   table.print();
   table.write_json(args.json);
