@@ -104,12 +104,8 @@ Timing save_and_load(const GptConfig& cfg, int world, const fs::path& dir, int r
   run_ranks(world, [&](ThreadCommunicator& comm) {
     Gpt<float> model(cfg);
     Engine<S, Gpt<float>, ThreadCommunicator, AdamW<float>> engine(model, comm, AdamWConfig{}, {}, 1);
-    if (comm.rank() == 0) {
-      save_checkpoint(engine, dir, {.step = 1});  // once untimed, for the probe's size
-      timing.bytes = bytes_under(dir);
-    } else {
-      save_checkpoint(engine, dir, {.step = 1});
-    }
+    save_checkpoint(engine, dir, {.step = 1});  // once untimed, for the probe's size
+    if (comm.rank() == 0) timing.bytes = bytes_under(dir);
     for (int round = 0; round < repeats; ++round) {
       if (comm.rank() == 0) {
         const auto [w, r] = disk_bandwidth(dir.parent_path() / "disk-probe", timing.bytes);

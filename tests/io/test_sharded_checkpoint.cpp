@@ -196,6 +196,7 @@ TEST_CASE("resharding plans cover a range exactly once, from the metadata alone"
   CHECK((reads[0].file == 0 && reads[0].piece_begin == 0 && reads[0].offset == 3 && reads[0].count == 1 && reads[0].into == 0));
   CHECK((reads[1].file == 1 && reads[1].piece_begin == 4 && reads[1].offset == 0 && reads[1].count == 6 && reads[1].into == 1));
   CHECK((reads[2].file == 2 && reads[2].piece_begin == 10 && reads[2].offset == 0 && reads[2].count == 1 && reads[2].into == 7));
+  CHECK((reads[0].piece_size == 4 && reads[1].piece_size == 6 && reads[2].piece_size == 2));
   // Every sub-range of every length is covered once, in order.
   for (std::int64_t b = 0; b <= 12; ++b)
     for (std::int64_t e = b; e <= 12; ++e) {

@@ -321,11 +321,11 @@ inline CheckpointMetadata read_checkpoint_metadata(const std::filesystem::path& 
 }
 
 /// One read that resharding needs: `count` elements starting at element `offset` of the piece of
-/// the parameter that begins at `piece_begin` in file `file`, landing `into` elements after the
-/// start of the requested range.
+/// the parameter that begins at `piece_begin` (and holds `piece_size` elements) in file `file`,
+/// landing `into` elements after the start of the requested range.
 struct CheckpointRead {
   std::size_t file;
-  std::int64_t piece_begin;
+  std::int64_t piece_begin, piece_size;
   std::int64_t offset, count, into;
 };
 
@@ -341,7 +341,7 @@ inline std::vector<CheckpointRead> plan_checkpoint_reads(const CheckpointParamet
                              [](std::int64_t x, const CheckpointPiece& c) { return x < c.end; });
   for (; it != p.pieces.end() && it->begin < end; ++it) {
     const std::int64_t lo = std::max(begin, it->begin), hi = std::min(end, it->end);
-    reads.push_back({it->file, it->begin, lo - it->begin, hi - lo, lo - begin});
+    reads.push_back({it->file, it->begin, it->end - it->begin, lo - it->begin, hi - lo, lo - begin});
   }
   return reads;
 }

@@ -38,20 +38,9 @@ void save_full_weights(E& engine, const std::filesystem::path& path, const std::
     if (comm.rank() != 0) return;
     SafetensorsWriter writer;
     writer.add_metadata("format", "pt");
-    auto add = [&](const std::string& name, const Tensor<MT>& t) {
-      detail::add_with_dtype(dtype, [&](auto as) {
-        using To = typename decltype(as)::type;
-        if constexpr (std::is_void_v<To>) writer.add(name, t);
-        else writer.add_as<To>(name, t);
-      });
-    };
     for (std::size_t u = 0; u < engine.units().units.size(); ++u)
-      for (const auto& e : engine.units().units[u].entries) {
-        const Tensor<MT> t = whole[u].flat_view(e.offset, e.numel()).reshape(e.shape);
-        add(e.name, t);
-        for (const TiedParameter& tie : tied)
-          if (tie.source == e.name) add(tie.alias, t);
-      }
+      for (const auto& e : engine.units().units[u].entries)
+        detail::add_with_aliases(writer, e.name, whole[u].flat_view(e.offset, e.numel()).reshape(e.shape), tied, dtype);
     writer.write(path);
   });
   detail::agree_or_throw(comm, error, "save_full_weights", path);
@@ -84,13 +73,10 @@ void load_full_weights(E& engine, const std::filesystem::path& path, const std::
       const bool alias = std::any_of(tied.begin(), tied.end(), [&](const TiedParameter& tie) { return tie.alias == t.name; });
       if (!names.count(t.name) && !alias) unexpected.push_back(t.name);
     }
-    if (!missing.empty() || !unexpected.empty() || !misshaped.empty()) {
-      std::string msg = "load_full_weights: '" + path.string() + "' does not match the model:";
-      if (!missing.empty()) msg += " missing tensors " + detail::join_names(missing) + ";";
-      if (!unexpected.empty()) msg += " unexpected tensors " + detail::join_names(unexpected) + ";";
-      if (!misshaped.empty()) msg += " different shapes for " + detail::join_names(misshaped) + ";";
+    if (std::string msg = detail::mismatch_message("load_full_weights: '" + path.string() + "' does not match the model:",
+                                                   "tensors", missing, unexpected, misshaped);
+        !msg.empty())
       throw Error(msg);
-    }
   });
   detail::agree_or_throw(comm, error, "load_full_weights", path);
 

@@ -24,6 +24,15 @@ namespace polyshard {
 
 namespace detail {
 
+/// Adds `t` under `name` and under every tied alias of `name`, stored as `dtype` when given.
+template <Element T>
+void add_with_aliases(SafetensorsWriter& writer, const std::string& name, const Tensor<T>& t,
+                      const std::vector<TiedParameter>& tied, const std::optional<DType>& dtype) {
+  add_stored(writer, name, t, dtype);
+  for (const TiedParameter& tie : tied)
+    if (tie.source == name) add_stored(writer, tie.alias, t, dtype);
+}
+
 /// The part of one parameter inside a rank's optimizer span of a unit.
 struct SpanSlice {
   std::size_t entry;            ///< index in the unit's entries
@@ -110,13 +119,12 @@ struct CheckpointFiles {
   }
 };
 
-/// The state names of an engine's optimizer ({"exp_avg", "exp_avg_sq"} for Adam and AdamW).
+/// The state names of an engine's optimizer ({"exp_avg", "exp_avg_sq"} for Adam and AdamW). The
+/// names need no state in memory: nothing is read back from NVMe for them.
 template <class E>
-std::vector<std::string> optimizer_state_names(E& engine) {
+std::vector<std::string> optimizer_state_names(const E& engine) {
   std::vector<std::string> names;
-  engine.access_optimizer(0, [&](auto& opt, auto) {
-    for (const auto& [name, tensor] : opt.state()) names.push_back(name);
-  });
+  for (const auto& [name, tensor] : engine.optimizers().at(0).state()) names.push_back(name);
   return names;
 }
 
@@ -200,13 +208,10 @@ void check_checkpoint_fits(E& engine, const CheckpointMetadata& m, const std::fi
     }
   for (const auto& p : m.parameters)
     if (!engine_names.count(p.name)) unexpected.push_back(p.name);
-  if (!missing.empty() || !unexpected.empty() || !misshaped.empty()) {
-    std::string msg = "load_checkpoint: '" + dir.string() + "' does not match the model:";
-    if (!missing.empty()) msg += " missing parameters " + join_names(missing) + ";";
-    if (!unexpected.empty()) msg += " unexpected parameters " + join_names(unexpected) + ";";
-    if (!misshaped.empty()) msg += " different shapes for " + join_names(misshaped) + ";";
+  if (std::string msg = mismatch_message("load_checkpoint: '" + dir.string() + "' does not match the model:",
+                                         "parameters", missing, unexpected, misshaped);
+      !msg.empty())
     throw Error(msg);
-  }
   std::vector<std::string> mine = optimizer_state_names(engine), theirs = m.optimizer_state;
   std::sort(mine.begin(), mine.end());
   std::sort(theirs.begin(), theirs.end());
@@ -330,11 +335,8 @@ TrainingState load_checkpoint(E& engine, const std::filesystem::path& dir) {
         const CheckpointParameter* p = m.find(unit.entries[s.entry].name);
         detail::PlannedSlice planned{u, s, p, plan_checkpoint_reads(*p, s.begin, s.end)};
         for (const CheckpointRead& r : planned.reads)
-          for (const std::string& kind : kinds) {
-            const auto& piece = *std::find_if(p->pieces.begin(), p->pieces.end(),
-                                              [&](const CheckpointPiece& c) { return c.begin == r.piece_begin; });
-            files->check(r.file, checkpoint_tensor_name(kind, p->name, r.piece_begin), piece.end - piece.begin);
-          }
+          for (const std::string& kind : kinds)
+            files->check(r.file, checkpoint_tensor_name(kind, p->name, r.piece_begin), r.piece_size);
         plan.push_back(std::move(planned));
       }
     }
@@ -404,19 +406,8 @@ inline void consolidate_checkpoint(const std::filesystem::path& dir, const std::
   SafetensorsWriter writer;
   writer.add_metadata("format", "pt");
   writer.add_metadata("step", std::to_string(m.training.step));
-  auto add = [&](const std::string& name, const Tensor<float>& t) {
-    detail::add_with_dtype(dtype, [&](auto as) {
-      using To = typename decltype(as)::type;
-      if constexpr (std::is_void_v<To>) writer.add(name, t);
-      else writer.add_as<To>(name, t);
-    });
-  };
-  for (const CheckpointParameter& p : m.parameters) {
-    const Tensor<float> t = read_checkpoint_tensor(dir, m, "master", p);
-    add(p.name, t);
-    for (const TiedParameter& tie : tied)
-      if (tie.source == p.name) add(tie.alias, t);
-  }
+  for (const CheckpointParameter& p : m.parameters)
+    detail::add_with_aliases(writer, p.name, read_checkpoint_tensor(dir, m, "master", p), tied, dtype);
   writer.write(out);
 }
 

@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <functional>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -64,6 +63,19 @@ inline std::string join_names(const std::vector<std::string>& names) {
   return out;
 }
 
+/// What a file and a module disagree on, as one message: "<prefix> missing <noun> 'a';
+/// unexpected <noun> 'b'; different shapes for 'c (...)';" ("" when they agree).
+inline std::string mismatch_message(const std::string& prefix, const char* noun, const std::vector<std::string>& missing,
+                                    const std::vector<std::string>& unexpected,
+                                    const std::vector<std::string>& misshaped = {}) {
+  if (missing.empty() && unexpected.empty() && misshaped.empty()) return {};
+  std::string msg = prefix;
+  if (!missing.empty()) msg += std::string(" missing ") + noun + " " + join_names(missing) + ";";
+  if (!unexpected.empty()) msg += std::string(" unexpected ") + noun + " " + join_names(unexpected) + ";";
+  if (!misshaped.empty()) msg += " different shapes for " + join_names(misshaped) + ";";
+  return msg;
+}
+
 template <class P>
 using parameter_element_t = typename decltype(std::declval<const P&>().value())::value_type;
 
@@ -110,13 +122,11 @@ LoadStateDictResult load_mapped(M& module, const SafetensorsFile& file, Classify
   }
   for (const std::string& name : order)
     if (!params[name].source) result.missing_keys.push_back(name);
-  if (options.strict && (!result.missing_keys.empty() || !result.unexpected_keys.empty())) {
-    std::ostringstream msg;
-    msg << what << ": '" << file.name() << "' does not match the module:";
-    if (!result.missing_keys.empty()) msg << " missing tensors " << join_names(result.missing_keys) << ";";
-    if (!result.unexpected_keys.empty()) msg << " unexpected tensors " << join_names(result.unexpected_keys) << ";";
-    throw Error(msg.str());
-  }
+  if (options.strict)
+    if (std::string msg = mismatch_message(std::string(what) + ": '" + file.name() + "' does not match the module:",
+                                           "tensors", result.missing_keys, result.unexpected_keys);
+        !msg.empty())
+      throw Error(msg);
 
   auto check = [&](const SafetensorsTensorInfo& t, const std::string& param, Shape expected, bool transposed) {
     if (transposed) std::swap(expected[0], expected[1]);
@@ -172,6 +182,16 @@ void add_with_dtype(const std::optional<DType>& dtype, Add&& add) {
   });
 }
 
+/// Adds `t` to `writer` under `name`, stored as `dtype` when given, else in its own dtype.
+template <Element T>
+void add_stored(SafetensorsWriter& writer, const std::string& name, const Tensor<T>& t, const std::optional<DType>& dtype) {
+  add_with_dtype(dtype, [&](auto as) {
+    using To = typename decltype(as)::type;
+    if constexpr (std::is_void_v<To>) writer.add(name, t);
+    else writer.add_as<To>(name, t);
+  });
+}
+
 /// Adds every parameter of `module` to `writer` under `rename(name)`, transposed where
 /// `transpose(name)` says, stored as `dtype` when given.
 template <Module M, class Rename, class Transpose>
@@ -180,11 +200,7 @@ void add_parameters(SafetensorsWriter& writer, const M& module, const std::optio
   visit_parameters(module, [&](const std::string& name, const auto& p) {
     using T = parameter_element_t<std::remove_cvref_t<decltype(p)>>;
     const Tensor<T> value = transpose(name) ? p.value().transpose() : p.value();
-    add_with_dtype(dtype, [&](auto as) {
-      using To = typename decltype(as)::type;
-      if constexpr (std::is_void_v<To>) writer.add(rename(name), value);
-      else writer.add_as<To>(rename(name), value);
-    });
+    add_stored(writer, rename(name), value, dtype);
   });
 }
 
@@ -210,11 +226,7 @@ void save_state_dict(const M& module, const std::filesystem::path& path, const S
       visit_parameters(module, [&](const std::string& name, const auto& p) {
         if (name != tie.source) return;
         found = true;
-        detail::add_with_dtype(options.dtype, [&](auto as) {
-          using To = typename decltype(as)::type;
-          if constexpr (std::is_void_v<To>) writer.add(tie.alias, p.value());
-          else writer.add_as<To>(tie.alias, p.value());
-        });
+        detail::add_stored(writer, tie.alias, p.value(), options.dtype);
       });
       POLYSHARD_CHECK(found, "save_state_dict: tied weight '", tie.alias, "' names no parameter '", tie.source, "'");
     }
