@@ -1,0 +1,2 @@
+// (kernels to come)
+#include "polyshard/core/cuda/device_math.cuh"

@@ -1,0 +1,80 @@
+// Comparing a kernel against its CPU twin: random inputs, outputs poisoned before the run (so an
+// element the kernel never wrote shows up as NaN), and a relative error with a bound per type.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "polyshard/core/cuda/device_buffer.hpp"
+#include "polyshard/core/dtype.hpp"
+
+namespace polyshard::test {
+
+/// The relative-error bound for outputs of element type T: fp32 well under 1e-5, the 16-bit
+/// types about one rounding of their 8 (bf16) or 11 (fp16) significant bits.
+template <class T>
+constexpr double gpu_tolerance() {
+  if constexpr (std::is_same_v<T, float>) return 2e-6;
+  else if constexpr (std::is_same_v<T, double>) return 1e-12;
+  else if constexpr (std::is_same_v<T, half>) return 2e-3;
+  else return 1.6e-2;
+}
+
+/// Uniform values in [-scale, scale) rounded to T.
+template <class T>
+std::vector<T> random_values(std::size_t n, std::uint64_t seed, double scale = 1.0) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(-scale, scale);
+  std::vector<T> v(n);
+  for (auto& x : v) x = static_cast<T>(static_cast<float>(u(rng)));
+  return v;
+}
+
+/// A device buffer poisoned with NaN bytes, for a kernel's output.
+template <class T>
+cuda::DeviceBuffer<T> poisoned_device(std::size_t n, MemoryCategory category = MemoryCategory::Other) {
+  cuda::DeviceBuffer<T> b(n, category);
+  b.fill_bytes(0xFF);
+  return b;
+}
+
+template <class T>
+cuda::DeviceBuffer<T> device_copy(const std::vector<T>& host, MemoryCategory category = MemoryCategory::Other) {
+  return cuda::to_device(std::span<const T>(host), category);
+}
+
+/// max |got - want| / max(max |want|, floor): one number per output, so a single wrong or
+/// unwritten (NaN) element fails it. NaN anywhere gives infinity.
+template <class G, class W>
+double relative_error(std::span<const G> got, std::span<const W> want, double floor = 1e-6) {
+  REQUIRE(got.size() == want.size());
+  double worst = 0, scale = floor;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double g = static_cast<double>(static_cast<float>(got[i]));
+    const double w = static_cast<double>(static_cast<float>(want[i]));
+    if (!std::isfinite(g) && std::isfinite(w)) return INFINITY;
+    worst = std::max(worst, std::abs(g - w));
+    scale = std::max(scale, std::abs(w));
+  }
+  return worst / scale;
+}
+
+/// Checks a device result against the CPU twin's with T's tolerance (times `slack`).
+template <class T, class W>
+void check_close(const std::string& what, const cuda::DeviceBuffer<T>& got, const std::vector<W>& want,
+                 double slack = 1.0) {
+  const auto host = got.to_host();
+  const double err = relative_error(std::span<const T>(host), std::span<const W>(want));
+  INFO(what << ": relative error " << err << " (bound " << gpu_tolerance<T>() * slack << ")");
+  CHECK(err <= gpu_tolerance<T>() * slack);
+}
+
+}  // namespace polyshard::test
