@@ -6,6 +6,7 @@
 # Eigen and no Boost.Hana, so they compile fast; each instantiates its kernels for the element
 # types the strategies use (float, half, bfloat16).
 set(POLYSHARD_CUDA_SOURCES
+  polyshard/tensor/cuda/tensor_kernels.cu
   polyshard/tensor/cuda/transformer_kernels.cu
   polyshard/optim/cuda/fused_optimizers.cu
   polyshard/engine/cuda/unit_kernels.cu)

@@ -1,14 +1,18 @@
 // Reference-counted memory behind tensors: a block from the device's allocator, counted under
-// a memory category for as long as it lives.
+// a memory category for as long as it lives; and the device's element copies and fills, which
+// Tensor calls so that its views work the same on every device.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "polyshard/core/device.hpp"
 #include "polyshard/core/dtype.hpp"
 #include "polyshard/core/host_allocator.hpp"
 #include "polyshard/core/memory_tracker.hpp"
+#include "polyshard/tensor/shape.hpp"
 
 namespace polyshard {
 
@@ -62,6 +66,29 @@ class Storage<T, Cpu> {
   std::size_t numel() const { return numel_; }
   std::size_t bytes() const { return numel_ * sizeof(T); }
   MemoryCategory category() const { return category_; }
+
+  /// Copies the view (shape, strides) starting at `src` into contiguous `out`, row-major.
+  static void copy_view(T* out, const T* src, const Shape& shape, const Shape& strides, bool contiguous) {
+    const std::int64_t n = shape.numel();
+    if (contiguous) {
+      std::copy_n(src, n, out);
+      return;
+    }
+    // Walk the index space in row-major order with an odometer.
+    std::int64_t idx[Shape::max_rank] = {};
+    for (std::int64_t k = 0; k < n; ++k) {
+      std::int64_t off = 0;
+      for (int i = 0; i < shape.rank(); ++i) off += idx[i] * strides[i];
+      out[k] = src[off];
+      for (int i = shape.rank() - 1; i >= 0; --i) {
+        if (++idx[i] < shape[i]) break;
+        idx[i] = 0;
+      }
+    }
+  }
+  static void fill(T* out, std::int64_t n, T value) { std::fill_n(out, n, value); }
+  /// Copies `n` elements from this device's memory to host memory.
+  static void copy_to_host(T* host, const T* src, std::int64_t n) { std::copy_n(src, n, host); }
 
  private:
   T* data_ = nullptr;

@@ -52,8 +52,10 @@ class Tensor {
   static Tensor zeros(const Shape& shape, MemoryCategory category = current_memory_category()) {
     return full(shape, T(0), category);
   }
+  /// A host tensor holding a copy of `values` (on a device: to_device(Tensor<T>::from(...))).
   static Tensor from(const Shape& shape, std::span<const T> values,
                      MemoryCategory category = current_memory_category()) {
+    static_assert(std::same_as<D, Cpu>, "Tensor::from copies host values: build a host tensor and copy it to the device");
     POLYSHARD_CHECK(static_cast<std::int64_t>(values.size()) == shape.numel(), "Tensor::from: shape ",
                     shape, " holds ", shape.numel(), " elements but ", values.size(), " were given");
     Tensor t = empty(shape, category);
@@ -82,6 +84,7 @@ class Tensor {
   std::int64_t offset() const { return offset_; }
   const std::shared_ptr<Storage<T, D>>& storage() const { return storage_; }
 
+  /// The first element, in D's memory (a device pointer for Cuda).
   T* data() const { return storage_ ? storage_->data() + offset_ : nullptr; }
   std::span<T> span() const {
     POLYSHARD_CHECK(is_contiguous(), "Tensor::span: tensor of shape ", shape_, " is not contiguous");
@@ -161,14 +164,14 @@ class Tensor {
   Tensor contiguous() const {
     if (is_contiguous()) return *this;
     Tensor out = empty(shape_);
-    copy_strided(out.data());
+    copy_into(out.data());
     return out;
   }
 
   /// A contiguous copy with its own storage.
   Tensor clone(MemoryCategory category = current_memory_category()) const {
     Tensor out = empty(shape_, category);
-    copy_strided(out.data());
+    copy_into(out.data());
     return out;
   }
 
@@ -176,16 +179,17 @@ class Tensor {
   void copy_from(const Tensor& src) const {
     POLYSHARD_CHECK(src.shape() == shape_, "copy_from: shapes ", src.shape(), " and ", shape_, " differ");
     POLYSHARD_CHECK(is_contiguous(), "copy_from: destination of shape ", shape_, " is not contiguous");
-    src.copy_strided(data());
+    src.copy_into(data());
   }
 
   void fill(T value) const {
     POLYSHARD_CHECK(is_contiguous(), "fill: tensor of shape ", shape_, " is not contiguous");
-    std::fill_n(data(), numel(), value);
+    Storage<T, D>::fill(data(), numel(), value);
   }
 
-  /// Element at a multi-index, for tests and small host-side code.
+  /// Element at a multi-index, for tests and small host-side code (host tensors only).
   template <class... I>
+    requires std::same_as<D, Cpu>
   T& at(I... index) const {
     POLYSHARD_CHECK(sizeof...(I) == static_cast<std::size_t>(rank()), "at: ", sizeof...(I),
                     " indices for shape ", shape_);
@@ -200,32 +204,17 @@ class Tensor {
   }
 
   /// All elements in row-major order, copied to a vector.
+  /// All elements in row-major order, copied to a host vector (from a device: waits for them).
   std::vector<T> to_vector() const {
     std::vector<T> v(static_cast<std::size_t>(numel()));
-    copy_strided(v.data());
+    const Tensor c = contiguous();
+    Storage<T, D>::copy_to_host(v.data(), c.data(), numel());
     return v;
   }
 
  private:
-  void copy_strided(T* out) const {
-    if (is_contiguous()) {
-      std::copy_n(data(), numel(), out);
-      return;
-    }
-    // Walk the index space in row-major order with an odometer.
-    std::int64_t idx[Shape::max_rank] = {};
-    const std::int64_t n = numel();
-    const T* base = data();
-    for (std::int64_t k = 0; k < n; ++k) {
-      std::int64_t off = 0;
-      for (int i = 0; i < rank(); ++i) off += idx[i] * strides_[i];
-      out[k] = base[off];
-      for (int i = rank() - 1; i >= 0; --i) {
-        if (++idx[i] < shape_[i]) break;
-        idx[i] = 0;
-      }
-    }
-  }
+  /// Copies this view's elements, row-major, to contiguous memory of the same device.
+  void copy_into(T* out) const { Storage<T, D>::copy_view(out, data(), shape_, strides_, is_contiguous()); }
 
   std::shared_ptr<Storage<T, D>> storage_;
   std::int64_t offset_ = 0;
