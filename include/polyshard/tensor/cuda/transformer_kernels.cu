@@ -1,2 +1,1203 @@
-// (kernels to come)
+// The GPT's CUDA kernels (forward and backward) and their launchers; each kernel is the twin of
+// the CPU op of the same name in polyshard/tensor/ops/ and computes in float for every element
+// type. Instantiated at the end for float, half and bfloat16.
+#include "polyshard/tensor/cuda/transformer_kernels.hpp"
+
+#include <cub/device/device_radix_sort.cuh>
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+
 #include "polyshard/core/cuda/device_math.cuh"
+#include "polyshard/core/cuda/error.hpp"
+#include "polyshard/core/error.hpp"
+
+namespace polyshard::cuda {
+namespace {
+
+// ---- shared pieces --------------------------------------------------------------------------
+
+constexpr int block_threads = 256;  // a multiple of 32, as block_sum and block_max need
+constexpr int warps_per_block = block_threads / 32;
+constexpr int wide_row_threads = 1024;  // for rows of at least wide_row columns
+constexpr std::int64_t wide_row = 8192;
+constexpr std::int64_t max_width = std::int64_t(1) << 30;  // columns: int indices with headroom for i += lanes * 8
+
+/// Threads of a block-per-row kernel for rows of `n` columns.
+int row_threads(std::int64_t n) { return n >= wide_row ? wide_row_threads : block_threads; }
+
+constexpr float gelu_k0 = 0.7978845608028654f;  // sqrt(2 / pi), as tensor/ops/gelu.hpp
+constexpr float gelu_k1 = 0.044715f;
+
+__device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
+
+/// Elements before the first 16-byte boundary at or after p.
+template <class D>
+__device__ __forceinline__ int pack_head(const void* p) {
+  const unsigned misalignment = static_cast<unsigned>(reinterpret_cast<std::uintptr_t>(p) & 15u);
+  return static_cast<int>(((16u - misalignment) & 15u) / sizeof(D));
+}
+
+/// Whether two pointers sit at the same place modulo 16 bytes, so one scalar head aligns both.
+__device__ __forceinline__ bool co_aligned(const void* a, const void* b) {
+  return ((reinterpret_cast<std::uintptr_t>(a) ^ reinterpret_cast<std::uintptr_t>(b)) & 15u) == 0;
+}
+
+/// Visits each index of a row of n elements exactly once, spread over threads `lane` of `lanes`:
+/// vec(i) for the whole 16-byte packs [i, i + P) from `head` on, scalar(i) for the elements
+/// before `head` and after the last whole pack. head < 0 (pointers not co-aligned) or
+/// head >= n: every element is scalar.
+template <class D, class Scalar, class Vec>
+__device__ __forceinline__ void row_loop(int n, int head, int lane, int lanes, Scalar&& scalar, Vec&& vec) {
+  constexpr int P = Pack<D>::size;
+  int vec_begin = n, vec_end = n;  // packs cover [vec_begin, vec_end)
+  if (head >= 0 && head < n) {
+    vec_begin = head;
+    vec_end = head + (n - head) / P * P;
+  }
+  for (int i = lane; i < vec_begin; i += lanes) scalar(i);
+  for (int i = vec_begin + lane * P; i < vec_end; i += lanes * P) vec(i);
+  for (int i = vec_end + lane; i < n; i += lanes) scalar(i);
+}
+
+/// Copies (or adds, Acc) W elements from src to dst: one 16-byte pack when W is the pack size.
+template <class D, int W, bool Acc>
+__device__ __forceinline__ void move_unit(const D* src, D* dst) {
+  if constexpr (W == 1) {
+    if constexpr (Acc) dst[0] = from_float<D>(to_float(dst[0]) + to_float(src[0]));
+    else dst[0] = src[0];
+  } else {
+    static_assert(W == Pack<D>::size, "move_unit: W is 1 or a whole pack");
+    Pack<D> s = load_pack(src);
+    if constexpr (Acc) {
+      const Pack<D> o = load_pack(dst);
+#pragma unroll
+      for (int e = 0; e < W; ++e) s.v[e] = from_float<D>(to_float(o.v[e]) + to_float(s.v[e]));
+    }
+    store_pack(dst, s);
+  }
+}
+
+__device__ __forceinline__ std::int64_t global_thread() {
+  return std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ std::int64_t grid_threads() { return std::int64_t(gridDim.x) * blockDim.x; }
+
+/// out[i] = f(a[i], b[i], c[i]) for i < n over the grid, reading NIn of the inputs (the others
+/// may be null): whole packs when `packs` (every pointer 16-byte aligned), then a scalar tail;
+/// all scalar otherwise. Each index is read and written by one thread, so out may alias an input.
+template <int NIn, class D, class F>
+__device__ __forceinline__ void map_elements(const D* a, const D* b, const D* c, D* out, std::int64_t n, bool packs,
+                                             F f) {
+  constexpr int P = Pack<D>::size;
+  const std::int64_t first = global_thread(), stride = grid_threads();
+  std::int64_t scalar_begin = 0;
+  if (packs) {
+    const std::int64_t n_packs = n / P;
+    for (std::int64_t k = first; k < n_packs; k += stride) {
+      const std::int64_t i = k * P;
+      const Pack<D> pa = load_pack(a + i);
+      Pack<D> pb = pa, pc = pa;
+      if constexpr (NIn > 1) pb = load_pack(b + i);
+      if constexpr (NIn > 2) pc = load_pack(c + i);
+      Pack<D> po;
+#pragma unroll
+      for (int e = 0; e < P; ++e) po.v[e] = from_float<D>(f(to_float(pa.v[e]), to_float(pb.v[e]), to_float(pc.v[e])));
+      store_pack(out + i, po);
+    }
+    scalar_begin = n_packs * P;
+  }
+  for (std::int64_t i = scalar_begin + first; i < n; i += stride) {
+    const float x = to_float(a[i]);
+    float y = x, z = x;
+    if constexpr (NIn > 1) y = to_float(b[i]);
+    if constexpr (NIn > 2) z = to_float(c[i]);
+    out[i] = from_float<D>(f(x, y, z));
+  }
+}
+
+template <class... Ps>
+bool all_aligned16(const Ps*... ps) {
+  return (aligned16(ps) && ...);
+}
+
+void check_count(const char* op, const char* what, std::int64_t value) {
+  POLYSHARD_CHECK(value >= 0, op, ": ", what, " must not be negative, got ", value);
+}
+void check_width(const char* op, const char* what, std::int64_t value) {
+  POLYSHARD_CHECK(value > 0 && value <= max_width, op, ": ", what, " must be in [1, 2^30], got ", value);
+}
+void check_pointer(const char* op, const char* what, const void* p) {
+  POLYSHARD_CHECK(p != nullptr, op, ": ", what, " is a null pointer");
+}
+
+// ---- elementwise ----------------------------------------------------------------------------
+
+struct GeluForward {
+  __device__ float operator()(float x, float, float) const {
+    return 0.5f * x * (1.f + tanhf(gelu_k0 * (x + gelu_k1 * (x * x * x))));
+  }
+};
+
+/// dy * gelu'(x), plus the old dx when accumulating (third input).
+template <bool Acc>
+struct GeluBackward {
+  __device__ float operator()(float x, float dy, float old) const {
+    const float t = tanhf(gelu_k0 * (x + gelu_k1 * (x * x * x)));
+    // d/dx [0.5 x (1 + t)] = 0.5 (1 + t) + 0.5 x (1 - t^2) k0 (1 + 3 k1 x^2)
+    const float grad = dy * (0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * gelu_k0 * (1.f + 3.f * gelu_k1 * (x * x)));
+    return Acc ? old + grad : grad;
+  }
+};
+
+struct Add {
+  __device__ float operator()(float a, float b, float) const { return a + b; }
+};
+
+/// y + x with the inputs given as (x, y).
+struct AddInto {
+  __device__ float operator()(float x, float y, float) const { return y + x; }
+};
+
+struct Scale {
+  float s;
+  __device__ float operator()(float x, float, float) const { return x * s; }
+};
+
+template <class D>
+__global__ void gelu_forward_kernel(const D* x, D* y, std::int64_t n, bool packs) {
+  map_elements<1>(x, static_cast<const D*>(nullptr), static_cast<const D*>(nullptr), y, n, packs, GeluForward{});
+}
+
+template <class D, bool Acc>
+__global__ void gelu_backward_kernel(const D* x, const D* dy, D* dx, std::int64_t n, bool packs) {
+  map_elements<Acc ? 3 : 2>(x, dy, static_cast<const D*>(dx), dx, n, packs, GeluBackward<Acc>{});
+}
+
+template <class D>
+__global__ void add_forward_kernel(const D* a, const D* b, D* out, std::int64_t n, bool packs) {
+  map_elements<2>(a, b, static_cast<const D*>(nullptr), out, n, packs, Add{});
+}
+
+template <class D>
+__global__ void add_accumulate_forward_kernel(const D* x, D* y, std::int64_t n, bool packs) {
+  map_elements<2>(x, static_cast<const D*>(y), static_cast<const D*>(nullptr), y, n, packs, AddInto{});
+}
+
+template <class D>
+__global__ void scale_forward_kernel(const D* x, float s, D* out, std::int64_t n, bool packs) {
+  map_elements<1>(x, static_cast<const D*>(nullptr), static_cast<const D*>(nullptr), out, n, packs, Scale{s});
+}
+
+/// Blocks for an elementwise kernel over n elements, P per thread on the pack path.
+template <class D>
+unsigned elementwise_grid(std::int64_t n, bool packs) {
+  const std::int64_t items = packs ? n / Pack<D>::size + Pack<D>::size : n;  // packs plus the tail
+  return grid_for(static_cast<std::size_t>(items), block_threads);
+}
+
+// ---- column sums (bias, layer-norm weight and bias gradients) ---------------------------------
+// Deterministic in two kernels: blocks of (32 columns x 8 row lanes) sum a chunk of rows into
+// workspace[k][chunk][col] (k: which sum), then one thread per column adds the chunks in order.
+
+constexpr int col_strip = 32;
+constexpr int col_lanes = 8;
+constexpr std::int64_t max_chunks = 256;
+constexpr std::int64_t min_rows_per_chunk = 32;
+
+std::int64_t rows_per_chunk(std::int64_t rows) {
+  return std::max(min_rows_per_chunk, (rows + max_chunks - 1) / max_chunks);
+}
+std::int64_t chunk_count(std::int64_t rows) {
+  const std::int64_t per = rows_per_chunk(rows);
+  return (rows + per - 1) / per;  // 0 for no rows, at most max_chunks
+}
+
+/// column_sum's one term per element: x itself.
+template <class D>
+struct ColumnTerms {
+  static constexpr int k = 1;
+  const D* x;  // (rows, cols)
+  __device__ void operator()(std::int64_t r, int c, std::int64_t cols, float* out) const {
+    out[0] = to_float(x[r * cols + c]);
+  }
+};
+
+/// layer_norm_backward's two terms per element: dy xhat (for dweight) and dy (for dbias).
+template <class D>
+struct LayerNormParamTerms {
+  static constexpr int k = 2;
+  const D* x;          // (rows, cols)
+  const D* dy;         // (rows, cols)
+  const float* mean;   // (rows,)
+  const float* rstd;   // (rows,)
+  __device__ void operator()(std::int64_t r, int c, std::int64_t cols, float* out) const {
+    const float d = to_float(dy[r * cols + c]);
+    out[0] = d * ((to_float(x[r * cols + c]) - mean[r]) * rstd[r]);
+    out[1] = d;
+  }
+};
+
+/// Grid (ceil(cols / 32), chunks), block (32, 8). partial: (K, chunks, cols) float.
+template <class Terms>
+__global__ void column_sum_forward_kernel(Terms terms, std::int64_t rows, int cols, std::int64_t per_chunk,
+                                          float* partial, int chunks) {
+  constexpr int K = Terms::k;
+  __shared__ float lanes[K][col_lanes][col_strip];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int col = static_cast<int>(blockIdx.x) * col_strip + tx;
+  const int chunk = static_cast<int>(blockIdx.y);
+  const std::int64_t r0 = chunk * per_chunk;
+  const std::int64_t r1 = r0 + per_chunk < rows ? r0 + per_chunk : rows;
+  float acc[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) acc[k] = 0.f;
+  if (col < cols) {
+    for (std::int64_t r = r0 + ty; r < r1; r += col_lanes) {
+      float t[K];
+      terms(r, col, cols, t);
+#pragma unroll
+      for (int k = 0; k < K; ++k) acc[k] += t[k];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < K; ++k) lanes[k][ty][tx] = acc[k];
+  __syncthreads();  // every thread reaches this: no early return above
+  if (ty == 0 && col < cols) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      float s = 0.f;
+      for (int y = 0; y < col_lanes; ++y) s += lanes[k][y][tx];
+      partial[(std::int64_t(k) * chunks + chunk) * cols + col] = s;
+    }
+  }
+}
+
+/// out_k[c] (+)= sum over chunks (in order) of partial[k][chunk][c]; a null out_k is skipped.
+template <class D>
+__global__ void column_sum_finish_kernel(const float* partial, int chunks, int cols, D* out0, bool acc0, D* out1,
+                                         bool acc1) {
+  for (std::int64_t c = global_thread(); c < cols; c += grid_threads()) {
+    for (int k = 0; k < 2; ++k) {
+      D* out = k == 0 ? out0 : out1;
+      if (out == nullptr) continue;
+      float s = 0.f;
+      for (int j = 0; j < chunks; ++j) s += partial[(std::int64_t(k) * chunks + j) * cols + c];
+      const bool acc = k == 0 ? acc0 : acc1;
+      out[c] = from_float<D>(acc ? to_float(out[c]) + s : s);
+    }
+  }
+}
+
+/// Both kernels of a column reduction; out1 is used only when Terms::k == 2.
+template <class D, class Terms>
+void launch_column_sums(const char* op, Terms terms, std::int64_t rows, std::int64_t cols, float* workspace,
+                        std::size_t workspace_floats, D* out0, bool acc0, D* out1, bool acc1, cudaStream_t stream) {
+  const std::int64_t chunks = chunk_count(rows);
+  const std::size_t needed = static_cast<std::size_t>(Terms::k * chunks * cols);
+  POLYSHARD_CHECK(needed == 0 || workspace != nullptr, op, ": needs a workspace of ", needed,
+                  " floats, got a null pointer");
+  POLYSHARD_CHECK(workspace_floats >= needed, op, ": needs a workspace of ", needed, " floats for ", rows,
+                  " rows of ", cols, ", got ", workspace_floats);
+  if (chunks > 0) {
+    const dim3 grid(static_cast<unsigned>((cols + col_strip - 1) / col_strip), static_cast<unsigned>(chunks));
+    column_sum_forward_kernel<<<grid, dim3(col_strip, col_lanes), 0, stream>>>(
+        terms, rows, static_cast<int>(cols), rows_per_chunk(rows), workspace, static_cast<int>(chunks));
+    POLYSHARD_CUDA_CHECK_LAUNCH(op);
+  }
+  column_sum_finish_kernel<<<grid_for(static_cast<std::size_t>(cols), block_threads), block_threads, 0, stream>>>(
+      workspace, static_cast<int>(chunks), static_cast<int>(cols), out0, acc0, out1, acc1);
+  POLYSHARD_CUDA_CHECK_LAUNCH(op);
+}
+
+// ---- embedding ------------------------------------------------------------------------------
+
+/// One W-element unit per thread: out row i, units j. Grid-stride over n * (c / W) units.
+template <class D, int W>
+__global__ void embedding_forward_kernel(const int* ids, const D* table, D* out, std::int64_t n, std::int64_t v,
+                                         std::int64_t c) {
+  const std::int64_t units_per_row = c / W, units = n * units_per_row;
+  for (std::int64_t u = global_thread(); u < units; u += grid_threads()) {
+    const std::int64_t i = u / units_per_row, j = u % units_per_row;
+    const int id = ids[i];
+    D* dst = out + i * c + j * W;
+    if (id >= 0 && id < v) {
+      move_unit<D, W, false>(table + std::int64_t(id) * c + j * W, dst);
+    } else {
+#pragma unroll
+      for (int e = 0; e < W; ++e) dst[e] = from_float<D>(quiet_nan());
+    }
+  }
+}
+
+/// Sort keys: the id, or v (sorted last, then skipped) when out of range; values: positions.
+__global__ void embedding_backward_keys_kernel(const int* ids, unsigned* keys, int* positions, int n, int v) {
+  for (std::int64_t i = global_thread(); i < n; i += grid_threads()) {
+    const int id = ids[i];
+    keys[i] = (id >= 0 && id < v) ? static_cast<unsigned>(id) : static_cast<unsigned>(v);
+    positions[i] = static_cast<int>(i);
+  }
+}
+
+/// One block per sorted position j that starts a run of equal keys: sums dout over the run's
+/// positions (increasing, as the sort is stable) in float and adds the sum to the table row
+/// once. Rows are owned by one block each: no atomics, the same result every run.
+template <class D>
+__global__ void embedding_backward_kernel(const unsigned* keys, const int* positions, const D* dout, D* dtable, int n,
+                                          unsigned v, std::int64_t c) {
+  for (int j = static_cast<int>(blockIdx.x); j < n; j += static_cast<int>(gridDim.x)) {
+    const unsigned key = keys[j];
+    if (key == v || (j > 0 && keys[j - 1] == key)) continue;  // block-uniform
+    int end = j + 1;
+    while (end < n && keys[end] == key) ++end;
+    D* row = dtable + std::int64_t(key) * c;  // (C,)
+    for (std::int64_t col = threadIdx.x; col < c; col += blockDim.x) {
+      float s = 0.f;
+      for (int k = j; k < end; ++k) s += to_float(dout[std::int64_t(positions[k]) * c + col]);
+      row[col] = from_float<D>(to_float(row[col]) + s);
+    }
+  }
+}
+
+/// The workspace of embedding_backward carved into its arrays, each 256-byte aligned.
+struct EmbeddingWorkspace {
+  unsigned* keys_in = nullptr;   // (N,)
+  unsigned* keys_out = nullptr;  // (N,)
+  int* positions_in = nullptr;   // (N,)
+  int* positions_out = nullptr;  // (N,)
+  void* sort_temp = nullptr;
+  std::size_t sort_temp_bytes = 0;
+  std::size_t total_bytes = 0;  // including up to 255 bytes to align the base
+};
+
+constexpr std::size_t round_up_256(std::size_t b) { return (b + 255) / 256 * 256; }
+
+/// Bits the sort looks at: enough for the keys 0..v (v is the out-of-range key).
+int embedding_sort_bits(std::int64_t v) { return static_cast<int>(std::bit_width(static_cast<std::uint64_t>(v))); }
+
+EmbeddingWorkspace embedding_workspace(std::int64_t n, std::int64_t v, void* base) {
+  EmbeddingWorkspace w;
+  POLYSHARD_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, w.sort_temp_bytes, static_cast<const unsigned*>(nullptr), static_cast<unsigned*>(nullptr),
+      static_cast<const int*>(nullptr), static_cast<int*>(nullptr), static_cast<int>(n), 0, embedding_sort_bits(v)));
+  const std::size_t ints = round_up_256(static_cast<std::size_t>(n) * sizeof(int));
+  w.total_bytes = 255 + 4 * ints + round_up_256(w.sort_temp_bytes);
+  if (base != nullptr) {
+    auto p = (reinterpret_cast<std::uintptr_t>(base) + 255) / 256 * 256;
+    w.keys_in = reinterpret_cast<unsigned*>(p);
+    w.keys_out = reinterpret_cast<unsigned*>(p + ints);
+    w.positions_in = reinterpret_cast<int*>(p + 2 * ints);
+    w.positions_out = reinterpret_cast<int*>(p + 3 * ints);
+    w.sort_temp = reinterpret_cast<void*>(p + 4 * ints);
+  }
+  return w;
+}
+
+void check_embedding_sizes(const char* op, std::int64_t n, std::int64_t v, std::int64_t c) {
+  POLYSHARD_CHECK(n >= 0 && n < max_width, op, ": the number of ids must be in [0, 2^30), got ", n);
+  POLYSHARD_CHECK(v > 0 && v < max_width, op, ": the table's rows V must be in [1, 2^30), got ", v);
+  check_width(op, "the table's width C", c);
+}
+
+// ---- layer norm -----------------------------------------------------------------------------
+
+/// One warp per row (grid-stride over rows, warp-uniform): mean, then squared deviations, then y.
+template <class D>
+__global__ void layer_norm_forward_kernel(const D* x, const D* weight, const D* bias, float eps, D* y, float* mean,
+                                          float* rstd, std::int64_t rows, int c) {
+  constexpr int P = Pack<D>::size;
+  const int lane = threadIdx.x % 32;
+  const std::int64_t warps = std::int64_t(gridDim.x) * (blockDim.x / 32);
+  for (std::int64_t r = std::int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
+    const D* xr = x + r * c;  // (C,)
+    D* yr = y + r * c;        // (C,)
+    const int head = co_aligned(xr, yr) && co_aligned(xr, weight) && co_aligned(xr, bias) ? pack_head<D>(xr) : -1;
+    float s = 0.f;
+    row_loop<D>(
+        c, head, lane, 32, [&](int i) { s += to_float(xr[i]); },
+        [&](int i) {
+          const Pack<D> p = load_pack(xr + i);
+#pragma unroll
+          for (int e = 0; e < P; ++e) s += to_float(p.v[e]);
+        });
+    const float mu = warp_sum(s) / static_cast<float>(c);
+    float ss = 0.f;
+    row_loop<D>(
+        c, head, lane, 32,
+        [&](int i) {
+          const float d = to_float(xr[i]) - mu;
+          ss += d * d;
+        },
+        [&](int i) {
+          const Pack<D> p = load_pack(xr + i);
+#pragma unroll
+          for (int e = 0; e < P; ++e) {
+            const float d = to_float(p.v[e]) - mu;
+            ss += d * d;
+          }
+        });
+    const float rs = 1.f / sqrtf(warp_sum(ss) / static_cast<float>(c) + eps);
+    row_loop<D>(
+        c, head, lane, 32,
+        [&](int i) { yr[i] = from_float<D>((to_float(xr[i]) - mu) * rs * to_float(weight[i]) + to_float(bias[i])); },
+        [&](int i) {
+          const Pack<D> px = load_pack(xr + i), pw = load_pack(weight + i), pb = load_pack(bias + i);
+          Pack<D> py;
+#pragma unroll
+          for (int e = 0; e < P; ++e)
+            py.v[e] = from_float<D>((to_float(px.v[e]) - mu) * rs * to_float(pw.v[e]) + to_float(pb.v[e]));
+          store_pack(yr + i, py);
+        });
+    if (lane == 0) {
+      if (mean != nullptr) mean[r] = mu;
+      if (rstd != nullptr) rstd[r] = rs;
+    }
+  }
+}
+
+/// dx of layer norm, one warp per row: the two row means, then dx (+)= rstd (g - mean(g) - xhat mean(g xhat)).
+template <class D, bool Acc>
+__global__ void layer_norm_backward_kernel(const D* x, const D* weight, const float* mean, const float* rstd,
+                                           const D* dy, D* dx, std::int64_t rows, int c) {
+  constexpr int P = Pack<D>::size;
+  const int lane = threadIdx.x % 32;
+  const std::int64_t warps = std::int64_t(gridDim.x) * (blockDim.x / 32);
+  for (std::int64_t r = std::int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
+    const D* xr = x + r * c;    // (C,)
+    const D* dyr = dy + r * c;  // (C,)
+    D* dxr = dx + r * c;        // (C,)
+    const int head =
+        co_aligned(xr, dyr) && co_aligned(xr, dxr) && co_aligned(xr, weight) ? pack_head<D>(xr) : -1;
+    const float mu = mean[r], rs = rstd[r];
+    float sg = 0.f, sgx = 0.f;
+    row_loop<D>(
+        c, head, lane, 32,
+        [&](int i) {
+          const float g = to_float(dyr[i]) * to_float(weight[i]);
+          sg += g;
+          sgx += g * ((to_float(xr[i]) - mu) * rs);
+        },
+        [&](int i) {
+          const Pack<D> px = load_pack(xr + i), pd = load_pack(dyr + i), pw = load_pack(weight + i);
+#pragma unroll
+          for (int e = 0; e < P; ++e) {
+            const float g = to_float(pd.v[e]) * to_float(pw.v[e]);
+            sg += g;
+            sgx += g * ((to_float(px.v[e]) - mu) * rs);
+          }
+        });
+    const float g_mean = warp_sum(sg) / static_cast<float>(c);
+    const float gx_mean = warp_sum(sgx) / static_cast<float>(c);
+    row_loop<D>(
+        c, head, lane, 32,
+        [&](int i) {
+          const float g = to_float(dyr[i]) * to_float(weight[i]);
+          const float xhat = (to_float(xr[i]) - mu) * rs;
+          float d = rs * (g - g_mean - xhat * gx_mean);
+          if constexpr (Acc) d += to_float(dxr[i]);
+          dxr[i] = from_float<D>(d);
+        },
+        [&](int i) {
+          const Pack<D> px = load_pack(xr + i), pd = load_pack(dyr + i), pw = load_pack(weight + i);
+          Pack<D> po;
+          if constexpr (Acc) po = load_pack(static_cast<const D*>(dxr) + i);
+#pragma unroll
+          for (int e = 0; e < P; ++e) {
+            const float g = to_float(pd.v[e]) * to_float(pw.v[e]);
+            const float xhat = (to_float(px.v[e]) - mu) * rs;
+            float d = rs * (g - g_mean - xhat * gx_mean);
+            if constexpr (Acc) d += to_float(po.v[e]);
+            po.v[e] = from_float<D>(d);
+          }
+          store_pack(dxr + i, po);
+        });
+  }
+}
+
+void check_rows(const char* op, std::int64_t rows, std::int64_t cols) {
+  check_count(op, "rows", rows);
+  check_width(op, "the row length", cols);
+}
+
+// ---- softmax --------------------------------------------------------------------------------
+
+/// One block per row (grid-stride, block-uniform): max, sum of exp, then y = exp(x - max) / sum.
+/// Over `n` columns of rows `stride` apart; `scale` multiplies x first. Writes zeros to columns
+/// [n, zero_to) (the masked keys of the causal softmax).
+template <class D>
+__device__ __forceinline__ void softmax_row(const D* xr, D* yr, int n, float scale, int zero_to, float* red) {
+  constexpr int P = Pack<D>::size;
+  const int head = co_aligned(xr, yr) ? pack_head<D>(xr) : -1;
+  float m = -INFINITY;
+  row_loop<D>(
+      n, head, threadIdx.x, blockDim.x, [&](int i) { m = fmaxf(m, scale * to_float(xr[i])); },
+      [&](int i) {
+        const Pack<D> p = load_pack(xr + i);
+#pragma unroll
+        for (int e = 0; e < P; ++e) m = fmaxf(m, scale * to_float(p.v[e]));
+      });
+  m = block_max(m, red);
+  float s = 0.f;
+  row_loop<D>(
+      n, head, threadIdx.x, blockDim.x, [&](int i) { s += expf(scale * to_float(xr[i]) - m); },
+      [&](int i) {
+        const Pack<D> p = load_pack(xr + i);
+#pragma unroll
+        for (int e = 0; e < P; ++e) s += expf(scale * to_float(p.v[e]) - m);
+      });
+  const float inv = 1.f / block_sum(s, red);  // synchronises: every read of x above is done
+  row_loop<D>(
+      n, head, threadIdx.x, blockDim.x, [&](int i) { yr[i] = from_float<D>(expf(scale * to_float(xr[i]) - m) * inv); },
+      [&](int i) {
+        const Pack<D> p = load_pack(xr + i);
+        Pack<D> o;
+#pragma unroll
+        for (int e = 0; e < P; ++e) o.v[e] = from_float<D>(expf(scale * to_float(p.v[e]) - m) * inv);
+        store_pack(yr + i, o);
+      });
+  for (int i = n + threadIdx.x; i < zero_to; i += blockDim.x) yr[i] = from_float<D>(0.f);
+}
+
+/// dx (+)= scale * y (dy - sum(dy y)) over `n` columns; columns [n, zero_to) of dx are set to 0
+/// unless accumulating.
+template <class D, bool Acc>
+__device__ __forceinline__ void softmax_backward_row(const D* yr, const D* dyr, D* dxr, int n, float scale,
+                                                     int zero_to, float* red) {
+  constexpr int P = Pack<D>::size;
+  const int head = co_aligned(yr, dyr) && co_aligned(yr, dxr) ? pack_head<D>(yr) : -1;
+  float dot = 0.f;
+  row_loop<D>(
+      n, head, threadIdx.x, blockDim.x, [&](int i) { dot += to_float(yr[i]) * to_float(dyr[i]); },
+      [&](int i) {
+        const Pack<D> py = load_pack(yr + i), pd = load_pack(dyr + i);
+#pragma unroll
+        for (int e = 0; e < P; ++e) dot += to_float(py.v[e]) * to_float(pd.v[e]);
+      });
+  dot = block_sum(dot, red);  // synchronises: every read of dy above is done (dx may alias dy)
+  row_loop<D>(
+      n, head, threadIdx.x, blockDim.x,
+      [&](int i) {
+        float d = scale * (to_float(yr[i]) * (to_float(dyr[i]) - dot));
+        if constexpr (Acc) d += to_float(dxr[i]);
+        dxr[i] = from_float<D>(d);
+      },
+      [&](int i) {
+        const Pack<D> py = load_pack(yr + i), pd = load_pack(dyr + i);
+        Pack<D> po;
+        if constexpr (Acc) po = load_pack(static_cast<const D*>(dxr) + i);
+#pragma unroll
+        for (int e = 0; e < P; ++e) {
+          float d = scale * (to_float(py.v[e]) * (to_float(pd.v[e]) - dot));
+          if constexpr (Acc) d += to_float(po.v[e]);
+          po.v[e] = from_float<D>(d);
+        }
+        store_pack(dxr + i, po);
+      });
+  if constexpr (!Acc)
+    for (int i = n + threadIdx.x; i < zero_to; i += blockDim.x) dxr[i] = from_float<D>(0.f);
+}
+
+template <class D>
+__global__ void __launch_bounds__(wide_row_threads) softmax_forward_kernel(const D* x, D* y, std::int64_t rows, int n) {
+  __shared__ float red[32];
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) softmax_row(x + r * n, y + r * n, n, 1.f, n, red);
+}
+
+template <class D, bool Acc>
+__global__ void __launch_bounds__(wide_row_threads)
+    softmax_backward_kernel(const D* y, const D* dy, D* dx, std::int64_t rows, int n) {
+  __shared__ float red[32];
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+    softmax_backward_row<D, Acc>(y + r * n, dy + r * n, dx + r * n, n, 1.f, n, red);
+}
+
+/// Row r of (BH, T, T) is query r % T: it sees keys [0, r % T].
+template <class D>
+__global__ void __launch_bounds__(wide_row_threads)
+    causal_softmax_forward_kernel(const D* scores, float scale, D* probs, std::int64_t rows, int t) {
+  __shared__ float red[32];
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+    softmax_row(scores + r * t, probs + r * t, static_cast<int>(r % t) + 1, scale, t, red);
+}
+
+template <class D, bool Acc>
+__global__ void __launch_bounds__(wide_row_threads)
+    causal_softmax_backward_kernel(const D* probs, const D* dprobs, float scale, D* dscores, std::int64_t rows, int t) {
+  __shared__ float red[32];
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+    softmax_backward_row<D, Acc>(probs + r * t, dprobs + r * t, dscores + r * t, static_cast<int>(r % t) + 1, scale,
+                                 t, red);
+}
+
+// ---- attention layout glue ------------------------------------------------------------------
+// Unit u walks a (B, H, T, D / W) layout (W = 1, or a 16-byte pack when D and every pointer
+// allow); its offset is u * W there and (b T + t) ld + h D + j W in a (B, T, ld) tensor.
+
+__device__ __forceinline__ std::int64_t token_major_offset(std::int64_t u, std::int64_t t, std::int64_t h,
+                                                           std::int64_t d, int w, std::int64_t ld) {
+  const std::int64_t units_per_head_row = d / w;
+  const std::int64_t j = u % units_per_head_row;
+  std::int64_t rest = u / units_per_head_row;
+  const std::int64_t tt = rest % t;
+  rest /= t;
+  const std::int64_t hh = rest % h, bb = rest / h;
+  return (bb * t + tt) * ld + hh * d + j * w;
+}
+
+template <class D, int W>
+__global__ void attention_permute_forward_kernel(const D* qkv, D* q, D* k, D* v, std::int64_t b, std::int64_t t,
+                                                 std::int64_t h, std::int64_t d) {
+  const std::int64_t c = h * d, units = b * h * t * (d / W);
+  for (std::int64_t u = global_thread(); u < units; u += grid_threads()) {
+    const D* src = qkv + token_major_offset(u, t, h, d, W, 3 * c);
+    move_unit<D, W, false>(src, q + u * W);
+    move_unit<D, W, false>(src + c, k + u * W);
+    move_unit<D, W, false>(src + 2 * c, v + u * W);
+  }
+}
+
+template <class D, int W, bool Acc>
+__global__ void attention_permute_backward_kernel(const D* dq, const D* dk, const D* dv, D* dqkv, std::int64_t b,
+                                                  std::int64_t t, std::int64_t h, std::int64_t d) {
+  const std::int64_t c = h * d, units = b * h * t * (d / W);
+  for (std::int64_t u = global_thread(); u < units; u += grid_threads()) {
+    D* dst = dqkv + token_major_offset(u, t, h, d, W, 3 * c);
+    move_unit<D, W, Acc>(dq + u * W, dst);
+    move_unit<D, W, Acc>(dk + u * W, dst + c);
+    move_unit<D, W, Acc>(dv + u * W, dst + 2 * c);
+  }
+}
+
+template <class D, int W>
+__global__ void attention_unpermute_forward_kernel(const D* y, D* out, std::int64_t b, std::int64_t t, std::int64_t h,
+                                                   std::int64_t d) {
+  const std::int64_t units = b * h * t * (d / W);
+  for (std::int64_t u = global_thread(); u < units; u += grid_threads())
+    move_unit<D, W, false>(y + u * W, out + token_major_offset(u, t, h, d, W, h * d));
+}
+
+template <class D, int W>
+__global__ void attention_unpermute_backward_kernel(const D* dout, D* dy, std::int64_t b, std::int64_t t,
+                                                    std::int64_t h, std::int64_t d) {
+  const std::int64_t units = b * h * t * (d / W);
+  for (std::int64_t u = global_thread(); u < units; u += grid_threads())
+    move_unit<D, W, false>(dout + token_major_offset(u, t, h, d, W, h * d), dy + u * W);
+}
+
+void check_attention(const char* op, std::int64_t b, std::int64_t t, std::int64_t n_head, std::int64_t head_dim) {
+  check_count(op, "batch B", b);
+  check_count(op, "sequence length T", t);
+  POLYSHARD_CHECK(n_head > 0, op, ": n_head must be positive, got ", n_head);
+  POLYSHARD_CHECK(head_dim > 0, op, ": head_dim must be positive, got ", head_dim);
+}
+
+// ---- cross-entropy --------------------------------------------------------------------------
+
+/// Adds x to a running (max m, sum s of exp(. - m)). NaN logits make s NaN (as on the CPU).
+__device__ __forceinline__ void online_add(float& m, float& s, float x) {
+  if (x > m) {
+    s = s * expf(m - x) + 1.f;  // m = -inf at first: expf(-inf) = 0
+    m = x;
+  } else {
+    s += x == -INFINITY ? 0.f : expf(x - m);
+  }
+}
+
+/// The gradient of one logit: g (exp(x - lse) - [i == target]), plus the old value when accumulating.
+template <class D, bool Acc>
+__device__ __forceinline__ D ce_grad(float x, float lse, float g, bool is_target, D old) {
+  float d = expf(x - lse) * g;
+  if (is_target) d -= g;
+  if constexpr (Acc) d += to_float(old);
+  return from_float<D>(d);
+}
+
+/// Writes dlogits of one row from its lse (block-wide).
+template <class D, bool Acc>
+__device__ __forceinline__ void ce_backward_row(const D* lr, D* dr, int v, int target, float lse, float g, int head) {
+  constexpr int P = Pack<D>::size;
+  row_loop<D>(
+      v, head, threadIdx.x, blockDim.x,
+      [&](int i) { dr[i] = ce_grad<D, Acc>(to_float(lr[i]), lse, g, i == target, Acc ? dr[i] : D{}); },
+      [&](int i) {
+        const Pack<D> px = load_pack(lr + i);
+        Pack<D> po;
+        if constexpr (Acc) po = load_pack(static_cast<const D*>(dr) + i);
+#pragma unroll
+        for (int e = 0; e < P; ++e)
+          po.v[e] = ce_grad<D, Acc>(to_float(px.v[e]), lse, g, i + e == target, Acc ? po.v[e] : D{});
+        store_pack(dr + i, po);
+      });
+}
+
+/// One block per row: online max and sum, the loss and lse; with Grad, then dlogits (which may
+/// be the logits: thread 0 reads the target logit before the block synchronises, and every
+/// element is read and written by one thread after it).
+template <class D, bool Grad, bool Acc>
+__global__ void __launch_bounds__(wide_row_threads)
+    cross_entropy_forward_kernel(const D* logits, const int* targets, float* losses, float* lse_out,
+                                 const float* dlosses, float dloss_scale, D* dlogits, std::int64_t rows, int v) {
+  constexpr int P = Pack<D>::size;
+  __shared__ float red[32];
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const D* lr = logits + r * v;  // (V,)
+    const int target = targets[r];
+    const bool valid = target >= 0 && target < v;
+    const float x_target = threadIdx.x == 0 && valid ? to_float(lr[target]) : 0.f;
+    int head = pack_head<D>(lr);
+    if constexpr (Grad) head = co_aligned(lr, dlogits + r * v) ? head : -1;
+    float m = -INFINITY, s = 0.f;
+    row_loop<D>(
+        v, head, threadIdx.x, blockDim.x, [&](int i) { online_add(m, s, to_float(lr[i])); },
+        [&](int i) {
+          const Pack<D> p = load_pack(lr + i);
+#pragma unroll
+          for (int e = 0; e < P; ++e) online_add(m, s, to_float(p.v[e]));
+        });
+    const float row_max = block_max(m, red);
+    const float total = block_sum(s == 0.f ? 0.f : s * expf(m - row_max), red);
+    const float lse = row_max + logf(total);
+    if (threadIdx.x == 0) {
+      losses[r] = valid ? lse - x_target : quiet_nan();
+      if (lse_out != nullptr) lse_out[r] = lse;
+    }
+    if constexpr (Grad) {
+      const float g = dlosses != nullptr ? dloss_scale * dlosses[r] : dloss_scale;
+      ce_backward_row<D, Acc>(lr, dlogits + r * v, v, valid ? target : -1, lse, g, head);
+    }
+  }
+}
+
+template <class D, bool Acc>
+__global__ void __launch_bounds__(wide_row_threads)
+    cross_entropy_backward_kernel(const D* logits, const int* targets, const float* lse, const float* dlosses,
+                                  float dloss_scale, D* dlogits, std::int64_t rows, int v) {
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const D* lr = logits + r * v;  // (V,)
+    D* dr = dlogits + r * v;       // (V,)
+    const int target = targets[r];
+    const int head = co_aligned(lr, dr) ? pack_head<D>(lr) : -1;
+    const float g = dlosses != nullptr ? dloss_scale * dlosses[r] : dloss_scale;
+    ce_backward_row<D, Acc>(lr, dr, v, target >= 0 && target < v ? target : -1, lse[r], g, head);
+  }
+}
+
+template <class T>
+void launch_cross_entropy(const char* op, const T* logits, const std::int32_t* targets, float* losses, float* lse,
+                          const float* dlosses, float dloss_scale, DeviceGradOut<T> dlogits, std::int64_t rows,
+                          std::int64_t v, cudaStream_t stream) {
+  using D = device_t<T>;
+  check_rows(op, rows, v);
+  if (rows == 0) return;
+  check_pointer(op, "logits", logits);
+  check_pointer(op, "targets", targets);
+  check_pointer(op, "losses", losses);
+  const unsigned grid = grid_for(static_cast<std::size_t>(rows), 1);
+  const int threads = row_threads(v);
+  const D* l = device_ptr(logits);
+  if (!dlogits.wanted()) {
+    cross_entropy_forward_kernel<D, false, false><<<grid, threads, 0, stream>>>(l, targets, losses, lse, dlosses,
+                                                                               dloss_scale, nullptr, rows, int(v));
+  } else if (dlogits.accumulate) {
+    cross_entropy_forward_kernel<D, true, true><<<grid, threads, 0, stream>>>(
+        l, targets, losses, lse, dlosses, dloss_scale, device_ptr(dlogits.data), rows, int(v));
+  } else {
+    cross_entropy_forward_kernel<D, true, false><<<grid, threads, 0, stream>>>(
+        l, targets, losses, lse, dlosses, dloss_scale, device_ptr(dlogits.data), rows, int(v));
+  }
+  POLYSHARD_CUDA_CHECK_LAUNCH(op);
+}
+
+}  // namespace
+
+// ---- launchers ------------------------------------------------------------------------------
+
+template <class T>
+void embedding_forward(const std::int32_t* ids, const T* table, T* out, std::int64_t n, std::int64_t v,
+                       std::int64_t c, cudaStream_t stream) {
+  using D = device_t<T>;
+  constexpr int P = Pack<D>::size;
+  check_embedding_sizes("embedding", n, v, c);
+  if (n == 0) return;
+  if (c % P == 0 && all_aligned16(table, out)) {
+    embedding_forward_kernel<D, P><<<grid_for(static_cast<std::size_t>(n * (c / P)), block_threads), block_threads, 0,
+                                     stream>>>(ids, device_ptr(table), device_ptr(out), n, v, c);
+  } else {
+    embedding_forward_kernel<D, 1><<<grid_for(static_cast<std::size_t>(n * c), block_threads), block_threads, 0,
+                                     stream>>>(ids, device_ptr(table), device_ptr(out), n, v, c);
+  }
+  POLYSHARD_CUDA_CHECK_LAUNCH("embedding");
+}
+
+std::size_t embedding_backward_workspace_bytes(std::int64_t n, std::int64_t v) {
+  check_embedding_sizes("embedding backward", n, v, 1);
+  return embedding_workspace(n, v, nullptr).total_bytes;
+}
+
+template <class T>
+void embedding_backward(const std::int32_t* ids, const T* dout, DeviceGradOut<T> dtable, std::int64_t n,
+                        std::int64_t v, std::int64_t c, void* workspace, std::size_t workspace_bytes,
+                        cudaStream_t stream) {
+  using D = device_t<T>;
+  const char* op = "embedding backward";
+  if (!dtable.wanted()) return;
+  check_embedding_sizes(op, n, v, c);
+  const EmbeddingWorkspace w = embedding_workspace(n, v, workspace);
+  POLYSHARD_CHECK(n == 0 || (workspace != nullptr && workspace_bytes >= w.total_bytes), op, ": needs a workspace of ",
+                  w.total_bytes, " bytes for ", n, " ids, got ", workspace_bytes, workspace ? "" : " (null)");
+  if (!dtable.accumulate)
+    POLYSHARD_CUDA_CHECK(cudaMemsetAsync(dtable.data, 0, static_cast<std::size_t>(v * c) * sizeof(D), stream));
+  if (n == 0) return;
+  embedding_backward_keys_kernel<<<grid_for(static_cast<std::size_t>(n), block_threads), block_threads, 0, stream>>>(
+      ids, w.keys_in, w.positions_in, static_cast<int>(n), static_cast<int>(v));
+  POLYSHARD_CUDA_CHECK_LAUNCH(op);
+  std::size_t temp_bytes = w.sort_temp_bytes;
+  POLYSHARD_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(w.sort_temp, temp_bytes, w.keys_in, w.keys_out, w.positions_in,
+                                                       w.positions_out, static_cast<int>(n), 0,
+                                                       embedding_sort_bits(v), stream));
+  embedding_backward_kernel<<<grid_for(static_cast<std::size_t>(n), 1), block_threads, 0, stream>>>(
+      w.keys_out, w.positions_out, device_ptr(dout), device_ptr(dtable.data), static_cast<int>(n),
+      static_cast<unsigned>(v), c);
+  POLYSHARD_CUDA_CHECK_LAUNCH(op);
+}
+
+template <class T>
+void layer_norm_forward(const T* x, const T* weight, const T* bias, float eps, T* y, float* mean, float* rstd,
+                        std::int64_t rows, std::int64_t c, cudaStream_t stream) {
+  using D = device_t<T>;
+  check_rows("layer_norm", rows, c);
+  POLYSHARD_CHECK(eps >= 0.f, "layer_norm: eps must not be negative, got ", eps);
+  if (rows == 0) return;
+  layer_norm_forward_kernel<<<grid_for(static_cast<std::size_t>(rows), warps_per_block), block_threads, 0, stream>>>(
+      device_ptr(x), device_ptr(weight), device_ptr(bias), eps, device_ptr(y), mean, rstd, rows, int(c));
+  POLYSHARD_CUDA_CHECK_LAUNCH("layer_norm");
+}
+
+std::size_t layer_norm_backward_workspace_floats(std::int64_t rows, std::int64_t c) {
+  check_rows("layer_norm backward", rows, c);
+  return static_cast<std::size_t>(2 * chunk_count(rows) * c);
+}
+
+template <class T>
+void layer_norm_backward(const T* x, const T* weight, const float* mean, const float* rstd, const T* dy,
+                         DeviceGradOut<T> dx, DeviceGradOut<T> dweight, DeviceGradOut<T> dbias, std::int64_t rows,
+                         std::int64_t c, float* workspace, std::size_t workspace_floats, cudaStream_t stream) {
+  using D = device_t<T>;
+  const char* op = "layer_norm backward";
+  check_rows(op, rows, c);
+  if (dx.wanted() && rows > 0) {
+    const unsigned grid = grid_for(static_cast<std::size_t>(rows), warps_per_block);
+    if (dx.accumulate)
+      layer_norm_backward_kernel<D, true><<<grid, block_threads, 0, stream>>>(
+          device_ptr(x), device_ptr(weight), mean, rstd, device_ptr(dy), device_ptr(dx.data), rows, int(c));
+    else
+      layer_norm_backward_kernel<D, false><<<grid, block_threads, 0, stream>>>(
+          device_ptr(x), device_ptr(weight), mean, rstd, device_ptr(dy), device_ptr(dx.data), rows, int(c));
+    POLYSHARD_CUDA_CHECK_LAUNCH(op);
+  }
+  if (dweight.wanted() || dbias.wanted()) {
+    const LayerNormParamTerms<D> terms{device_ptr(x), device_ptr(dy), mean, rstd};
+    launch_column_sums(op, terms, rows, c, workspace, workspace_floats, device_ptr(dweight.data), dweight.accumulate,
+                       device_ptr(dbias.data), dbias.accumulate, stream);
+  }
+}
+
+template <class T>
+void gelu_forward(const T* x, T* y, std::int64_t n, cudaStream_t stream) {
+  using D = device_t<T>;
+  check_count("gelu", "n", n);
+  if (n == 0) return;
+  const bool packs = all_aligned16(x, y);
+  gelu_forward_kernel<<<elementwise_grid<D>(n, packs), block_threads, 0, stream>>>(device_ptr(x), device_ptr(y), n,
+                                                                                    packs);
+  POLYSHARD_CUDA_CHECK_LAUNCH("gelu");
+}
+
+template <class T>
+void gelu_backward(const T* x, const T* dy, DeviceGradOut<T> dx, std::int64_t n, cudaStream_t stream) {
+  using D = device_t<T>;
+  check_count("gelu backward", "n", n);
+  if (n == 0 || !dx.wanted()) return;
+  const bool packs = all_aligned16(x, dy, dx.data);
+  const unsigned grid = elementwise_grid<D>(n, packs);
+  if (dx.accumulate)
+    gelu_backward_kernel<D, true><<<grid, block_threads, 0, stream>>>(device_ptr(x), device_ptr(dy),
+                                                                      device_ptr(dx.data), n, packs);
+  else
+    gelu_backward_kernel<D, false><<<grid, block_threads, 0, stream>>>(device_ptr(x), device_ptr(dy),
+                                                                       device_ptr(dx.data), n, packs);
+  POLYSHARD_CUDA_CHECK_LAUNCH("gelu backward");
+}
+
+template <class T>
+void add_into(const T* a, const T* b, T* out, std::int64_t n, cudaStream_t stream) {
+  using D = device_t<T>;
+  check_count("add", "n", n);
+  if (n == 0) return;
+  const bool packs = all_aligned16(a, b, out);
+  add_forward_kernel<<<elementwise_grid<D>(n, packs), block_threads, 0, stream>>>(device_ptr(a), device_ptr(b),
+                                                                                   device_ptr(out), n, packs);
+  POLYSHARD_CUDA_CHECK_LAUNCH("add");
+}
+
+template <class T>
+void add_into_accumulate(const T* x, T* y, std::int64_t n, cudaStream_t stream) {
+  using D = device_t<T>;
+  check_count("add_into_accumulate", "n", n);
+  if (n == 0) return;
+  const bool packs = all_aligned16(x, y);
+  add_accumulate_forward_kernel<<<elementwise_grid<D>(n, packs), block_threads, 0, stream>>>(device_ptr(x),
+                                                                                              device_ptr(y), n, packs);
+  POLYSHARD_CUDA_CHECK_LAUNCH("add_into_accumulate");
+}
+
+template <class T>
+void scale_into(const T* x, double s, T* out, std::int64_t n, cudaStream_t stream) {
+  using D = device_t<T>;
+  check_count("scale", "n", n);
+  if (n == 0) return;
+  const bool packs = all_aligned16(x, out);
+  scale_forward_kernel<<<elementwise_grid<D>(n, packs), block_threads, 0, stream>>>(
+      device_ptr(x), static_cast<float>(s), device_ptr(out), n, packs);
+  POLYSHARD_CUDA_CHECK_LAUNCH("scale");
+}
+
+template <class T>
+void softmax_forward(const T* x, T* y, std::int64_t rows, std::int64_t n, cudaStream_t stream) {
+  using D = device_t<T>;
+  check_rows("softmax", rows, n);
+  if (rows == 0) return;
+  softmax_forward_kernel<<<grid_for(static_cast<std::size_t>(rows), 1), row_threads(n), 0, stream>>>(
+      device_ptr(x), device_ptr(y), rows, int(n));
+  POLYSHARD_CUDA_CHECK_LAUNCH("softmax");
+}
+
+template <class T>
+void softmax_backward(const T* y, const T* dy, DeviceGradOut<T> dx, std::int64_t rows, std::int64_t n,
+                      cudaStream_t stream) {
+  using D = device_t<T>;
+  check_rows("softmax backward", rows, n);
+  if (rows == 0 || !dx.wanted()) return;
+  const unsigned grid = grid_for(static_cast<std::size_t>(rows), 1);
+  if (dx.accumulate)
+    softmax_backward_kernel<D, true><<<grid, row_threads(n), 0, stream>>>(device_ptr(y), device_ptr(dy),
+                                                                          device_ptr(dx.data), rows, int(n));
+  else
+    softmax_backward_kernel<D, false><<<grid, row_threads(n), 0, stream>>>(device_ptr(y), device_ptr(dy),
+                                                                           device_ptr(dx.data), rows, int(n));
+  POLYSHARD_CUDA_CHECK_LAUNCH("softmax backward");
+}
+
+template <class T>
+void causal_softmax_forward(const T* scores, float scale, T* probs, std::int64_t bh, std::int64_t t,
+                            cudaStream_t stream) {
+  using D = device_t<T>;
+  const char* op = "causal_softmax";
+  check_count(op, "batch * n_head", bh);
+  check_width(op, "sequence length T", t);
+  const std::int64_t rows = bh * t;
+  if (rows == 0) return;
+  causal_softmax_forward_kernel<<<grid_for(static_cast<std::size_t>(rows), 1), row_threads(t), 0, stream>>>(
+      device_ptr(scores), scale, device_ptr(probs), rows, int(t));
+  POLYSHARD_CUDA_CHECK_LAUNCH(op);
+}
+
+template <class T>
+void causal_softmax_backward(const T* probs, const T* dprobs, float scale, DeviceGradOut<T> dscores,
+                             std::int64_t bh, std::int64_t t, cudaStream_t stream) {
+  using D = device_t<T>;
+  const char* op = "causal_softmax backward";
+  check_count(op, "batch * n_head", bh);
+  check_width(op, "sequence length T", t);
+  const std::int64_t rows = bh * t;
+  if (rows == 0 || !dscores.wanted()) return;
+  const unsigned grid = grid_for(static_cast<std::size_t>(rows), 1);
+  if (dscores.accumulate)
+    causal_softmax_backward_kernel<D, true><<<grid, row_threads(t), 0, stream>>>(
+        device_ptr(probs), device_ptr(dprobs), scale, device_ptr(dscores.data), rows, int(t));
+  else
+    causal_softmax_backward_kernel<D, false><<<grid, row_threads(t), 0, stream>>>(
+        device_ptr(probs), device_ptr(dprobs), scale, device_ptr(dscores.data), rows, int(t));
+  POLYSHARD_CUDA_CHECK_LAUNCH(op);
+}
+
+template <class T>
+void attention_permute_forward(const T* qkv, T* q, T* k, T* v, std::int64_t b, std::int64_t t, std::int64_t n_head,
+                               std::int64_t head_dim, cudaStream_t stream) {
+  using D = device_t<T>;
+  constexpr int P = Pack<D>::size;
+  const char* op = "attention_permute";
+  check_attention(op, b, t, n_head, head_dim);
+  const std::int64_t elems = b * n_head * t * head_dim;
+  if (elems == 0) return;
+  if (head_dim % P == 0 && all_aligned16(qkv, q, k, v))
+    attention_permute_forward_kernel<D, P><<<grid_for(static_cast<std::size_t>(elems / P), block_threads),
+                                             block_threads, 0, stream>>>(device_ptr(qkv), device_ptr(q),
+                                                                         device_ptr(k), device_ptr(v), b, t, n_head,
+                                                                         head_dim);
+  else
+    attention_permute_forward_kernel<D, 1><<<grid_for(static_cast<std::size_t>(elems), block_threads), block_threads,
+                                             0, stream>>>(device_ptr(qkv), device_ptr(q), device_ptr(k),
+                                                          device_ptr(v), b, t, n_head, head_dim);
+  POLYSHARD_CUDA_CHECK_LAUNCH(op);
+}
+
+template <class T>
+void attention_permute_backward(const T* dq, const T* dk, const T* dv, DeviceGradOut<T> dqkv, std::int64_t b,
+                                std::int64_t t, std::int64_t n_head, std::int64_t head_dim, cudaStream_t stream) {
+  using D = device_t<T>;
+  constexpr int P = Pack<D>::size;
+  const char* op = "attention_permute backward";
+  check_attention(op, b, t, n_head, head_dim);
+  const std::int64_t elems = b * n_head * t * head_dim;
+  if (elems == 0 || !dqkv.wanted()) return;
+  const D *q = device_ptr(dq), *k = device_ptr(dk), *v = device_ptr(dv);
+  D* out = device_ptr(dqkv.data);
+  const bool packs = head_dim % P == 0 && all_aligned16(dq, dk, dv, dqkv.data);
+  const unsigned grid = grid_for(static_cast<std::size_t>(packs ? elems / P : elems), block_threads);
+  if (packs && dqkv.accumulate)
+    attention_permute_backward_kernel<D, P, true><<<grid, block_threads, 0, stream>>>(q, k, v, out, b, t, n_head, head_dim);
+  else if (packs)
+    attention_permute_backward_kernel<D, P, false><<<grid, block_threads, 0, stream>>>(q, k, v, out, b, t, n_head, head_dim);
+  else if (dqkv.accumulate)
+    attention_permute_backward_kernel<D, 1, true><<<grid, block_threads, 0, stream>>>(q, k, v, out, b, t, n_head, head_dim);
+  else
+    attention_permute_backward_kernel<D, 1, false><<<grid, block_threads, 0, stream>>>(q, k, v, out, b, t, n_head, head_dim);
+  POLYSHARD_CUDA_CHECK_LAUNCH(op);
+}
+
+template <class T>
+void attention_unpermute_forward(const T* y, T* out, std::int64_t b, std::int64_t t, std::int64_t n_head,
+                                 std::int64_t head_dim, cudaStream_t stream) {
+  using D = device_t<T>;
+  constexpr int P = Pack<D>::size;
+  const char* op = "attention_unpermute";
+  check_attention(op, b, t, n_head, head_dim);
+  const std::int64_t elems = b * n_head * t * head_dim;
+  if (elems == 0) return;
+  if (head_dim % P == 0 && all_aligned16(y, out))
+    attention_unpermute_forward_kernel<D, P><<<grid_for(static_cast<std::size_t>(elems / P), block_threads),
+                                               block_threads, 0, stream>>>(device_ptr(y), device_ptr(out), b, t,
+                                                                           n_head, head_dim);
+  else
+    attention_unpermute_forward_kernel<D, 1><<<grid_for(static_cast<std::size_t>(elems), block_threads),
+                                               block_threads, 0, stream>>>(device_ptr(y), device_ptr(out), b, t,
+                                                                           n_head, head_dim);
+  POLYSHARD_CUDA_CHECK_LAUNCH(op);
+}
+
+template <class T>
+void attention_unpermute_backward(const T* dout, T* dy, std::int64_t b, std::int64_t t, std::int64_t n_head,
+                                  std::int64_t head_dim, cudaStream_t stream) {
+  using D = device_t<T>;
+  constexpr int P = Pack<D>::size;
+  const char* op = "attention_unpermute backward";
+  check_attention(op, b, t, n_head, head_dim);
+  const std::int64_t elems = b * n_head * t * head_dim;
+  if (elems == 0) return;
+  if (head_dim % P == 0 && all_aligned16(dout, dy))
+    attention_unpermute_backward_kernel<D, P><<<grid_for(static_cast<std::size_t>(elems / P), block_threads),
+                                                block_threads, 0, stream>>>(device_ptr(dout), device_ptr(dy), b, t,
+                                                                            n_head, head_dim);
+  else
+    attention_unpermute_backward_kernel<D, 1><<<grid_for(static_cast<std::size_t>(elems), block_threads),
+                                                block_threads, 0, stream>>>(device_ptr(dout), device_ptr(dy), b, t,
+                                                                            n_head, head_dim);
+  POLYSHARD_CUDA_CHECK_LAUNCH(op);
+}
+
+template <class T>
+void cross_entropy_forward(const T* logits, const std::int32_t* targets, float* losses, float* lse,
+                           std::int64_t rows, std::int64_t v, cudaStream_t stream) {
+  launch_cross_entropy<T>("cross_entropy", logits, targets, losses, lse, nullptr, 1.f, {}, rows, v, stream);
+}
+
+template <class T>
+void cross_entropy_fused(const T* logits, const std::int32_t* targets, float* losses, float* lse,
+                         const float* dlosses, float dloss_scale, DeviceGradOut<T> dlogits, std::int64_t rows,
+                         std::int64_t v, cudaStream_t stream) {
+  launch_cross_entropy<T>("cross_entropy fused", logits, targets, losses, lse, dlosses, dloss_scale, dlogits, rows, v,
+                          stream);
+}
+
+template <class T>
+void cross_entropy_backward(const T* logits, const std::int32_t* targets, const float* lse, const float* dlosses,
+                            float dloss_scale, DeviceGradOut<T> dlogits, std::int64_t rows, std::int64_t v,
+                            cudaStream_t stream) {
+  using D = device_t<T>;
+  const char* op = "cross_entropy backward";
+  check_rows(op, rows, v);
+  if (rows == 0 || !dlogits.wanted()) return;
+  check_pointer(op, "lse", lse);
+  const unsigned grid = grid_for(static_cast<std::size_t>(rows), 1);
+  if (dlogits.accumulate)
+    cross_entropy_backward_kernel<D, true><<<grid, row_threads(v), 0, stream>>>(
+        device_ptr(logits), targets, lse, dlosses, dloss_scale, device_ptr(dlogits.data), rows, int(v));
+  else
+    cross_entropy_backward_kernel<D, false><<<grid, row_threads(v), 0, stream>>>(
+        device_ptr(logits), targets, lse, dlosses, dloss_scale, device_ptr(dlogits.data), rows, int(v));
+  POLYSHARD_CUDA_CHECK_LAUNCH(op);
+}
+
+std::size_t column_sum_workspace_floats(std::int64_t rows, std::int64_t cols) {
+  check_rows("column_sum", rows, cols);
+  return static_cast<std::size_t>(chunk_count(rows) * cols);
+}
+
+template <class T>
+void column_sum(const T* x, DeviceGradOut<T> out, std::int64_t rows, std::int64_t cols, float* workspace,
+                std::size_t workspace_floats, cudaStream_t stream) {
+  using D = device_t<T>;
+  check_rows("column_sum", rows, cols);
+  if (!out.wanted()) return;
+  launch_column_sums("column_sum", ColumnTerms<D>{device_ptr(x)}, rows, cols, workspace, workspace_floats,
+                     device_ptr(out.data), out.accumulate, static_cast<D*>(nullptr), false, stream);
+}
+
+// ---- instantiations -------------------------------------------------------------------------
+
+#define POLYSHARD_TRANSFORMER_KERNELS(T)                                                                              \
+  template void embedding_forward<T>(const std::int32_t*, const T*, T*, std::int64_t, std::int64_t, std::int64_t,     \
+                                     cudaStream_t);                                                                   \
+  template void embedding_backward<T>(const std::int32_t*, const T*, DeviceGradOut<T>, std::int64_t, std::int64_t,    \
+                                      std::int64_t, void*, std::size_t, cudaStream_t);                                \
+  template void layer_norm_forward<T>(const T*, const T*, const T*, float, T*, float*, float*, std::int64_t,          \
+                                      std::int64_t, cudaStream_t);                                                    \
+  template void layer_norm_backward<T>(const T*, const T*, const float*, const float*, const T*, DeviceGradOut<T>,    \
+                                       DeviceGradOut<T>, DeviceGradOut<T>, std::int64_t, std::int64_t, float*,        \
+                                       std::size_t, cudaStream_t);                                                    \
+  template void gelu_forward<T>(const T*, T*, std::int64_t, cudaStream_t);                                            \
+  template void gelu_backward<T>(const T*, const T*, DeviceGradOut<T>, std::int64_t, cudaStream_t);                   \
+  template void add_into<T>(const T*, const T*, T*, std::int64_t, cudaStream_t);                                      \
+  template void add_into_accumulate<T>(const T*, T*, std::int64_t, cudaStream_t);                                     \
+  template void scale_into<T>(const T*, double, T*, std::int64_t, cudaStream_t);                                      \
+  template void softmax_forward<T>(const T*, T*, std::int64_t, std::int64_t, cudaStream_t);                           \
+  template void softmax_backward<T>(const T*, const T*, DeviceGradOut<T>, std::int64_t, std::int64_t, cudaStream_t);  \
+  template void causal_softmax_forward<T>(const T*, float, T*, std::int64_t, std::int64_t, cudaStream_t);             \
+  template void causal_softmax_backward<T>(const T*, const T*, float, DeviceGradOut<T>, std::int64_t, std::int64_t,   \
+                                           cudaStream_t);                                                             \
+  template void attention_permute_forward<T>(const T*, T*, T*, T*, std::int64_t, std::int64_t, std::int64_t,          \
+                                             std::int64_t, cudaStream_t);                                             \
+  template void attention_permute_backward<T>(const T*, const T*, const T*, DeviceGradOut<T>, std::int64_t,           \
+                                              std::int64_t, std::int64_t, std::int64_t, cudaStream_t);                \
+  template void attention_unpermute_forward<T>(const T*, T*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,  \
+                                               cudaStream_t);                                                         \
+  template void attention_unpermute_backward<T>(const T*, T*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, \
+                                                cudaStream_t);                                                        \
+  template void cross_entropy_forward<T>(const T*, const std::int32_t*, float*, float*, std::int64_t, std::int64_t,   \
+                                         cudaStream_t);                                                               \
+  template void cross_entropy_backward<T>(const T*, const std::int32_t*, const float*, const float*, float,           \
+                                          DeviceGradOut<T>, std::int64_t, std::int64_t, cudaStream_t);                \
+  template void cross_entropy_fused<T>(const T*, const std::int32_t*, float*, float*, const float*, float,            \
+                                       DeviceGradOut<T>, std::int64_t, std::int64_t, cudaStream_t);                   \
+  template void column_sum<T>(const T*, DeviceGradOut<T>, std::int64_t, std::int64_t, float*, std::size_t,            \
+                              cudaStream_t);
+
+POLYSHARD_TRANSFORMER_KERNELS(float)
+POLYSHARD_TRANSFORMER_KERNELS(half)
+POLYSHARD_TRANSFORMER_KERNELS(bfloat16)
+#undef POLYSHARD_TRANSFORMER_KERNELS
+
+}  // namespace polyshard::cuda
