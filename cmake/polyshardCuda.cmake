@@ -20,6 +20,9 @@ function(polyshard_add_cuda_library name include_root)
   target_include_directories(${name} PUBLIC ${include_root})
   target_link_libraries(${name} PUBLIC CUDA::cudart CUDA::cublasLt)
   target_compile_features(${name} PUBLIC cxx_std_20)
+  # cuda_fp16.h (pulled in by cublasLt.h) would declare a global `half` that clashes with
+  # polyshard::half in code that says `using namespace polyshard`.
+  target_compile_definitions(${name} PUBLIC CUDA_NO_HALF)
   # Line tables for profilers; no fast-math: the kernels must agree with their CPU twins.
   target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo --expt-relaxed-constexpr -Xcudafe --display_error_number>)
   set_target_properties(${name} PROPERTIES POSITION_INDEPENDENT_CODE ON CUDA_SEPARABLE_COMPILATION OFF)
