@@ -101,8 +101,8 @@ void assign_or_add(Dst&& dst, const Expr& expr, bool accumulate) {
 }
 
 /// Checks that a kernel's output is defined, contiguous, and of the shape the kernel writes.
-template <class T>
-void check_output(const char* op, const char* what, const Tensor<T>& out, const Shape& expected) {
+template <class T, class D>
+void check_output(const char* op, const char* what, const Tensor<T, D>& out, const Shape& expected) {
   POLYSHARD_CHECK(out.defined(), op, ": output ", what, " is undefined");
   check_same_shape(op, out.shape(), expected);
   POLYSHARD_CHECK(out.is_contiguous(), op, ": output ", what, " of shape ", out.shape(), " is not contiguous");

@@ -1,0 +1,256 @@
+// The tensor ops on Tensor<T, Cuda>: the same names and arguments as the CPU ops in
+// tensor/ops/, checked the same way, run as CUDA kernels on the thread's current stream.
+// Element types: float, half and bfloat16; 16-bit tensors compute in float inside the kernels,
+// and per-row statistics (layer-norm mean and rstd, cross-entropy losses and lse) are float.
+#pragma once
+
+#include <cstdint>
+
+#include "polyshard/core/cuda/current_stream.hpp"
+#include "polyshard/engine/cuda/unit_kernels.hpp"
+#include "polyshard/tensor/cuda/storage.hpp"
+#include "polyshard/tensor/cuda/transformer_kernels.hpp"
+#include "polyshard/tensor/ops/grad_out.hpp"
+#include "polyshard/tensor/tensor.hpp"
+
+namespace polyshard {
+
+/// An element type the CUDA kernels are built for.
+template <class T>
+concept CudaFloatElement = std::same_as<T, float> || std::same_as<T, half> || std::same_as<T, bfloat16>;
+
+namespace detail::cuda_ops {
+template <class T>
+cuda::DeviceGradOut<T> device_grad(const GradOut<T, Cuda>& g) {
+  return {g.wanted() ? g.tensor.data() : nullptr, g.accumulate};
+}
+template <class T>
+const T* input(const char* op, const char* what, const Tensor<T, Cuda>& t) {
+  POLYSHARD_CHECK(t.defined(), op, ": input ", what, " is undefined");
+  POLYSHARD_CHECK(t.is_contiguous(), op, ": input ", what, " of shape ", t.shape(),
+                  " is not contiguous (call contiguous() first)");
+  return t.data();
+}
+/// The shape of one value per row (the shape without its last dimension).
+inline Shape rows_of(const Shape& s) {
+  Shape r;
+  for (int i = 0; i < s.rank() - 1; ++i) r.push_back(s[i]);
+  return r;
+}
+/// Scratch for one kernel: device memory from the pool, freed in stream order after it.
+inline Tensor<float, Cuda> scratch_floats(std::size_t n) {
+  return Tensor<float, Cuda>::empty(Shape{static_cast<std::int64_t>(n)}, MemoryCategory::Activations);
+}
+}  // namespace detail::cuda_ops
+
+/// out = static_cast<To>(x), rounded to nearest even. x, out: same shape, contiguous.
+template <Element To, Element From>
+void cast_into(const Tensor<From, Cuda>& x, const Tensor<To, Cuda>& out) {
+  detail::check_output("cast", "out", out, x.shape());
+  cuda::cast_span(detail::cuda_ops::input("cast", "x", x), out.data(), static_cast<std::size_t>(x.numel()),
+                  cuda::current_stream());
+}
+template <Element To, Element From>
+Tensor<To, Cuda> cast(const Tensor<From, Cuda>& x, MemoryCategory category = current_memory_category()) {
+  auto out = Tensor<To, Cuda>::empty(x.shape(), category);
+  cast_into(x, out);
+  return out;
+}
+
+/// out = a + b. a, b, out: same shape.
+template <CudaFloatElement T>
+void add_into(const Tensor<T, Cuda>& a, const Tensor<T, Cuda>& b, const Tensor<T, Cuda>& out) {
+  check_same_shape("add", a.shape(), b.shape());
+  detail::check_output("add", "out", out, a.shape());
+  cuda::add_into(detail::cuda_ops::input("add", "a", a), detail::cuda_ops::input("add", "b", b), out.data(),
+                 a.numel(), cuda::current_stream());
+}
+template <CudaFloatElement T>
+Tensor<T, Cuda> add(const Tensor<T, Cuda>& a, const Tensor<T, Cuda>& b) {
+  auto out = Tensor<T, Cuda>::empty(a.shape());
+  add_into(a, b, out);
+  return out;
+}
+/// y += x (a residual branch or a second gradient contribution). x, y: same shape.
+template <CudaFloatElement T>
+void accumulate_into(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& y) {
+  detail::check_output("accumulate", "y", y, x.shape());
+  cuda::add_into_accumulate(detail::cuda_ops::input("accumulate", "x", x), y.data(), x.numel(), cuda::current_stream());
+}
+/// out = s * x.
+template <CudaFloatElement T>
+void scale_into(const Tensor<T, Cuda>& x, double s, const Tensor<T, Cuda>& out) {
+  detail::check_output("scale", "out", out, x.shape());
+  cuda::scale_into(detail::cuda_ops::input("scale", "x", x), s, out.data(), x.numel(), cuda::current_stream());
+}
+
+/// y = GELU(x), the tanh approximation. x, y: same shape.
+template <CudaFloatElement T>
+void gelu_forward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& y) {
+  detail::check_output("gelu", "y", y, x.shape());
+  cuda::gelu_forward(detail::cuda_ops::input("gelu", "x", x), y.data(), x.numel(), cuda::current_stream());
+}
+template <CudaFloatElement T>
+void gelu_backward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& dy, const GradOut<T, Cuda>& dx) {
+  check_same_shape("gelu backward", x.shape(), dy.shape());
+  if (!dx.wanted()) return;
+  detail::check_output("gelu backward", "dx", dx.tensor, x.shape());
+  cuda::gelu_backward(detail::cuda_ops::input("gelu backward", "x", x),
+                      detail::cuda_ops::input("gelu backward", "dy", dy), detail::cuda_ops::device_grad(dx), x.numel(),
+                      cuda::current_stream());
+}
+
+/// Layer normalization over the last dimension. x, y: (..., C); weight, bias: (C,);
+/// mean, rstd: (...) in float, saved for the backward pass.
+template <CudaFloatElement T>
+void layer_norm_forward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& weight, const Tensor<T, Cuda>& bias,
+                        double eps, const Tensor<T, Cuda>& y, const Tensor<float, Cuda>& mean,
+                        const Tensor<float, Cuda>& rstd) {
+  POLYSHARD_CHECK(x.rank() >= 1, "layer_norm: input needs at least 1 dimension, got shape ", x.shape());
+  const std::int64_t c = x.size(-1), rows = x.shape().leading(1);
+  POLYSHARD_CHECK(weight.shape() == Shape{c} && bias.shape() == Shape{c}, "layer_norm: weight ", weight.shape(),
+                  " and bias ", bias.shape(), " do not fit input of shape ", x.shape());
+  detail::check_output("layer_norm", "y", y, x.shape());
+  detail::check_output("layer_norm", "mean", mean, detail::cuda_ops::rows_of(x.shape()));
+  detail::check_output("layer_norm", "rstd", rstd, detail::cuda_ops::rows_of(x.shape()));
+  using detail::cuda_ops::input;
+  cuda::layer_norm_forward(input("layer_norm", "x", x), input("layer_norm", "weight", weight),
+                           input("layer_norm", "bias", bias), static_cast<float>(eps), y.data(), mean.data(),
+                           rstd.data(), rows, c, cuda::current_stream());
+}
+template <CudaFloatElement T>
+void layer_norm_backward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& weight, const Tensor<float, Cuda>& mean,
+                         const Tensor<float, Cuda>& rstd, const Tensor<T, Cuda>& dy, const GradOut<T, Cuda>& dx,
+                         const GradOut<T, Cuda>& dweight, const GradOut<T, Cuda>& dbias) {
+  check_same_shape("layer_norm backward", x.shape(), dy.shape());
+  const std::int64_t c = x.size(-1), rows = x.shape().leading(1);
+  POLYSHARD_CHECK(weight.shape() == Shape{c} && mean.numel() == rows && rstd.numel() == rows,
+                  "layer_norm backward: weight ", weight.shape(), ", mean ", mean.shape(), " and rstd ", rstd.shape(),
+                  " do not fit input of shape ", x.shape());
+  if (dx.wanted()) detail::check_output("layer_norm backward", "dx", dx.tensor, x.shape());
+  if (dweight.wanted()) detail::check_output("layer_norm backward", "dweight", dweight.tensor, Shape{c});
+  if (dbias.wanted()) detail::check_output("layer_norm backward", "dbias", dbias.tensor, Shape{c});
+  const std::size_t floats = cuda::layer_norm_backward_workspace_floats(rows, c);
+  const auto workspace = detail::cuda_ops::scratch_floats(floats);
+  using detail::cuda_ops::device_grad;
+  using detail::cuda_ops::input;
+  cuda::layer_norm_backward(input("layer_norm backward", "x", x), input("layer_norm backward", "weight", weight),
+                            input("layer_norm backward", "mean", mean), input("layer_norm backward", "rstd", rstd),
+                            input("layer_norm backward", "dy", dy), device_grad(dx), device_grad(dweight),
+                            device_grad(dbias), rows, c, workspace.data(), floats, cuda::current_stream());
+}
+
+/// Softmax over the last dimension. x, y: (..., N).
+template <CudaFloatElement T>
+void softmax_forward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& y) {
+  POLYSHARD_CHECK(x.rank() >= 1 && x.size(-1) > 0, "softmax: input needs a non-empty last dimension, got shape ",
+                  x.shape());
+  detail::check_output("softmax", "y", y, x.shape());
+  cuda::softmax_forward(detail::cuda_ops::input("softmax", "x", x), y.data(), x.shape().leading(1), x.size(-1),
+                        cuda::current_stream());
+}
+template <CudaFloatElement T>
+void softmax_backward(const Tensor<T, Cuda>& y, const Tensor<T, Cuda>& dy, const GradOut<T, Cuda>& dx) {
+  check_same_shape("softmax backward", y.shape(), dy.shape());
+  if (!dx.wanted()) return;
+  detail::check_output("softmax backward", "dx", dx.tensor, y.shape());
+  cuda::softmax_backward(detail::cuda_ops::input("softmax backward", "y", y),
+                         detail::cuda_ops::input("softmax backward", "dy", dy), detail::cuda_ops::device_grad(dx),
+                         y.shape().leading(1), y.size(-1), cuda::current_stream());
+}
+
+/// Rows of `table` picked by `ids`. ids: (...); table: (V, C); out: (..., C).
+template <CudaFloatElement T>
+void embedding_forward(const Tensor<std::int32_t, Cuda>& ids, const Tensor<T, Cuda>& table,
+                       const Tensor<T, Cuda>& out) {
+  POLYSHARD_CHECK(table.rank() == 2, "embedding: table must be (V, C), got shape ", table.shape());
+  Shape out_shape = ids.shape();
+  out_shape.push_back(table.size(1));
+  detail::check_output("embedding", "out", out, out_shape);
+  cuda::embedding_forward(detail::cuda_ops::input("embedding", "ids", ids),
+                          detail::cuda_ops::input("embedding", "table", table), out.data(), ids.numel(),
+                          table.size(0), table.size(1), cuda::current_stream());
+}
+/// dtable (+)= the rows of dout summed per id, deterministically (sorted by id, then position).
+template <CudaFloatElement T>
+void embedding_backward(const Tensor<std::int32_t, Cuda>& ids, const Tensor<T, Cuda>& dout,
+                        const GradOut<T, Cuda>& dtable) {
+  if (!dtable.wanted()) return;
+  POLYSHARD_CHECK(dtable.tensor.rank() == 2, "embedding backward: dtable must be (V, C), got shape ",
+                  dtable.tensor.shape());
+  const std::int64_t v = dtable.tensor.size(0), c = dtable.tensor.size(1);
+  Shape dout_shape = ids.shape();
+  dout_shape.push_back(c);
+  check_same_shape("embedding backward", dout.shape(), dout_shape);
+  detail::check_output("embedding backward", "dtable", dtable.tensor, Shape{v, c});
+  const std::size_t bytes = cuda::embedding_backward_workspace_bytes(ids.numel(), v);
+  const auto workspace = detail::cuda_ops::scratch_floats((bytes + sizeof(float) - 1) / sizeof(float));
+  cuda::embedding_backward(detail::cuda_ops::input("embedding backward", "ids", ids),
+                           detail::cuda_ops::input("embedding backward", "dout", dout),
+                           detail::cuda_ops::device_grad(dtable), ids.numel(), v, c, workspace.data(),
+                           workspace.bytes(), cuda::current_stream());
+}
+
+/// losses[i] = logsumexp(logits[i, :]) - logits[i, targets[i]]. logits: (..., V);
+/// targets: (...); losses, lse: (...) in float (lse saved for the backward pass).
+template <CudaFloatElement T>
+void cross_entropy_forward(const Tensor<T, Cuda>& logits, const Tensor<std::int32_t, Cuda>& targets,
+                           const Tensor<float, Cuda>& losses, const Tensor<float, Cuda>& lse) {
+  POLYSHARD_CHECK(logits.rank() >= 1 && logits.size(-1) > 0,
+                  "cross_entropy: logits need a non-empty last dimension, got shape ", logits.shape());
+  const Shape rows = detail::cuda_ops::rows_of(logits.shape());
+  check_same_shape("cross_entropy targets", targets.shape(), rows);
+  detail::check_output("cross_entropy", "losses", losses, rows);
+  detail::check_output("cross_entropy", "lse", lse, rows);
+  cuda::cross_entropy_forward(detail::cuda_ops::input("cross_entropy", "logits", logits),
+                              detail::cuda_ops::input("cross_entropy", "targets", targets), losses.data(), lse.data(),
+                              rows.numel(), logits.size(-1), cuda::current_stream());
+}
+/// dlogits[i, :] (+)= dlosses[i] (softmax(logits[i, :]) - onehot(targets[i])).
+template <CudaFloatElement T>
+void cross_entropy_backward(const Tensor<T, Cuda>& logits, const Tensor<std::int32_t, Cuda>& targets,
+                            const Tensor<float, Cuda>& lse, const Tensor<float, Cuda>& dlosses,
+                            const GradOut<T, Cuda>& dlogits) {
+  if (!dlogits.wanted()) return;
+  const Shape rows = detail::cuda_ops::rows_of(logits.shape());
+  check_same_shape("cross_entropy backward targets", targets.shape(), rows);
+  check_same_shape("cross_entropy backward lse", lse.shape(), rows);
+  check_same_shape("cross_entropy backward dlosses", dlosses.shape(), rows);
+  detail::check_output("cross_entropy backward", "dlogits", dlogits.tensor, logits.shape());
+  using detail::cuda_ops::input;
+  cuda::cross_entropy_backward(input("cross_entropy backward", "logits", logits),
+                               input("cross_entropy backward", "targets", targets),
+                               input("cross_entropy backward", "lse", lse),
+                               input("cross_entropy backward", "dlosses", dlosses), 1.0f,
+                               detail::cuda_ops::device_grad(dlogits), rows.numel(), logits.size(-1),
+                               cuda::current_stream());
+}
+/// The loss and its gradient in one pass over the logits, for a mean loss over every row:
+/// losses[i] as cross_entropy_forward; dlogits[i, :] (+)= dloss_scale (softmax - onehot), which
+/// may be the logits tensor itself (the logits are not needed after the loss).
+template <CudaFloatElement T>
+void cross_entropy_fused(const Tensor<T, Cuda>& logits, const Tensor<std::int32_t, Cuda>& targets,
+                         const Tensor<float, Cuda>& losses, float dloss_scale, const GradOut<T, Cuda>& dlogits) {
+  const Shape rows = detail::cuda_ops::rows_of(logits.shape());
+  check_same_shape("cross_entropy targets", targets.shape(), rows);
+  detail::check_output("cross_entropy", "losses", losses, rows);
+  if (dlogits.wanted()) detail::check_output("cross_entropy", "dlogits", dlogits.tensor, logits.shape());
+  cuda::cross_entropy_fused(detail::cuda_ops::input("cross_entropy", "logits", logits),
+                            detail::cuda_ops::input("cross_entropy", "targets", targets), losses.data(), nullptr,
+                            nullptr, dloss_scale, detail::cuda_ops::device_grad(dlogits), rows.numel(),
+                            logits.size(-1), cuda::current_stream());
+}
+
+/// out[c] (+)= sum over rows of x[r, c] (a bias gradient). x: (..., C); out: (C,).
+template <CudaFloatElement T>
+void column_sum(const Tensor<T, Cuda>& x, const GradOut<T, Cuda>& out) {
+  if (!out.wanted()) return;
+  const std::int64_t c = x.size(-1), rows = x.shape().leading(1);
+  detail::check_output("column_sum", "out", out.tensor, Shape{c});
+  const std::size_t floats = cuda::column_sum_workspace_floats(rows, c);
+  const auto workspace = detail::cuda_ops::scratch_floats(floats);
+  cuda::column_sum(detail::cuda_ops::input("column_sum", "x", x), detail::cuda_ops::device_grad(out), rows, c,
+                   workspace.data(), floats, cuda::current_stream());
+}
+
+}  // namespace polyshard

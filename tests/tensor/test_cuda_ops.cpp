@@ -1,0 +1,136 @@
+// The tensor ops on Tensor<T, Cuda> against the same ops on host tensors: the wrappers pass the
+// right shapes, strides and gradient modes to the kernels, and refuse what the CPU ops refuse.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "support/error_of.hpp"
+#include "support/gpu_compare.hpp"
+#include "polyshard/tensor/cuda/ops.hpp"
+#include "polyshard/tensor/cuda/transfer.hpp"
+#include "polyshard/tensor/ops.hpp"
+
+using namespace polyshard;
+
+namespace {
+Tensor<float> random_host(const Shape& shape, std::uint64_t seed, double scale = 1.0) {
+  const auto v = test::random_values<float>(static_cast<std::size_t>(shape.numel()), seed, scale);
+  return Tensor<float>::from(shape, std::span<const float>(v));
+}
+Tensor<std::int32_t> random_ids(const Shape& shape, std::int32_t v, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto t = Tensor<std::int32_t>::empty(shape);
+  for (auto& x : t.span()) x = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(v));
+  return t;
+}
+/// A device tensor poisoned with NaN, for an op's output.
+template <class T>
+Tensor<T, Cuda> poisoned(const Shape& shape) {
+  auto t = Tensor<T, Cuda>::empty(shape);
+  REQUIRE(cudaMemsetAsync(t.data(), 0xFF, t.bytes(), cuda::current_stream()) == cudaSuccess);
+  return t;
+}
+template <class T>
+void check_tensor(const char* what, const Tensor<T, Cuda>& got, const Tensor<float>& want, double slack = 1.0) {
+  REQUIRE(got.shape() == want.shape());
+  const auto g = got.to_vector();
+  const auto w = want.to_vector();
+  const double err = test::relative_error(std::span<const T>(g), std::span<const float>(w));
+  INFO(what << ": relative error " << err);
+  CHECK(err <= test::gpu_tolerance<T>() * slack);
+}
+/// The host tensor rounded to T and back, so that both sides start from the same values.
+template <class T>
+Tensor<float> rounded(const Tensor<float>& x) {
+  return cast<float>(cast<T>(x));
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("a transformer block's ops on device tensors match the host ops", "[cuda][tensor]", float,
+                   bfloat16) {
+  const Shape shape{3, 5, 40};  // (B, T, C)
+  const auto x = rounded<TestType>(random_host(shape, 1));
+  const auto w = rounded<TestType>(random_host(Shape{40}, 2));
+  const auto b = rounded<TestType>(random_host(Shape{40}, 3));
+  const auto dy = rounded<TestType>(random_host(shape, 4));
+  const auto dx_x = to_device(cast<TestType>(x)), dw = to_device(cast<TestType>(w)), db = to_device(cast<TestType>(b));
+  const auto ddy = to_device(cast<TestType>(dy));
+
+  // Layer norm, forward and backward with every gradient wanted, dbias accumulating.
+  auto y = Tensor<float>::empty(shape), mean = Tensor<float>::empty(Shape{3, 5}), rstd = Tensor<float>::empty(Shape{3, 5});
+  layer_norm_forward(x, w, b, 1e-5, y, mean, rstd);
+  auto gy = poisoned<TestType>(shape);
+  auto gmean = poisoned<float>(Shape{3, 5}), grstd = poisoned<float>(Shape{3, 5});
+  layer_norm_forward(dx_x, dw, db, 1e-5, gy, gmean, grstd);
+  check_tensor("layer_norm y", gy, y, 2);
+  check_tensor("layer_norm rstd", grstd, rstd, 2);
+
+  auto hx = Tensor<float>::empty(shape), hw = Tensor<float>::empty(Shape{40}), hb = Tensor<float>::full(Shape{40}, 0.5f);
+  layer_norm_backward(x, w, mean, rstd, dy, GradOut<float>{hx}, GradOut<float>{hw}, GradOut<float>{hb, true});
+  auto ghx = poisoned<TestType>(shape), ghw = poisoned<TestType>(Shape{40});
+  auto ghb = to_device(Tensor<TestType>::full(Shape{40}, TestType(0.5f)));
+  layer_norm_backward(dx_x, dw, gmean, grstd, ddy, GradOut<TestType, Cuda>{ghx}, GradOut<TestType, Cuda>{ghw},
+                      GradOut<TestType, Cuda>{ghb, true});
+  check_tensor("layer_norm dx", ghx, hx, 4);
+  check_tensor("layer_norm dweight", ghw, hw, 4);
+  check_tensor("layer_norm dbias (accumulated)", ghb, hb, 4);
+
+  // GELU and a residual add.
+  auto g = Tensor<float>::empty(shape);
+  gelu_forward(x, g);
+  auto gg = poisoned<TestType>(shape);
+  gelu_forward(dx_x, gg);
+  check_tensor("gelu", gg, g, 2);
+  auto gsum = poisoned<TestType>(shape);
+  add_into(dx_x, ddy, gsum);
+  check_tensor("add", gsum, add(x, dy));
+
+  // A bias gradient.
+  auto bias_grad = poisoned<TestType>(Shape{40});
+  column_sum(ddy, GradOut<TestType, Cuda>{bias_grad});
+  auto want = Tensor<float>::zeros(Shape{40});
+  for (std::int64_t r = 0; r < 15; ++r)
+    for (std::int64_t c = 0; c < 40; ++c) want.at(c) += dy.data()[r * 40 + c];
+  check_tensor("column_sum", bias_grad, want, 4);
+}
+
+TEMPLATE_TEST_CASE("embedding and cross-entropy on device tensors match the host ops", "[cuda][tensor]", float,
+                   bfloat16) {
+  const auto table = rounded<TestType>(random_host(Shape{37, 16}, 5));
+  const auto ids = random_ids(Shape{4, 9}, 37, 6);
+  auto out = Tensor<float>::empty(Shape{4, 9, 16});
+  embedding_forward(ids, table, out);
+  const auto gids = to_device(ids);
+  auto gout = poisoned<TestType>(Shape{4, 9, 16});
+  embedding_forward(gids, to_device(cast<TestType>(table)), gout);
+  check_tensor("embedding", gout, out);
+
+  const auto logits = rounded<TestType>(random_host(Shape{6, 101}, 7, 3.0));
+  const auto targets = random_ids(Shape{6}, 101, 8);
+  auto losses = Tensor<float>::empty(Shape{6}), lse = Tensor<float>::empty(Shape{6});
+  cross_entropy_forward(logits, targets, losses, lse);
+  auto dlogits = Tensor<float>::empty(Shape{6, 101});
+  cross_entropy_backward(logits, targets, lse, Tensor<float>::full(Shape{6}, 1.0f / 6), GradOut<float>{dlogits});
+
+  const auto glogits = to_device(cast<TestType>(logits));
+  auto glosses = poisoned<float>(Shape{6});
+  auto gdlogits = poisoned<TestType>(Shape{6, 101});
+  cross_entropy_fused(glogits, to_device(targets), glosses, 1.0f / 6, GradOut<TestType, Cuda>{gdlogits});
+  check_tensor("cross_entropy losses", glosses, losses, 2);
+  check_tensor("cross_entropy dlogits", gdlogits, dlogits, 2);
+}
+
+TEST_CASE("device ops refuse the shapes the host ops refuse, by name", "[cuda][tensor]") {
+  auto x = Tensor<float, Cuda>::zeros(Shape{4, 8});
+  auto w = Tensor<float, Cuda>::zeros(Shape{7});
+  auto y = Tensor<float, Cuda>::empty(Shape{4, 8});
+  auto stats = Tensor<float, Cuda>::empty(Shape{4});
+  CHECK_THAT(test::error_of([&] { layer_norm_forward(x, w, w, 1e-5, y, stats, stats); }),
+             Catch::Contains("layer_norm") && Catch::Contains("(7)"));
+  CHECK_THAT(test::error_of([&] { gelu_forward(x, Tensor<float, Cuda>::empty(Shape{8, 4})); }),
+             Catch::Contains("gelu"));
+  CHECK_THAT(test::error_of([&] { softmax_forward(x.transpose(), Tensor<float, Cuda>::empty(Shape{8, 4})); }),
+             Catch::Contains("not contiguous"));
+}
