@@ -134,3 +134,41 @@ TEST_CASE("device ops refuse the shapes the host ops refuse, by name", "[cuda][t
   CHECK_THAT(test::error_of([&] { softmax_forward(x.transpose(), Tensor<float, Cuda>::empty(Shape{8, 4})); }),
              Catch::Contains("not contiguous"));
 }
+
+TEMPLATE_TEST_CASE("matmul on device tensors takes the same views as the host matmul", "[cuda][tensor]", float,
+                   bfloat16) {
+  const auto a = rounded<TestType>(random_host(Shape{2, 3, 24, 40}, 9));
+  const auto b = rounded<TestType>(random_host(Shape{40, 16}, 10));
+  const auto bb = rounded<TestType>(random_host(Shape{2, 3, 40, 16}, 11));
+  const auto ga = to_device(cast<TestType>(a)), gb = to_device(cast<TestType>(b)), gbb = to_device(cast<TestType>(bb));
+  // A tall product with a shared B, a batched one, and transposed views on both sides.
+  check_tensor("shared B", matmul(ga, gb), matmul(a, b), 2);
+  check_tensor("batched B", matmul(ga, gbb), matmul(a, bb), 2);
+  const auto at = a.transpose().contiguous(), gat = to_device(cast<TestType>(at));  // (2, 3, 40, 24)
+  check_tensor("transposed A", matmul(gat.transpose(), gbb), matmul(at.transpose(), bb), 2);
+  check_tensor("transposed B", matmul(ga, gbb.transpose().contiguous().transpose()), matmul(a, bb), 2);
+  // beta = 1 accumulates into C.
+  auto c = to_device(cast<TestType>(matmul(a, b)));
+  matmul_into(ga, gb, c, 1.0f, 1.0f);
+  check_tensor("accumulate", c, scale(matmul(a, b), 2.0), 2);
+}
+
+TEMPLATE_TEST_CASE("causal self-attention on device tensors matches the host op, forward and backward",
+                   "[cuda][tensor]", float, bfloat16) {
+  const int n_head = 4;
+  const auto qkv = rounded<TestType>(random_host(Shape{2, 33, 3 * 64}, 12));
+  const auto dout = rounded<TestType>(random_host(Shape{2, 33, 64}, 13));
+  auto out = Tensor<float>::empty(Shape{2, 33, 64}), att = Tensor<float>::empty(Shape{2, n_head, 33, 33});
+  causal_self_attention_forward(qkv, n_head, out, att);
+  auto dqkv = Tensor<float>::empty(qkv.shape());
+  causal_self_attention_backward(qkv, att, dout, n_head, GradOut<float>{dqkv});
+
+  const auto gqkv = to_device(cast<TestType>(qkv));
+  auto gout = poisoned<TestType>(out.shape()), gatt = poisoned<TestType>(att.shape());
+  causal_self_attention_forward(gqkv, n_head, gout, gatt);
+  check_tensor("attention out", gout, out, 4);
+  check_tensor("attention probabilities", gatt, att, 4);
+  auto gdqkv = poisoned<TestType>(qkv.shape());
+  causal_self_attention_backward(gqkv, gatt, to_device(cast<TestType>(dout)), n_head, GradOut<TestType, Cuda>{gdqkv});
+  check_tensor("attention dqkv", gdqkv, dqkv, 8);
+}

@@ -4,13 +4,16 @@
 // and per-row statistics (layer-norm mean and rstd, cross-entropy losses and lse) are float.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "polyshard/core/cuda/current_stream.hpp"
 #include "polyshard/engine/cuda/unit_kernels.hpp"
+#include "polyshard/tensor/cuda/matmul.hpp"
 #include "polyshard/tensor/cuda/storage.hpp"
 #include "polyshard/tensor/cuda/transformer_kernels.hpp"
 #include "polyshard/tensor/ops/grad_out.hpp"
+#include "polyshard/tensor/ops/matmul.hpp"
 #include "polyshard/tensor/tensor.hpp"
 
 namespace polyshard {
@@ -251,6 +254,158 @@ void column_sum(const Tensor<T, Cuda>& x, const GradOut<T, Cuda>& out) {
   const auto workspace = detail::cuda_ops::scratch_floats(floats);
   cuda::column_sum(detail::cuda_ops::input("column_sum", "x", x), detail::cuda_ops::device_grad(out), rows, c,
                    workspace.data(), floats, cuda::current_stream());
+}
+
+namespace detail::cuda_ops {
+/// A matrix operand as cuBLASLt takes it: transposed or not, its leading dimension and the
+/// stride between batch elements (0 for a 2-D operand shared by every batch element).
+template <class T>
+struct Operand {
+  Tensor<T, Cuda> view;
+  MatrixLayout layout;
+  std::int64_t batch_stride = 0;
+};
+/// Whether the batch dimensions (all but the last two) step by one uniform stride.
+template <class T>
+bool uniform_batches(const Tensor<T, Cuda>& t) {
+  for (int i = 0; i + 3 < t.rank(); ++i)
+    if (t.strides()[i] != t.strides()[i + 1] * t.size(i + 1)) return false;
+  return true;
+}
+/// The operand for `t`; a view cuBLASLt cannot take as it is becomes a contiguous copy.
+template <class T>
+Operand<T> operand(const Tensor<T, Cuda>& t) {
+  Operand<T> o{t, {false, std::max<std::int64_t>(t.size(-1), 1)}, 0};
+  if (!gemm_layout(o.view, o.layout) || !uniform_batches(o.view)) {
+    o.view = t.contiguous();
+    o.layout = {false, std::max<std::int64_t>(t.size(-1), 1)};
+  }
+  if (o.view.rank() > 2) o.batch_stride = o.view.strides()[o.view.rank() - 3];
+  return o;
+}
+}  // namespace detail::cuda_ops
+
+/// C = alpha * A B + beta * C through cuBLASLt (fp32 accumulation; TF32 off, so fp32 products
+/// agree with the CPU's). A: (..., M, K); B: (K, N) shared by every batch element or (..., K, N)
+/// with A's batch shape; C: (..., M, N) contiguous. A and B may be transposed views.
+template <CudaFloatElement T>
+void matmul_into(const Tensor<T, Cuda>& a, const Tensor<T, Cuda>& b, const Tensor<T, Cuda>& c, float alpha = 1.0f,
+                 float beta = 0.0f) {
+  POLYSHARD_CHECK(a.rank() >= 2 && b.rank() >= 2, "matmul: operands need at least 2 dimensions, got ", a.shape(),
+                  " and ", b.shape());
+  const std::int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  POLYSHARD_CHECK(b.size(-2) == k, "matmul: inner dimensions differ between ", a.shape(), " and ", b.shape());
+  const bool shared_b = b.rank() == 2;
+  POLYSHARD_CHECK(shared_b || b.rank() == a.rank(), "matmul: batch ranks differ between ", a.shape(), " and ",
+                  b.shape());
+  Shape expected_c;
+  for (int i = 0; i < a.rank() - 2; ++i) {
+    POLYSHARD_CHECK(shared_b || a.size(i) == b.size(i), "matmul: batch dimensions differ between ", a.shape(),
+                    " and ", b.shape());
+    expected_c.push_back(a.size(i));
+  }
+  expected_c.push_back(m);
+  expected_c.push_back(n);
+  detail::check_output("matmul", "c", c, expected_c);
+  const std::int64_t batch = a.shape().leading(2);
+  if (c.numel() == 0) return;
+  if (k == 0) {  // an empty sum: C = beta C
+    scale_into(c, beta, c);
+    return;
+  }
+  const auto oa = detail::cuda_ops::operand(a), ob = detail::cuda_ops::operand(b);
+  cuda::MatmulArgs<T> args;
+  args.k = k;
+  args.a = oa.view.data(), args.lda = oa.layout.ld, args.trans_a = oa.layout.transposed;
+  args.b = ob.view.data(), args.ldb = ob.layout.ld, args.trans_b = ob.layout.transposed;
+  args.c = c.data(), args.ldc = n;
+  args.alpha = alpha, args.beta = beta;
+  if (shared_b && !oa.layout.transposed && (batch == 1 || oa.view.is_contiguous())) {
+    // A plain A times a shared B is one tall product over every batch row.
+    args.m = batch * m, args.n = n;
+  } else {
+    args.m = m, args.n = n;
+    args.batch_count = batch;
+    args.stride_a = oa.batch_stride, args.stride_b = shared_b ? 0 : ob.batch_stride, args.stride_c = m * n;
+  }
+  cuda::matmul(args, cuda::current_stream());
+}
+template <CudaFloatElement T>
+Tensor<T, Cuda> matmul(const Tensor<T, Cuda>& a, const Tensor<T, Cuda>& b) {
+  Shape out;
+  for (int i = 0; i < a.rank() - 2; ++i) out.push_back(a.size(i));
+  out.push_back(a.rank() >= 2 ? a.size(-2) : 0);
+  out.push_back(b.size(-1));
+  auto c = Tensor<T, Cuda>::empty(out);
+  matmul_into(a, b, c);
+  return c;
+}
+
+/// Causal self-attention of GPT-2's fused projections, as the CPU op computes it: per head,
+/// softmax(q k^T / sqrt(D)) over keys up to the query's position, times v. qkv: (B, T, 3C);
+/// out: (B, T, C); att: (B, n_head, T, T), the probabilities saved for the backward pass.
+/// Batched products through cuBLASLt around the fused causal softmax.
+template <CudaFloatElement T>
+void causal_self_attention_forward(const Tensor<T, Cuda>& qkv, int n_head, const Tensor<T, Cuda>& out,
+                                   const Tensor<T, Cuda>& att) {
+  POLYSHARD_CHECK(qkv.rank() == 3 && n_head > 0 && qkv.size(2) % (3 * n_head) == 0, "causal_self_attention: qkv ",
+                  qkv.shape(), " is not (B, T, 3C) with C a multiple of n_head = ", n_head);
+  const std::int64_t nb = qkv.size(0), nt = qkv.size(1), c = qkv.size(2) / 3, hd = c / n_head;
+  detail::check_output("causal_self_attention", "out", out, Shape{nb, nt, c});
+  detail::check_output("causal_self_attention", "att", att, Shape{nb, n_head, nt, nt});
+  const cudaStream_t stream = cuda::current_stream();
+  const Shape heads{nb, n_head, nt, hd};  // (B, H, T, D)
+  auto q = Tensor<T, Cuda>::empty(heads, MemoryCategory::Activations);
+  auto k = Tensor<T, Cuda>::empty(heads, MemoryCategory::Activations);
+  auto v = Tensor<T, Cuda>::empty(heads, MemoryCategory::Activations);
+  cuda::attention_permute_forward(detail::cuda_ops::input("causal_self_attention", "qkv", qkv), q.data(), k.data(),
+                                  v.data(), nb, nt, n_head, hd, stream);
+  matmul_into(q, k.transpose(), att);  // raw scores (B, H, T, T); the softmax scales them
+  cuda::causal_softmax_forward(att.data(), static_cast<float>(1.0 / std::sqrt(double(hd))), att.data(), nb * n_head,
+                               nt, stream);
+  auto y = Tensor<T, Cuda>::empty(heads, MemoryCategory::Activations);
+  matmul_into(att, v, y);  // (B, H, T, D)
+  cuda::attention_unpermute_forward(y.data(), out.data(), nb, nt, n_head, hd, stream);
+}
+
+/// Gradient of causal_self_attention_forward with respect to qkv, from the saved probabilities.
+/// qkv: (B, T, 3C); att: (B, n_head, T, T); dout: (B, T, C); dqkv: (B, T, 3C), written or added to.
+template <CudaFloatElement T>
+void causal_self_attention_backward(const Tensor<T, Cuda>& qkv, const Tensor<T, Cuda>& att,
+                                    const Tensor<T, Cuda>& dout, int n_head, const GradOut<T, Cuda>& dqkv) {
+  if (!dqkv.wanted()) return;
+  POLYSHARD_CHECK(qkv.rank() == 3 && n_head > 0 && qkv.size(2) % (3 * n_head) == 0,
+                  "causal_self_attention backward: qkv ", qkv.shape(), " is not (B, T, 3C) with C a multiple of n_head = ",
+                  n_head);
+  const std::int64_t nb = qkv.size(0), nt = qkv.size(1), c = qkv.size(2) / 3, hd = c / n_head;
+  check_same_shape("causal_self_attention backward", att.shape(), Shape{nb, n_head, nt, nt});
+  check_same_shape("causal_self_attention backward", dout.shape(), Shape{nb, nt, c});
+  detail::check_output("causal_self_attention backward", "dqkv", dqkv.tensor, qkv.shape());
+  using detail::cuda_ops::input;
+  const cudaStream_t stream = cuda::current_stream();
+  const Shape heads{nb, n_head, nt, hd};  // (B, H, T, D)
+  auto q = Tensor<T, Cuda>::empty(heads, MemoryCategory::Activations);
+  auto k = Tensor<T, Cuda>::empty(heads, MemoryCategory::Activations);
+  auto v = Tensor<T, Cuda>::empty(heads, MemoryCategory::Activations);
+  cuda::attention_permute_forward(input("causal_self_attention backward", "qkv", qkv), q.data(), k.data(), v.data(),
+                                  nb, nt, n_head, hd, stream);
+  auto dy = Tensor<T, Cuda>::empty(heads, MemoryCategory::Activations);
+  cuda::attention_unpermute_backward(input("causal_self_attention backward", "dout", dout), dy.data(), nb, nt, n_head,
+                                     hd, stream);
+  auto dv = Tensor<T, Cuda>::empty(heads, MemoryCategory::Activations);
+  matmul_into(att.transpose(), dy, dv);  // P^T dy
+  auto dp = Tensor<T, Cuda>::empty(att.shape(), MemoryCategory::Activations);
+  matmul_into(dy, v.transpose(), dp);  // dy v^T: (B, H, T, T)
+  auto ds = Tensor<T, Cuda>::empty(att.shape(), MemoryCategory::Activations);
+  cuda::causal_softmax_backward(input("causal_self_attention backward", "att", att), dp.data(),
+                                static_cast<float>(1.0 / std::sqrt(double(hd))), cuda::DeviceGradOut<T>{ds.data(), false},
+                                nb * n_head, nt, stream);  // gradient of the raw scores, scale included
+  auto dq = Tensor<T, Cuda>::empty(heads, MemoryCategory::Activations);
+  auto dk = Tensor<T, Cuda>::empty(heads, MemoryCategory::Activations);
+  matmul_into(ds, k, dq);              // dS k
+  matmul_into(ds.transpose(), q, dk);  // dS^T q
+  cuda::attention_permute_backward(dq.data(), dk.data(), dv.data(), detail::cuda_ops::device_grad(dqkv), nb, nt,
+                                   n_head, hd, stream);
 }
 
 }  // namespace polyshard

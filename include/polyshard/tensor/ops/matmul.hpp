@@ -18,8 +18,8 @@ struct MatrixLayout {
   std::int64_t ld;
 };
 
-template <class T>
-bool gemm_layout(const Tensor<T>& t, MatrixLayout& out) {
+template <class T, class D>
+bool gemm_layout(const Tensor<T, D>& t, MatrixLayout& out) {
   const std::int64_t rows = t.size(-2), cols = t.size(-1);
   const std::int64_t s_row = t.strides()[t.rank() - 2], s_col = t.strides()[t.rank() - 1];
   if (s_col == 1 && s_row >= std::max<std::int64_t>(cols, 1)) {
