@@ -5,6 +5,12 @@
 # Needs enable_language(CUDA) and find_package(CUDAToolkit) first. The .cu files include no
 # Eigen and no Boost.Hana, so they compile fast; each instantiates its kernels for the element
 # types the strategies use (float, half, bfloat16).
+# CMake 3.25 does not know nvcc's C++20 flag; the kernels are C++20.
+if(CMAKE_VERSION VERSION_LESS 3.26)
+  set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+  set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+endif()
+
 set(POLYSHARD_CUDA_SOURCES
   polyshard/tensor/cuda/tensor_kernels.cu
   polyshard/tensor/cuda/transformer_kernels.cu
