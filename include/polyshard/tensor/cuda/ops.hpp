@@ -87,6 +87,52 @@ void scale_into(const Tensor<T, Cuda>& x, double s, const Tensor<T, Cuda>& out) 
   cuda::scale_into(detail::cuda_ops::input("scale", "x", x), s, out.data(), x.numel(), cuda::current_stream());
 }
 
+/// out = a * b. a, b, out: same shape.
+template <CudaFloatElement T>
+void mul_into(const Tensor<T, Cuda>& a, const Tensor<T, Cuda>& b, const Tensor<T, Cuda>& out) {
+  check_same_shape("mul", a.shape(), b.shape());
+  detail::check_output("mul", "out", out, a.shape());
+  cuda::mul_into(detail::cuda_ops::input("mul", "a", a), detail::cuda_ops::input("mul", "b", b), out.data(),
+                 a.numel(), cuda::current_stream());
+}
+template <CudaFloatElement T>
+Tensor<T, Cuda> mul(const Tensor<T, Cuda>& a, const Tensor<T, Cuda>& b) {
+  auto out = Tensor<T, Cuda>::empty(a.shape());
+  mul_into(a, b, out);
+  return out;
+}
+/// y += s * x. x, y: same shape.
+template <CudaFloatElement T>
+void add_scaled_into(const Tensor<T, Cuda>& x, double s, const Tensor<T, Cuda>& y) {
+  detail::check_output("add_scaled", "y", y, x.shape());
+  cuda::add_scaled_into(detail::cuda_ops::input("add_scaled", "x", x), s, y.data(), x.numel(), cuda::current_stream());
+}
+/// y[..., c] += bias[c]: a bias broadcast over every row. y: (..., C); bias: (C,).
+template <CudaFloatElement T>
+void add_bias_into(const Tensor<T, Cuda>& y, const Tensor<T, Cuda>& bias) {
+  POLYSHARD_CHECK(y.rank() >= 1 && bias.shape() == Shape{y.size(-1)}, "add_bias: bias of shape ", bias.shape(),
+                  " does not fit rows of shape ", y.shape());
+  detail::check_output("add_bias", "y", y, y.shape());
+  cuda::add_bias_rows(y.data(), detail::cuda_ops::input("add_bias", "bias", bias), y.shape().leading(1), y.size(-1),
+                      cuda::current_stream());
+}
+/// The sum of every element, added in double in a fixed order; waits for it.
+template <CudaFloatElement T>
+double sum(const Tensor<T, Cuda>& x) {
+  const auto workspace = Tensor<double, Cuda>::empty(
+      Shape{static_cast<std::int64_t>(cuda::sum_workspace_doubles()) + 1}, MemoryCategory::Activations);
+  cuda::sum(detail::cuda_ops::input("sum", "x", x), x.numel(), workspace.data(), workspace.data() + 1,
+            cuda::current_stream());
+  double total = 0;
+  Storage<double, Cuda>::copy_to_host(&total, workspace.data(), 1);
+  return total;
+}
+template <CudaFloatElement T>
+double mean(const Tensor<T, Cuda>& x) {
+  POLYSHARD_CHECK(x.numel() > 0, "mean: empty tensor of shape ", x.shape());
+  return sum(x) / double(x.numel());
+}
+
 /// y = GELU(x), the tanh approximation. x, y: same shape.
 template <CudaFloatElement T>
 void gelu_forward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& y) {

@@ -191,6 +191,52 @@ __global__ void scale_forward_kernel(const D* x, float s, D* out, std::int64_t n
   map_elements<1>(x, static_cast<const D*>(nullptr), static_cast<const D*>(nullptr), out, n, packs, Scale{s});
 }
 
+struct Mul {
+  __device__ float operator()(float a, float b, float) const { return a * b; }
+};
+
+/// y + s x with the inputs given as (x, y).
+struct AddScaled {
+  float s;
+  __device__ float operator()(float x, float y, float) const { return y + s * x; }
+};
+
+template <class D>
+__global__ void mul_forward_kernel(const D* a, const D* b, D* out, std::int64_t n, bool packs) {
+  map_elements<2>(a, b, static_cast<const D*>(nullptr), out, n, packs, Mul{});
+}
+
+template <class D>
+__global__ void add_scaled_forward_kernel(const D* x, float s, D* y, std::int64_t n, bool packs) {
+  map_elements<2>(x, static_cast<const D*>(y), static_cast<const D*>(nullptr), y, n, packs, AddScaled{s});
+}
+
+/// One element per thread (grid-stride); its column is its index modulo the row length.
+template <class D>
+__global__ void add_bias_rows_kernel(D* y, const D* bias, std::int64_t n, std::int64_t cols) {
+  for (std::int64_t i = global_thread(); i < n; i += grid_threads())
+    y[i] = from_float<D>(to_float(y[i]) + to_float(bias[i % cols]));
+}
+
+/// Stage one of sum(): block b adds elements b*blockDim + t, stepping by the whole grid, in
+/// double, and writes one partial. The grid is always sum_blocks blocks, so the order is fixed.
+template <class D>
+__global__ void sum_partials_kernel(const D* x, std::int64_t n, double* partials) {
+  __shared__ double shared[32];
+  double acc = 0;
+  for (std::int64_t i = global_thread(); i < n; i += grid_threads()) acc += static_cast<double>(to_float(x[i]));
+  acc = block_sum(acc, shared);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+/// Stage two: one block adds the partials (one per thread: sum_blocks == block_threads).
+__global__ void sum_finish_kernel(const double* partials, double* out) {
+  __shared__ double shared[32];
+  const double total = block_sum(partials[threadIdx.x], shared);
+  if (threadIdx.x == 0) *out = total;
+}
+static_assert(sum_blocks == block_threads, "sum_finish_kernel reads one partial per thread");
+
 /// Blocks for an elementwise kernel over n elements, P per thread on the pack path.
 template <class D>
 unsigned elementwise_grid(std::int64_t n, bool packs) {
@@ -965,6 +1011,50 @@ void scale_into(const T* x, double s, T* out, std::int64_t n, cudaStream_t strea
 }
 
 template <class T>
+void mul_into(const T* a, const T* b, T* out, std::int64_t n, cudaStream_t stream) {
+  using D = device_t<T>;
+  check_count("mul", "n", n);
+  if (n == 0) return;
+  const bool packs = all_aligned16(a, b, out);
+  mul_forward_kernel<<<elementwise_grid<D>(n, packs), block_threads, 0, stream>>>(device_ptr(a), device_ptr(b),
+                                                                                   device_ptr(out), n, packs);
+  POLYSHARD_CUDA_CHECK_LAUNCH("mul");
+}
+
+template <class T>
+void add_scaled_into(const T* x, double s, T* y, std::int64_t n, cudaStream_t stream) {
+  using D = device_t<T>;
+  check_count("add_scaled", "n", n);
+  if (n == 0) return;
+  const bool packs = all_aligned16(x, y);
+  add_scaled_forward_kernel<<<elementwise_grid<D>(n, packs), block_threads, 0, stream>>>(
+      device_ptr(x), static_cast<float>(s), device_ptr(y), n, packs);
+  POLYSHARD_CUDA_CHECK_LAUNCH("add_scaled");
+}
+
+template <class T>
+void add_bias_rows(T* y, const T* bias, std::int64_t rows, std::int64_t cols, cudaStream_t stream) {
+  check_count("add_bias_rows", "rows", rows);
+  check_width("add_bias_rows", "cols", cols);
+  if (rows == 0) return;
+  const std::int64_t n = rows * cols;
+  add_bias_rows_kernel<<<grid_for(static_cast<std::size_t>(n), block_threads), block_threads, 0, stream>>>(
+      device_ptr(y), device_ptr(bias), n, cols);
+  POLYSHARD_CUDA_CHECK_LAUNCH("add_bias_rows");
+}
+
+template <class T>
+void sum(const T* x, std::int64_t n, double* out, double* workspace, cudaStream_t stream) {
+  check_count("sum", "n", n);
+  check_pointer("sum", "out", out);
+  check_pointer("sum", "workspace", workspace);
+  sum_partials_kernel<<<sum_blocks, block_threads, 0, stream>>>(device_ptr(x), n, workspace);
+  POLYSHARD_CUDA_CHECK_LAUNCH("sum");
+  sum_finish_kernel<<<1, block_threads, 0, stream>>>(workspace, out);
+  POLYSHARD_CUDA_CHECK_LAUNCH("sum (finish)");
+}
+
+template <class T>
 void softmax_forward(const T* x, T* y, std::int64_t rows, std::int64_t n, cudaStream_t stream) {
   using D = device_t<T>;
   check_rows("softmax", rows, n);
@@ -1173,6 +1263,10 @@ void column_sum(const T* x, DeviceGradOut<T> out, std::int64_t rows, std::int64_
   template void add_into<T>(const T*, const T*, T*, std::int64_t, cudaStream_t);                                      \
   template void add_into_accumulate<T>(const T*, T*, std::int64_t, cudaStream_t);                                     \
   template void scale_into<T>(const T*, double, T*, std::int64_t, cudaStream_t);                                      \
+  template void mul_into<T>(const T*, const T*, T*, std::int64_t, cudaStream_t);                                      \
+  template void add_scaled_into<T>(const T*, double, T*, std::int64_t, cudaStream_t);                                 \
+  template void add_bias_rows<T>(T*, const T*, std::int64_t, std::int64_t, cudaStream_t);                             \
+  template void sum<T>(const T*, std::int64_t, double*, double*, cudaStream_t);                                       \
   template void softmax_forward<T>(const T*, T*, std::int64_t, std::int64_t, cudaStream_t);                           \
   template void softmax_backward<T>(const T*, const T*, DeviceGradOut<T>, std::int64_t, std::int64_t, cudaStream_t);  \
   template void causal_softmax_forward<T>(const T*, float, T*, std::int64_t, std::int64_t, cudaStream_t);             \

@@ -103,6 +103,25 @@ void add_into_accumulate(const T* x, T* y, std::int64_t n, cudaStream_t stream);
 template <class T>
 void scale_into(const T* x, double s, T* out, std::int64_t n, cudaStream_t stream);
 
+/// out = a * b elementwise. a, b, out: (n,); out may alias an input.
+template <class T>
+void mul_into(const T* a, const T* b, T* out, std::int64_t n, cudaStream_t stream);
+
+/// y += s * x elementwise. x, y: (n,).
+template <class T>
+void add_scaled_into(const T* x, double s, T* y, std::int64_t n, cudaStream_t stream);
+
+/// y[r, c] += bias[c]: a bias broadcast over rows. y: (rows, cols); bias: (cols,).
+template <class T>
+void add_bias_rows(T* y, const T* bias, std::int64_t rows, std::int64_t cols, cudaStream_t stream);
+
+/// *out = the sum of x, added in double in a fixed order (the same bits every run).
+/// x: (n,); out: one double in device memory; workspace: sum_workspace_doubles() doubles.
+inline constexpr int sum_blocks = 256;
+inline constexpr std::size_t sum_workspace_doubles() { return sum_blocks; }
+template <class T>
+void sum(const T* x, std::int64_t n, double* out, double* workspace, cudaStream_t stream);
+
 // ---- softmax --------------------------------------------------------------------------------
 
 /// y = exp(x - max) / sum(exp(x - max)) over each row, one block per row; y may alias x.
