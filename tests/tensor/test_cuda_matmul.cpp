@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "polyshard/tensor/cuda/matmul.hpp"
+#include "polyshard/tensor/cuda/ops.hpp"
 #include "polyshard/tensor/ops.hpp"
 #include "support/gpu_compare.hpp"
 
@@ -457,6 +458,26 @@ TEST_CASE("a repeated problem reuses its plan; another pointer alignment gets it
   const std::vector<float> got_c(got.begin() + 1, got.end());
   CHECK(error_of(got_c, to_floats(p1.cpu_product())) <= product_bound<float>(c.k));
   CHECK(std::isnan(got[0]));
+}
+
+TEST_CASE("a strided batch tells the heuristic the alignment of its least aligned item", "[cuda][tensor]") {
+  using cuda::detail::batch_alignment;
+  CHECK(batch_alignment(256, 0, 2) == 256);  // a shared operand keeps its own
+  CHECK(batch_alignment(256, 43, 2) == 2);   // 86-byte steps
+  CHECK(batch_alignment(256, 24, 2) == 16);  // 48-byte steps
+  CHECK(batch_alignment(16, 64, 4) == 16);   // never above the first item's
+}
+
+TEST_CASE("matmul_into on device tensors with k = 0 gives beta C, zeros for beta = 0 even over NaN",
+          "[cuda][tensor]") {
+  const auto a = Tensor<float, Cuda>::empty(Shape{2, 4, 0}), b = Tensor<float, Cuda>::empty(Shape{0, 3});
+  const auto c = Tensor<float, Cuda>::empty(Shape{2, 4, 3});
+  c.fill(std::numeric_limits<float>::quiet_NaN());
+  matmul_into(a, b, c);
+  for (const float x : c.to_vector()) CHECK(x == 0.0f);
+  c.fill(2.0f);
+  matmul_into(a, b, c, 1.0f, 0.5f);
+  for (const float x : c.to_vector()) CHECK(x == 1.0f);
 }
 
 TEST_CASE("cuda::matmul refuses bad arguments with a sentence", "[cuda][tensor]") {

@@ -61,7 +61,8 @@ std::size_t validate_unit_table(std::span<const UnitEntry<T>> table, std::size_t
 ///                overlapping there (validate_unit_table checks a host copy);
 ///   entries      number of entries; 0 launches nothing;
 ///   total_numel  sum of the entries' numel: sizes the grid only (any value gives the same result);
-///   flat         the unit's flat buffer, device memory;
+///   flat         the unit's flat buffer, device memory, overlapping no tensor (the tensors
+///                are read through the read-only cache while flat is written);
 ///   stream       the stream the kernel runs in.
 /// T: float, half or bfloat16. Any alignment (an entry whose source and destination are both
 /// 16-byte aligned is copied in 128-bit packs). Throws polyshard::Error when table or flat is null

@@ -157,6 +157,14 @@ inline std::uint32_t alignment_of(const void* p) {
   return a;
 }
 
+/// The alignment every item of a strided batch keeps: the first item's, lowered to the largest
+/// power of two that also divides the stride in bytes (a stride of 0 keeps it).
+inline std::uint32_t batch_alignment(std::uint32_t first, std::int64_t stride, std::uint32_t bytes) {
+  const auto step = static_cast<std::uint64_t>(stride) * bytes;
+  while (first > 1 && step % first != 0) first >>= 1;
+  return first;
+}
+
 /// Everything cuBLASLt's choice of algorithm depends on: the cache key of a plan. Pointer
 /// values are not in it (they change every call), their alignments are.
 struct PlanKey {
@@ -353,7 +361,7 @@ PlanKey validated_key(MatmulArgs<T>& args) {
 
   POLYSHARD_CHECK(args.a && args.b && args.c, what(), "A, B and C must be device pointers, got ",
                   args.a ? "" : "a null A ", args.b ? "" : "a null B ", args.c ? "" : "a null C");
-  const std::uint32_t align_a = alignment_of(args.a), align_b = alignment_of(args.b), align_c = alignment_of(args.c);
+  std::uint32_t align_a = alignment_of(args.a), align_b = alignment_of(args.b), align_c = alignment_of(args.c);
   POLYSHARD_CHECK(align_a >= E::bytes && align_b >= E::bytes && align_c >= E::bytes, what(),
                   "A, B and C must be aligned to their ", E::bytes, "-byte elements (alignments ", align_a, ", ",
                   align_b, ", ", align_c, " bytes)");
@@ -366,6 +374,11 @@ PlanKey validated_key(MatmulArgs<T>& args) {
                     " outputs overlap: each spans ", c_item, " elements");
     POLYSHARD_CHECK(!uses_aux(e) && !writes_bias_grad(e), what(), "the ", epilogue_name(e),
                     " epilogue takes one product, not a batch of ", args.batch_count);
+    // The heuristic's alignment preferences must hold for every item, not only the first: an
+    // item stride of, say, 43 fp16 elements leaves the later items 2-byte aligned.
+    align_a = batch_alignment(align_a, args.stride_a, E::bytes);
+    align_b = batch_alignment(align_b, args.stride_b, E::bytes);
+    align_c = batch_alignment(align_c, args.stride_c, E::bytes);
   }
 
   std::uint32_t align_bias = 0, align_aux = 0;

@@ -86,6 +86,12 @@ void scale_into(const Tensor<T, Cuda>& x, double s, const Tensor<T, Cuda>& out) 
   detail::check_output("scale", "out", out, x.shape());
   cuda::scale_into(detail::cuda_ops::input("scale", "x", x), s, out.data(), x.numel(), cuda::current_stream());
 }
+template <CudaFloatElement T>
+Tensor<T, Cuda> scale(const Tensor<T, Cuda>& x, double s) {
+  auto out = Tensor<T, Cuda>::empty(x.shape());
+  scale_into(x, s, out);
+  return out;
+}
 
 /// out = a * b. a, b, out: same shape.
 template <CudaFloatElement T>
@@ -355,8 +361,11 @@ void matmul_into(const Tensor<T, Cuda>& a, const Tensor<T, Cuda>& b, const Tenso
   detail::check_output("matmul", "c", c, expected_c);
   const std::int64_t batch = a.shape().leading(2);
   if (c.numel() == 0) return;
-  if (k == 0) {  // an empty sum: C = beta C
-    scale_into(c, beta, c);
+  if (k == 0) {  // an empty sum: C = beta C, and beta = 0 never reads C (it may hold NaN)
+    if (beta == 0.0f)
+      c.fill(T(0.0f));
+    else
+      scale_into(c, beta, c);
     return;
   }
   const auto oa = detail::cuda_ops::operand(a), ob = detail::cuda_ops::operand(b);
