@@ -19,6 +19,14 @@ inline Tensor<double> random_tensor(const Shape& shape, std::uint64_t seed, doub
   return t;
 }
 
+/// random_tensor() rounded to float: the inputs of GPU tests and their CPU twins.
+inline Tensor<float> random_floats(const Shape& shape, std::uint64_t seed, double scale = 1.0) {
+  const Tensor<double> d = random_tensor(shape, seed, scale);
+  Tensor<float> f = Tensor<float>::empty(shape);
+  for (std::int64_t i = 0; i < d.numel(); ++i) f.data()[i] = static_cast<float>(d.data()[i]);
+  return f;
+}
+
 /// Token ids uniform in [0, v) from a seeded generator.
 inline Tensor<std::int32_t> random_ids(const Shape& shape, std::int32_t v, std::uint64_t seed) {
   std::mt19937_64 gen(seed);

@@ -4,6 +4,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "polyshard/autograd/ops/accumulate.hpp"
 #include "polyshard/autograd/variable.hpp"
 
 namespace polyshard {
@@ -11,16 +12,16 @@ namespace polyshard {
 namespace detail {
 /// Nodes reachable from `root` through recorded inputs, each after all of its inputs. The
 /// list owns its nodes, so the sweep can cut the graph's own links as it goes.
-template <FloatElement T>
-std::vector<std::shared_ptr<Node<T>>> topological_order(const std::shared_ptr<Node<T>>& root) {
-  std::vector<std::shared_ptr<Node<T>>> order;
-  std::unordered_set<Node<T>*> seen{root.get()};
+template <FloatElement T, Device D>
+std::vector<std::shared_ptr<Node<T, D>>> topological_order(const std::shared_ptr<Node<T, D>>& root) {
+  std::vector<std::shared_ptr<Node<T, D>>> order;
+  std::unordered_set<Node<T, D>*> seen{root.get()};
   // Iterative depth-first search: a deep network must not overflow the stack.
-  std::vector<std::pair<std::shared_ptr<Node<T>>, std::size_t>> stack{{root, 0}};
+  std::vector<std::pair<std::shared_ptr<Node<T, D>>, std::size_t>> stack{{root, 0}};
   while (!stack.empty()) {
     auto& top = stack.back();
     if (top.second < top.first->inputs.size()) {
-      std::shared_ptr<Node<T>> child = top.first->inputs[top.second++];
+      std::shared_ptr<Node<T, D>> child = top.first->inputs[top.second++];
       if (child->requires_grad && seen.insert(child.get()).second) stack.emplace_back(std::move(child), 0);
     } else {
       order.push_back(std::move(top.first));
@@ -35,27 +36,21 @@ std::vector<std::shared_ptr<Node<T>>> topological_order(const std::shared_ptr<No
 /// graph, accumulating into the gradients of leaves. Intermediate gradients, saved activations
 /// and the graph itself are released as the sweep passes them, so each is freed as early as it
 /// can be.
-template <FloatElement T>
-void backward(const Var<T>& root, const Tensor<T>& seed) {
+template <FloatElement T, Device D>
+void backward(const Var<T, D>& root, const Tensor<T, D>& seed) {
   POLYSHARD_CHECK(root.requires_grad(), "backward: the result does not require a gradient (no input needs one, "
                                         "or it was computed under NoGradGuard)");
   check_same_shape("backward (seed gradient)", seed.shape(), root.shape());
-  GradSink<T> s = root.node()->sink();
-  if (s.accumulate) {
-    T* g = s.tensor.data();
-    const T* x = seed.contiguous().data();
-    for (std::int64_t i = 0; i < seed.numel(); ++i) g[i] += x[i];
-  } else {
-    s.tensor.copy_from(seed);
-  }
-  std::vector<std::shared_ptr<Node<T>>> order = detail::topological_order(root.node());
+  GradSink<T, D> s = root.node()->sink();
+  accumulate_into(s, seed);
+  std::vector<std::shared_ptr<Node<T, D>>> order = detail::topological_order(root.node());
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    Node<T>& node = **it;
+    Node<T, D>& node = **it;
     if (node.backward) {  // not a leaf
       if (node.has_grad) node.backward(node);
       node.backward = nullptr;
       node.inputs.clear();
-      node.grad = Tensor<T>();
+      node.grad = Tensor<T, D>();
       node.has_grad = false;
     }
     it->reset();  // the last owner of an intermediate frees its activations here
@@ -63,11 +58,11 @@ void backward(const Var<T>& root, const Tensor<T>& seed) {
 }
 
 /// Backward from a scalar (a loss): the seed is 1.
-template <FloatElement T>
-void backward(const Var<T>& loss) {
+template <FloatElement T, Device D>
+void backward(const Var<T, D>& loss) {
   POLYSHARD_CHECK(loss.value().numel() == 1, "backward: needs a scalar loss or an explicit seed gradient, got shape ",
                   loss.shape());
-  backward(loss, Tensor<T>::full(loss.shape(), T(1)));
+  backward(loss, Tensor<T, D>::full(loss.shape(), T(1)));
 }
 
 }  // namespace polyshard

@@ -1,9 +1,11 @@
 // Var: a tensor with a place in the reverse-mode graph (its gradient and how to pass it back).
 #pragma once
 
+#include <concepts>
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "polyshard/autograd/grad_mode.hpp"
@@ -11,15 +13,15 @@
 
 namespace polyshard {
 
-template <FloatElement T>
+template <FloatElement T, Device D = Cpu>
 struct Node;
 
 /// Where a backward function writes the gradient of one input: into `tensor`, adding to what
 /// is there when `accumulate` is true, overwriting it otherwise. Undefined when the input needs
 /// no gradient, in which case the backward function skips that input.
-template <FloatElement T>
+template <FloatElement T, Device D = Cpu>
 struct GradSink {
-  Tensor<T> tensor;
+  Tensor<T, D> tensor;
   bool accumulate = false;
   bool wanted() const { return tensor.defined(); }
 };
@@ -27,10 +29,10 @@ struct GradSink {
 /// A node of the graph. Leaves (parameters, inputs) have no backward function; their gradient
 /// tensor may be bound in advance to a view of a flat gradient buffer, which is where their
 /// gradients then accumulate.
-template <FloatElement T>
+template <FloatElement T, Device D>
 struct Node {
-  Tensor<T> value;
-  Tensor<T> grad;
+  Tensor<T, D> value;
+  Tensor<T, D> grad;
   /// False after zero_grad(set_to_none): the next gradient overwrites `grad` instead of adding.
   bool has_grad = false;
   bool requires_grad = false;
@@ -40,11 +42,11 @@ struct Node {
   std::function<void(Node& self)> backward;
 
   /// Claims this node's gradient slot for one contribution.
-  GradSink<T> sink() {
+  GradSink<T, D> sink() {
     if (!requires_grad) return {};
     if (has_grad) return {grad, true};
     if (!grad.defined() || !(grad.shape() == value.shape())) {
-      grad = Tensor<T>::empty(value.shape(),
+      grad = Tensor<T, D>::empty(value.shape(),
                               inputs.empty() && !backward ? MemoryCategory::Gradients : MemoryCategory::Activations);
     }
     has_grad = true;
@@ -52,52 +54,65 @@ struct Node {
   }
 };
 
+namespace detail {
+/// The one element of a scalar tensor, read on the host (from a device: waits for it).
+template <FloatElement T, Device D>
+T scalar_value(const Tensor<T, D>& t) {
+  if constexpr (std::same_as<D, Cpu>) return t.data()[0];
+  else return t.to_vector()[0];
+}
+/// The element type of per-row statistics a kernel saves (layer-norm mean and rstd,
+/// cross-entropy losses and log-sum-exp): T on the host, float on a device (whatever T).
+template <class T, class D>
+using stats_t = std::conditional_t<std::same_as<D, Cpu>, T, float>;
+}  // namespace detail
+
 /// A handle to a node: cheap to copy, shares the node.
-template <FloatElement T>
+template <FloatElement T, Device D = Cpu>
 class Var {
  public:
   using value_type = T;
 
   Var() = default;
   /// A leaf holding `value`; with `requires_grad` its gradient is accumulated by backward().
-  explicit Var(Tensor<T> value, bool requires_grad = false) : node_(std::make_shared<Node<T>>()) {
+  explicit Var(Tensor<T, D> value, bool requires_grad = false) : node_(std::make_shared<Node<T, D>>()) {
     node_->value = std::move(value);
     node_->requires_grad = requires_grad;
   }
-  explicit Var(std::shared_ptr<Node<T>> node) : node_(std::move(node)) {}
+  explicit Var(std::shared_ptr<Node<T, D>> node) : node_(std::move(node)) {}
 
   bool defined() const { return node_ != nullptr; }
-  const Tensor<T>& value() const { return node_->value; }
+  const Tensor<T, D>& value() const { return node_->value; }
   /// The gradient, or an undefined tensor when none has flowed here since the last zeroing.
-  Tensor<T> grad() const { return node_->has_grad ? node_->grad : Tensor<T>(); }
+  Tensor<T, D> grad() const { return node_->has_grad ? node_->grad : Tensor<T, D>(); }
   const Shape& shape() const { return node_->value.shape(); }
   bool requires_grad() const { return node_ && node_->requires_grad; }
-  const std::shared_ptr<Node<T>>& node() const { return node_; }
+  const std::shared_ptr<Node<T, D>>& node() const { return node_; }
 
   /// Forgets the gradient; the next backward overwrites instead of accumulating.
   void zero_grad() const { node_->has_grad = false; }
 
  private:
-  std::shared_ptr<Node<T>> node_;
+  std::shared_ptr<Node<T, D>> node_;
 };
 
 /// Builds the result of an operation. When recording is on and some input needs a gradient,
 /// the result remembers its inputs and `backward`; otherwise it is a plain leaf and the
 /// backward function (and everything it captured) is dropped at once.
-template <FloatElement T, class Backward>
-Var<T> make_result(Tensor<T> value, const char* op, std::initializer_list<Var<T>> inputs, Backward&& backward) {
-  auto node = std::make_shared<Node<T>>();
+template <FloatElement T, Device D, class Backward>
+Var<T, D> make_result(Tensor<T, D> value, const char* op, std::initializer_list<Var<T, D>> inputs, Backward&& backward) {
+  auto node = std::make_shared<Node<T, D>>();
   node->value = std::move(value);
   node->op = op;
   bool needs = false;
-  for (const Var<T>& in : inputs) needs = needs || in.requires_grad();
+  for (const Var<T, D>& in : inputs) needs = needs || in.requires_grad();
   if (needs && grad_enabled()) {
     node->requires_grad = true;
     node->inputs.reserve(inputs.size());
-    for (const Var<T>& in : inputs) node->inputs.push_back(in.node());
+    for (const Var<T, D>& in : inputs) node->inputs.push_back(in.node());
     node->backward = std::forward<Backward>(backward);
   }
-  return Var<T>(std::move(node));
+  return Var<T, D>(std::move(node));
 }
 
 }  // namespace polyshard

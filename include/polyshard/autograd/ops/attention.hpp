@@ -10,13 +10,13 @@ namespace polyshard {
 /// qkv: (B, T, 3C) laid out [q | k | v] along the last dimension, each C = n_head * head_dim
 /// with heads contiguous inside (GPT-2's c_attn output); returns (B, T, C). Saves the attention
 /// probabilities, (B, n_head, T, T), besides its input.
-template <FloatElement T>
-Var<T> causal_self_attention(const Var<T>& qkv, int n_head) {
+template <FloatElement T, Device D>
+Var<T, D> causal_self_attention(const Var<T, D>& qkv, int n_head) {
   const auto [nb, nt, c, hd] = detail::attention_dims("causal_self_attention", qkv.value(), n_head);
-  Tensor<T> y = Tensor<T>::empty({nb, nt, c});             // (B, T, C)
-  Tensor<T> att = Tensor<T>::empty({nb, n_head, nt, nt});  // (B, n_head, T, T)
+  Tensor<T, D> y = Tensor<T, D>::empty({nb, nt, c});             // (B, T, C)
+  Tensor<T, D> att = Tensor<T, D>::empty({nb, n_head, nt, nt});  // (B, n_head, T, T)
   causal_self_attention_forward(qkv.value(), n_head, y, att);
-  return make_result(std::move(y), "causal_self_attention", {qkv}, [att, n_head](Node<T>& self) {
+  return make_result(std::move(y), "causal_self_attention", {qkv}, [att, n_head](Node<T, D>& self) {
     causal_self_attention_backward(self.inputs[0]->value, att, self.grad, n_head, detail::grad_out(self, 0));
   });
 }

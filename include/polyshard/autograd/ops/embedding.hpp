@@ -8,14 +8,14 @@ namespace polyshard {
 
 /// table[ids]: ids (...) in [0, V), table (V, C); returns (..., C). An id out of range throws an
 /// Error naming it and V. The backward pass scatter-adds into the table's gradient.
-template <FloatElement T>
-Var<T> embedding(const Tensor<std::int32_t>& ids, const Var<T>& table) {
+template <FloatElement T, Device D>
+Var<T, D> embedding(const Tensor<std::int32_t, D>& ids, const Var<T, D>& table) {
   POLYSHARD_CHECK(table.shape().rank() == 2, "embedding: table must be (V, C), got shape ", table.shape());
   Shape ys = ids.shape();
   ys.push_back(table.shape()[1]);
-  Tensor<T> y = Tensor<T>::empty(ys);  // (..., C)
+  Tensor<T, D> y = Tensor<T, D>::empty(ys);  // (..., C)
   embedding_forward(ids, table.value(), y);
-  return make_result(std::move(y), "embedding", {table}, [ids](Node<T>& self) {
+  return make_result(std::move(y), "embedding", {table}, [ids](Node<T, D>& self) {
     embedding_backward(ids, self.grad, detail::grad_out(self, 0));
   });
 }

@@ -8,11 +8,11 @@ namespace polyshard {
 
 /// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), elementwise. x: any shape; returns that
 /// shape. Saves nothing beyond its input.
-template <FloatElement T>
-Var<T> gelu(const Var<T>& x) {
-  Tensor<T> y = Tensor<T>::empty(x.shape());  // same shape as x
+template <FloatElement T, Device D>
+Var<T, D> gelu(const Var<T, D>& x) {
+  Tensor<T, D> y = Tensor<T, D>::empty(x.shape());  // same shape as x
   gelu_forward(x.value(), y);
-  return make_result(std::move(y), "gelu", {x}, [](Node<T>& self) {
+  return make_result(std::move(y), "gelu", {x}, [](Node<T, D>& self) {
     gelu_backward(self.inputs[0]->value, self.grad, detail::grad_out(self, 0));
   });
 }

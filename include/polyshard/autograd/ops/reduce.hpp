@@ -8,32 +8,38 @@ namespace polyshard {
 
 namespace detail {
 /// dx (+)= g everywhere: the gradient of a sum scaled by `factor`.
-template <FloatElement T>
-void broadcast_scalar_grad(const GradOut<T>& dx, T g) {
+template <FloatElement T, Device D>
+void broadcast_scalar_grad(const GradOut<T, D>& dx, T g) {
   if (!dx.wanted()) return;
-  auto d = array_map(dx.tensor.data(), dx.tensor.numel());
-  if (dx.accumulate) d += g;
-  else d.setConstant(g);
+  if constexpr (std::same_as<D, Cpu>) {
+    auto d = array_map(dx.tensor.data(), dx.tensor.numel());
+    if (dx.accumulate) d += g;
+    else d.setConstant(g);
+  } else if (dx.accumulate) {
+    add_into(dx.tensor, Tensor<T, D>::full(dx.tensor.shape(), g), dx.tensor);
+  } else {
+    dx.tensor.fill(g);
+  }
 }
 }  // namespace detail
 
 /// Sum of all elements (accumulated in blocks added in double). x: any shape; returns a scalar (shape ()).
-template <FloatElement T>
-Var<T> sum(const Var<T>& x) {
-  Tensor<T> y = Tensor<T>::full(Shape{}, T(sum(x.value())));  // ()
-  return make_result(std::move(y), "sum", {x}, [](Node<T>& self) {
-    detail::broadcast_scalar_grad(detail::grad_out(self, 0), self.grad.data()[0]);
+template <FloatElement T, Device D>
+Var<T, D> sum(const Var<T, D>& x) {
+  Tensor<T, D> y = Tensor<T, D>::full(Shape{}, T(sum(x.value())));  // ()
+  return make_result(std::move(y), "sum", {x}, [](Node<T, D>& self) {
+    detail::broadcast_scalar_grad(detail::grad_out(self, 0), detail::scalar_value(self.grad));
   });
 }
 
 /// Mean of all elements (accumulated in blocks added in double). x: any shape with at least one element;
 /// returns a scalar (shape ()).
-template <FloatElement T>
-Var<T> mean(const Var<T>& x) {
-  Tensor<T> y = Tensor<T>::full(Shape{}, T(mean(x.value())));  // ()
+template <FloatElement T, Device D>
+Var<T, D> mean(const Var<T, D>& x) {
+  Tensor<T, D> y = Tensor<T, D>::full(Shape{}, T(mean(x.value())));  // ()
   const double inv_n = 1.0 / double(x.value().numel());
-  return make_result(std::move(y), "mean", {x}, [inv_n](Node<T>& self) {
-    detail::broadcast_scalar_grad(detail::grad_out(self, 0), T(double(self.grad.data()[0]) * inv_n));
+  return make_result(std::move(y), "mean", {x}, [inv_n](Node<T, D>& self) {
+    detail::broadcast_scalar_grad(detail::grad_out(self, 0), T(double(detail::scalar_value(self.grad)) * inv_n));
   });
 }
 

@@ -7,10 +7,10 @@ namespace polyshard {
 
 /// x with a new shape of the same element count (one extent may be -1). A view when x's value
 /// is contiguous, else a contiguous copy. Returns (shape).
-template <FloatElement T>
-Var<T> reshape(const Var<T>& x, Shape shape) {
-  Tensor<T> y = x.value().contiguous().reshape(shape);
-  return make_result(std::move(y), "reshape", {x}, [](Node<T>& self) {
+template <FloatElement T, Device D>
+Var<T, D> reshape(const Var<T, D>& x, Shape shape) {
+  Tensor<T, D> y = x.value().contiguous().reshape(shape);
+  return make_result(std::move(y), "reshape", {x}, [](Node<T, D>& self) {
     accumulate_into(self.inputs[0]->sink(), self.grad.contiguous().reshape(self.inputs[0]->value.shape()));
   });
 }

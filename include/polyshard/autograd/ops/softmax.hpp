@@ -8,21 +8,21 @@ namespace polyshard {
 
 /// exp(x) / sum(exp(x)) over the last dimension, computed stably. x: (..., N); returns (..., N).
 /// The backward pass reads the node's own output, so nothing else is saved.
-template <FloatElement T>
-Var<T> softmax(const Var<T>& x) {
-  Tensor<T> y = Tensor<T>::empty(x.shape());  // (..., N)
+template <FloatElement T, Device D>
+Var<T, D> softmax(const Var<T, D>& x) {
+  Tensor<T, D> y = Tensor<T, D>::empty(x.shape());  // (..., N)
   softmax_forward(x.value(), y);
-  return make_result(std::move(y), "softmax", {x}, [](Node<T>& self) {
+  return make_result(std::move(y), "softmax", {x}, [](Node<T, D>& self) {
     softmax_backward(self.value, self.grad, detail::grad_out(self, 0));
   });
 }
 
 /// x - log(sum(exp(x))) over the last dimension, computed stably. x: (..., N); returns (..., N).
-template <FloatElement T>
-Var<T> log_softmax(const Var<T>& x) {
-  Tensor<T> y = Tensor<T>::empty(x.shape());  // (..., N)
+template <FloatElement T, Device D>
+Var<T, D> log_softmax(const Var<T, D>& x) {
+  Tensor<T, D> y = Tensor<T, D>::empty(x.shape());  // (..., N)
   log_softmax_forward(x.value(), y);
-  return make_result(std::move(y), "log_softmax", {x}, [](Node<T>& self) {
+  return make_result(std::move(y), "log_softmax", {x}, [](Node<T, D>& self) {
     log_softmax_backward(self.value, self.grad, detail::grad_out(self, 0));
   });
 }

@@ -19,8 +19,8 @@ struct AttentionDims {
   std::int64_t b, t, c, hd;
 };
 
-template <class T>
-AttentionDims attention_dims(const char* op, const Tensor<T>& qkv, int n_head) {
+template <class T, class D>
+AttentionDims attention_dims(const char* op, const Tensor<T, D>& qkv, int n_head) {
   POLYSHARD_CHECK(qkv.rank() == 3, op, ": qkv must be (B, T, 3C), got shape ", qkv.shape());
   POLYSHARD_CHECK(n_head > 0, op, ": n_head must be positive, got ", n_head);
   const std::int64_t c3 = qkv.size(2);

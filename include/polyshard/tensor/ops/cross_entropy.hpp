@@ -18,8 +18,8 @@ inline Shape row_shape(const Shape& logits) {
   return s;
 }
 
-template <class T>
-void check_cross_entropy(const char* op, const Tensor<T>& logits, const Tensor<std::int32_t>& targets) {
+template <class T, class D>
+void check_cross_entropy(const char* op, const Tensor<T, D>& logits, const Tensor<std::int32_t, D>& targets) {
   POLYSHARD_CHECK(logits.rank() >= 1 && logits.size(-1) > 0, op, ": logits need a non-empty last dimension, got shape ",
                   logits.shape());
   POLYSHARD_CHECK(targets.shape() == row_shape(logits.shape()), op, ": targets of shape ", targets.shape(),
