@@ -31,18 +31,22 @@ ModuleKey module_key(const M& m) {
 }
 
 namespace detail {
-/// A type's name as written in C++ where the compiler can say it, for error messages.
+/// A type's name as written in C++ where the compiler can say it, for error messages; the
+/// default device argument is left out ("polyshard::Block<float>", as the user wrote it).
 inline std::string readable_type_name(std::type_index type) {
+  std::string out = type.name();
 #if defined(__GNUG__)
   int status = 0;
   char* name = abi::__cxa_demangle(type.name(), nullptr, nullptr, &status);
   if (status == 0 && name) {
-    std::string out(name);
+    out = name;
     std::free(name);
-    return out;
   }
 #endif
-  return type.name();
+  const std::string default_device = ", polyshard::Cpu>";
+  for (std::size_t at = out.find(default_device); at != std::string::npos; at = out.find(default_device, at))
+    out.replace(at, default_device.size(), ">");
+  return out;
 }
 
 /// "polyshard::Block<float> at 0x7ffd...", for error messages.

@@ -8,18 +8,18 @@
 
 namespace polyshard {
 
-template <FloatElement T>
+template <FloatElement T, Device D = Cpu>
 struct Block {
-  BOOST_HANA_DEFINE_STRUCT(Block, (LayerNorm<T>, ln_1), (CausalSelfAttention<T>, attn), (LayerNorm<T>, ln_2),
-                           (Mlp<T>, mlp));
+  BOOST_HANA_DEFINE_STRUCT(Block, (LayerNorm<T, D>, ln_1), (CausalSelfAttention<T, D>, attn), (LayerNorm<T, D>, ln_2),
+                           (Mlp<T, D>, mlp));
 
   Block() = default;
   Block(std::int64_t dim, int heads, double proj_std)
       : ln_1(dim), attn(dim, heads, proj_std), ln_2(dim), mlp(dim, proj_std) {}
 
   /// x: (B, T, C) -> (B, T, C).
-  Var<T> operator()(const Var<T>& x) const {
-    const Var<T> h = add(x, call(attn, call(ln_1, x)));
+  Var<T, D> operator()(const Var<T, D>& x) const {
+    const Var<T, D> h = add(x, call(attn, call(ln_1, x)));
     return add(h, call(mlp, call(ln_2, h)));
   }
 };

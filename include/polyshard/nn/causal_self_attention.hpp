@@ -7,9 +7,9 @@
 
 namespace polyshard {
 
-template <FloatElement T>
+template <FloatElement T, Device D = Cpu>
 struct CausalSelfAttention {
-  BOOST_HANA_DEFINE_STRUCT(CausalSelfAttention, (Linear<T>, c_attn), (Linear<T>, c_proj));
+  BOOST_HANA_DEFINE_STRUCT(CausalSelfAttention, (Linear<T, D>, c_attn), (Linear<T, D>, c_proj));
   int n_head = 1;
 
   CausalSelfAttention() = default;
@@ -20,7 +20,7 @@ struct CausalSelfAttention {
   }
 
   /// x: (B, T, C) -> (B, T, C).
-  Var<T> operator()(const Var<T>& x) const {
+  Var<T, D> operator()(const Var<T, D>& x) const {
     return call(c_proj, causal_self_attention(call(c_attn, x), n_head));  // qkv: (B, T, 3C)
   }
 };

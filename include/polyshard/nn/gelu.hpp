@@ -6,11 +6,11 @@
 
 namespace polyshard {
 
-template <FloatElement T>
+template <FloatElement T, Device D = Cpu>
 struct Gelu {
   BOOST_HANA_DEFINE_STRUCT(Gelu);
   /// x: any shape, elementwise.
-  Var<T> operator()(const Var<T>& x) const { return gelu(x); }
+  Var<T, D> operator()(const Var<T, D>& x) const { return gelu(x); }
 };
 
 }  // namespace polyshard

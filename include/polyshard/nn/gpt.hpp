@@ -22,15 +22,15 @@ struct GptConfig {
 };
 
 /// The `transformer` submodule, named as in Hugging Face's GPT2LMHeadModel.
-template <FloatElement T>
+template <FloatElement T, Device D = Cpu>
 struct GptTransformer {
-  BOOST_HANA_DEFINE_STRUCT(GptTransformer, (Embedding<T>, wte), (Embedding<T>, wpe), (std::vector<Block<T>>, h),
-                           (LayerNorm<T>, ln_f));
+  BOOST_HANA_DEFINE_STRUCT(GptTransformer, (Embedding<T, D>, wte), (Embedding<T, D>, wpe), (std::vector<Block<T, D>>, h),
+                           (LayerNorm<T, D>, ln_f));
 };
 
-template <FloatElement T>
+template <FloatElement T, Device D = Cpu>
 struct Gpt {
-  BOOST_HANA_DEFINE_STRUCT(Gpt, (GptTransformer<T>, transformer));
+  BOOST_HANA_DEFINE_STRUCT(Gpt, (GptTransformer<T, D>, transformer));
   GptConfig config;
   /// Recompute each block's activations in backward instead of keeping them.
   bool checkpoint_blocks = false;
@@ -43,30 +43,30 @@ struct Gpt {
                     "Gpt: every size must be positive (vocab ", cfg.vocab_size, ", positions ", cfg.block_size,
                     ", layers ", cfg.n_layer, ", width ", cfg.n_embd, ")");
     const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(std::max<std::int64_t>(cfg.n_layer, 1)));
-    transformer.wte = Embedding<T>(cfg.vocab_size, cfg.n_embd);
-    transformer.wpe = Embedding<T>(cfg.block_size, cfg.n_embd);
+    transformer.wte = Embedding<T, D>(cfg.vocab_size, cfg.n_embd);
+    transformer.wpe = Embedding<T, D>(cfg.block_size, cfg.n_embd);
     transformer.h.reserve(static_cast<std::size_t>(cfg.n_layer));
     for (std::int64_t i = 0; i < cfg.n_layer; ++i)
       transformer.h.emplace_back(cfg.n_embd, static_cast<int>(cfg.n_head), proj_std);
-    transformer.ln_f = LayerNorm<T>(cfg.n_embd);
+    transformer.ln_f = LayerNorm<T, D>(cfg.n_embd);
   }
   // Parameters are bound by address: a model does not move once built.
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;
 
   /// ids: (B, T) token ids, T <= block_size -> logits (B, T, vocab_size).
-  Var<T> logits(const Tensor<std::int32_t>& ids) const {
+  Var<T, D> logits(const Tensor<std::int32_t, D>& ids) const {
     POLYSHARD_CHECK(ids.rank() == 2, "Gpt: token ids must have shape (B, T), got ", ids.shape());
     const std::int64_t batch = ids.size(0), steps = ids.size(1);
     POLYSHARD_CHECK(steps <= config.block_size, "Gpt: sequence of length ", steps, " is longer than the model's ",
                     config.block_size, " positions");
-    auto positions = Tensor<std::int32_t>::empty({batch, steps});  // (B, T)
+    auto positions = Tensor<std::int32_t>::empty({batch, steps});  // (B, T), on the host
     for (std::int64_t b = 0; b < batch; ++b)
       for (std::int64_t t = 0; t < steps; ++t) positions.data()[b * steps + t] = static_cast<std::int32_t>(t);
-    Var<T> x = add(transformer.wte(ids), transformer.wpe(positions));  // (B, T, C)
-    for (const Block<T>& block : transformer.h) {
+    Var<T, D> x = add(transformer.wte(ids), transformer.wpe(on_device<D>(positions)));  // (B, T, C)
+    for (const Block<T, D>& block : transformer.h) {
       if (checkpoint_blocks)
-        x = checkpoint([&block](const Var<T>& in) { return call(block, in); }, x);
+        x = checkpoint([&block](const Var<T, D>& in) { return call(block, in); }, x);
       else
         x = call(block, x);
     }
@@ -75,7 +75,7 @@ struct Gpt {
   }
 
   /// Mean cross-entropy of predicting `targets` (B, T) from `ids` (B, T).
-  Var<T> loss(const Tensor<std::int32_t>& ids, const Tensor<std::int32_t>& targets) const {
+  Var<T, D> loss(const Tensor<std::int32_t, D>& ids, const Tensor<std::int32_t, D>& targets) const {
     return cross_entropy(logits(ids), targets);
   }
 };

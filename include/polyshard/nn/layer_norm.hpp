@@ -7,9 +7,9 @@
 namespace polyshard {
 
 /// weight: (dim,), ones; bias: (dim,), zeros; eps 1e-5 as in GPT-2.
-template <FloatElement T>
+template <FloatElement T, Device D = Cpu>
 struct LayerNorm {
-  BOOST_HANA_DEFINE_STRUCT(LayerNorm, (Parameter<T>, weight), (Parameter<T>, bias));
+  BOOST_HANA_DEFINE_STRUCT(LayerNorm, (Parameter<T, D>, weight), (Parameter<T, D>, bias));
   double eps = 1e-5;
 
   LayerNorm() = default;
@@ -17,7 +17,7 @@ struct LayerNorm {
       : weight({dim}, ParameterInit::ones()), bias({dim}, ParameterInit::zeros()), eps(eps_) {}
 
   /// x: (..., dim) -> (..., dim).
-  Var<T> operator()(const Var<T>& x) const { return layer_norm(x, weight.var(), bias.var(), eps); }
+  Var<T, D> operator()(const Var<T, D>& x) const { return layer_norm(x, weight.var(), bias.var(), eps); }
 };
 
 }  // namespace polyshard

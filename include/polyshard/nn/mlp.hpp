@@ -7,16 +7,16 @@
 
 namespace polyshard {
 
-template <FloatElement T>
+template <FloatElement T, Device D = Cpu>
 struct Mlp {
-  BOOST_HANA_DEFINE_STRUCT(Mlp, (Linear<T>, c_fc), (Gelu<T>, gelu), (Linear<T>, c_proj));
+  BOOST_HANA_DEFINE_STRUCT(Mlp, (Linear<T, D>, c_fc), (Gelu<T, D>, gelu), (Linear<T, D>, c_proj));
 
   Mlp() = default;
   /// `proj_std`: GPT-2 scales the residual projection's init by 1/sqrt(2 * layers).
   Mlp(std::int64_t dim, double proj_std) : c_fc(dim, 4 * dim), gelu{}, c_proj(4 * dim, dim, proj_std) {}
 
   /// x: (B, T, C) -> (B, T, C).
-  Var<T> operator()(const Var<T>& x) const { return call(c_proj, call(gelu, call(c_fc, x))); }
+  Var<T, D> operator()(const Var<T, D>& x) const { return call(c_proj, call(gelu, call(c_fc, x))); }
 };
 
 }  // namespace polyshard

@@ -48,17 +48,20 @@ class ModuleHooksScope {
 };
 
 /// A module that maps one activation to another, and so can be a unit of a sharded strategy.
-template <class M, class T>
-concept ActivationModule = requires(const M& m, const Var<T>& x) {
-  { m(x) } -> std::same_as<Var<T>>;
+template <class M, class T, class D = Cpu>
+concept ActivationModule = requires(const M& m, const Var<T, D>& x) {
+  { m(x) } -> std::same_as<Var<T, D>>;
 };
 
-/// Calls `module(x)`, through the engine's hooks when one is installed on this thread.
-template <class M, FloatElement T>
-  requires ActivationModule<M, T>
-Var<T> call(const M& module, const Var<T>& x) {
-  if (ModuleHooks<T>* hooks = detail::thread_module_hooks<T>())
-    return hooks->around(&module, std::type_index(typeid(M)), [&module](const Var<T>& in) { return module(in); }, x);
+/// Calls `module(x)`, through the engine's hooks when one is installed on this thread (engines
+/// run host modules today: device modules are called directly).
+template <class M, FloatElement T, Device D>
+  requires ActivationModule<M, T, D>
+Var<T, D> call(const M& module, const Var<T, D>& x) {
+  if constexpr (std::same_as<D, Cpu>) {
+    if (ModuleHooks<T>* hooks = detail::thread_module_hooks<T>())
+      return hooks->around(&module, std::type_index(typeid(M)), [&module](const Var<T>& in) { return module(in); }, x);
+  }
   return module(x);
 }
 

@@ -21,11 +21,11 @@ struct ParameterInit {
 /// A leaf of the autograd graph with a fixed shape. Until it is bound to storage (a view of a
 /// flat parameter buffer, a gathered shard), using it is an error that names it: a module
 /// never silently computes with memory it does not own.
-template <FloatElement T>
+template <FloatElement T, Device D = Cpu>
 class Parameter {
  public:
   Parameter() = default;
-  Parameter(Shape shape, ParameterInit init) : shape_(shape), init_(init), var_(Tensor<T>(), true) {}
+  Parameter(Shape shape, ParameterInit init) : shape_(shape), init_(init), var_(Tensor<T, D>(), true) {}
 
   const Shape& shape() const { return shape_; }
   std::int64_t numel() const { return shape_.numel(); }
@@ -41,44 +41,44 @@ class Parameter {
   }
 
   /// The graph leaf to compute with; throws when the parameter has no storage.
-  const Var<T>& var() const {
+  const Var<T, D>& var() const {
     POLYSHARD_CHECK(bound(), "parameter '", name_.empty() ? std::string("<unnamed>") : name_, "' of shape ", shape_,
                     " has no storage here: bind it (FlatParameters), or use it only while its unit is gathered (inside the "
                     "strategy's forward and backward)");
     return var_;
   }
   /// The graph leaf whether or not it has storage now (for bookkeeping of gradient flags).
-  const Var<T>& leaf() const { return var_; }
-  Tensor<T> value() const { return var().value(); }
-  Tensor<T> grad() const { return var().grad(); }
+  const Var<T, D>& leaf() const { return var_; }
+  Tensor<T, D> value() const { return var().value(); }
+  Tensor<T, D> grad() const { return var().grad(); }
 
   /// Points the parameter at `value` and its gradient at `grad` (both of this shape; `grad`
   /// may be undefined to let backward allocate one). The gradient starts out empty.
-  void bind(std::string name, const Tensor<T>& value, const Tensor<T>& grad) {
+  void bind(std::string name, const Tensor<T, D>& value, const Tensor<T, D>& grad) {
     check_same_shape("Parameter::bind (value)", value.shape(), shape_);
     if (grad.defined()) check_same_shape("Parameter::bind (gradient)", grad.shape(), shape_);
     name_ = std::move(name);
     const bool requires_grad = var_.defined() ? var_.requires_grad() : true;
-    var_ = Var<T>(value, requires_grad);
+    var_ = Var<T, D>(value, requires_grad);
     var_.node()->grad = grad;
   }
 
   /// Drops the storage (for example after a sharded unit is freed).
   void unbind() {
-    if (var_.defined()) var_ = Var<T>(Tensor<T>(), var_.requires_grad());
+    if (var_.defined()) var_ = Var<T, D>(Tensor<T, D>(), var_.requires_grad());
   }
 
   /// Frozen parameters get no gradient.
   bool requires_grad() const { return var_.defined() && var_.requires_grad(); }
   void set_requires_grad(bool on) {
-    if (!var_.defined()) var_ = Var<T>(Tensor<T>(), on);
+    if (!var_.defined()) var_ = Var<T, D>(Tensor<T, D>(), on);
     var_.node()->requires_grad = on;
   }
 
  private:
   Shape shape_;
   ParameterInit init_;
-  Var<T> var_;
+  Var<T, D> var_;
   std::string name_;
 };
 

@@ -20,8 +20,8 @@ namespace polyshard {
 namespace detail {
 template <class X>
 struct is_parameter : std::false_type {};
-template <class T>
-struct is_parameter<Parameter<T>> : std::true_type {};
+template <class T, class D>
+struct is_parameter<Parameter<T, D>> : std::true_type {};
 template <class X>
 struct is_vector : std::false_type {};
 template <class X, class A>

@@ -89,6 +89,8 @@ class Storage<T, Cpu> {
   static void fill(T* out, std::int64_t n, T value) { std::fill_n(out, n, value); }
   /// Copies `n` elements from this device's memory to host memory.
   static void copy_to_host(T* host, const T* src, std::int64_t n) { std::copy_n(src, n, host); }
+  /// Copies `n` elements from host memory into this device's memory.
+  static void copy_from_host(T* dst, const T* host, std::int64_t n) { std::copy_n(host, n, dst); }
 
  private:
   T* data_ = nullptr;

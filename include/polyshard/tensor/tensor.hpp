@@ -222,6 +222,20 @@ class Tensor {
   Shape strides_;
 };
 
+/// `host` on device D: the tensor itself for the host, else a contiguous copy in D's memory.
+/// (Device code includes D's storage header, polyshard/tensor/cuda/storage.hpp for Cuda.)
+template <Device D, Element T>
+Tensor<T, D> on_device(const Tensor<T, Cpu>& host, MemoryCategory category = current_memory_category()) {
+  if constexpr (std::same_as<D, Cpu>) {
+    return host;
+  } else {
+    const Tensor<T, Cpu> c = host.contiguous();
+    auto out = Tensor<T, D>::empty(c.shape(), category);
+    Storage<T, D>::copy_from_host(out.data(), c.data(), c.numel());
+    return out;
+  }
+}
+
 /// Throws an error naming `op` and both shapes unless they are equal.
 inline void check_same_shape(const char* op, const Shape& a, const Shape& b) {
   POLYSHARD_CHECK(a == b, op, ": shape mismatch between ", a, " and ", b);

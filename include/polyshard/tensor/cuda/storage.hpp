@@ -81,6 +81,14 @@ class Storage<T, Cuda> {
         cudaMemcpyAsync(host, src, static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyDeviceToHost, stream));
     POLYSHARD_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
+  /// Copies `n` host elements into device memory and waits for them (the host memory may go
+  /// away at once).
+  static void copy_from_host(T* dst, const T* host, std::int64_t n) {
+    const cudaStream_t stream = cuda::current_stream();
+    POLYSHARD_CUDA_CHECK(
+        cudaMemcpyAsync(dst, host, static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyHostToDevice, stream));
+    POLYSHARD_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
 
  private:
   T* data_ = nullptr;
