@@ -36,37 +36,6 @@ using FloatToFloat = Cast<float, float>;
 using Bf16ToBf16 = Cast<bfloat16, bfloat16>;
 using Fp16ToFp16 = Cast<half, half>;
 
-// n elements of T placed `offset` elements into a device allocation, with one guard element
-// after them; the whole allocation starts poisoned (0xFF bytes, NaN), and the elements around the
-// span must still be poisoned whenever it is read back.
-template <class T>
-class DeviceSpan {
- public:
-  DeviceSpan(std::size_t n, std::size_t offset) : n_(n), offset_(offset), buffer_(offset + n + 1, MemoryCategory::Other) {
-    poison();
-  }
-  T* data() { return buffer_.data() + offset_; }
-  void poison() { buffer_.fill_bytes(0xFF); }
-  void upload(const std::vector<T>& host) {
-    REQUIRE(host.size() == n_);
-    POLYSHARD_CUDA_CHECK(cudaMemcpy(data(), host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  /// The span's elements; fails the test when a guard element was written.
-  std::vector<T> read(const std::string& what) const {
-    const std::vector<T> all = buffer_.to_host();
-    std::vector<unsigned char> poison_bytes(sizeof(T), 0xFF);
-    bool guards = std::memcmp(&all[offset_ + n_], poison_bytes.data(), sizeof(T)) == 0;
-    for (std::size_t i = 0; i < offset_; ++i) guards = guards && std::memcmp(&all[i], poison_bytes.data(), sizeof(T)) == 0;
-    INFO(what << ": an element outside the span was written");
-    CHECK(guards);
-    return {all.begin() + static_cast<std::ptrdiff_t>(offset_), all.begin() + static_cast<std::ptrdiff_t>(offset_ + n_)};
-  }
-
- private:
-  std::size_t n_, offset_;
-  cuda::DeviceBuffer<T> buffer_;
-};
-
 template <class T>
 bool same_bits(const T& a, const T& b) {
   return std::memcmp(&a, &b, sizeof(T)) == 0;
@@ -188,8 +157,8 @@ TEMPLATE_TEST_CASE("cast_span rounds as Eigen's conversions do, bit for bit", "[
   std::vector<To> want(n);
   for (std::size_t i = 0; i < n; ++i) want[i] = element_cast<To>(src[i]);
 
-  DeviceSpan<From> d_src(n, offset);
-  DeviceSpan<To> d_dst(n, offset);
+  test::DeviceSpan<From> d_src(n, offset);
+  test::DeviceSpan<To> d_dst(n, offset);
   d_src.upload(src);
   cuda::cast_span<From, To>(d_src.data(), d_dst.data(), n, nullptr);
   std::size_t first = 0;
@@ -226,7 +195,7 @@ TEMPLATE_TEST_CASE("unscale_and_check multiplies by inv_scale and flags inf and 
   std::vector<G> want(n);
   for (std::size_t i = 0; i < n; ++i) want[i] = static_cast<G>(static_cast<float>(grad[i]) * inv_scale);
 
-  DeviceSpan<G> d_grad(n, offset);
+  test::DeviceSpan<G> d_grad(n, offset);
   d_grad.upload(grad);
   cuda::DeviceBuffer<int> flag(1, MemoryCategory::Other);
   flag.fill_bytes(0);
@@ -245,7 +214,7 @@ TEMPLATE_TEST_CASE("unscale_and_check multiplies by inv_scale and flags inf and 
 
 TEST_CASE("unscale_and_check only ever sets the flag", "[cuda][engine]") {
   const std::vector<float> grad = test::random_values<float>(1000, 42);
-  DeviceSpan<float> d_grad(grad.size(), 0);
+  test::DeviceSpan<float> d_grad(grad.size(), 0);
   d_grad.upload(grad);
   cuda::DeviceBuffer<int> flag(1, MemoryCategory::Other);
   const int one = 1;
@@ -271,7 +240,7 @@ double host_squared_norm(const std::vector<G>& g) {
 
 // The squared norm the kernels give for one span: partials, then the finishing sum.
 template <class G>
-float device_squared_norm(DeviceSpan<G>& span, std::size_t n) {
+float device_squared_norm(test::DeviceSpan<G>& span, std::size_t n) {
   cuda::DeviceBuffer<float> partials = test::poisoned_device<float>(cuda::squared_norm_blocks);
   cuda::DeviceBuffer<float> out = test::poisoned_device<float>(1);
   cuda::squared_norm_partials<G>(span.data(), n, partials.data(), false, nullptr);
@@ -288,7 +257,7 @@ TEMPLATE_TEST_CASE("squared_norm_partials and squared_norm_finish give the squar
   const std::size_t offset = GENERATE(as<std::size_t>(), 0, 1);
   INFO("n = " << n << ", offset " << offset);
   const std::vector<G> grad = test::random_values<G>(n, 51, 3.0);
-  DeviceSpan<G> d_grad(n, offset);
+  test::DeviceSpan<G> d_grad(n, offset);
   d_grad.upload(grad);
   const double want = host_squared_norm(grad);
   const float got = device_squared_norm(d_grad, n);
@@ -306,9 +275,9 @@ TEST_CASE("squared norm partials accumulate across spans of different types", "[
   const std::vector<float> a = test::random_values<float>(1000003, 61, 2.0);
   const std::vector<bfloat16> b = test::random_values<bfloat16>(7, 62, 2.0);
   const std::vector<half> c = test::random_values<half>(4099, 63, 2.0);
-  DeviceSpan<float> da(a.size(), 1);
-  DeviceSpan<bfloat16> db(b.size(), 0);
-  DeviceSpan<half> dc(c.size(), 1);
+  test::DeviceSpan<float> da(a.size(), 1);
+  test::DeviceSpan<bfloat16> db(b.size(), 0);
+  test::DeviceSpan<half> dc(c.size(), 1);
   da.upload(a);
   db.upload(b);
   dc.upload(c);

@@ -35,37 +35,6 @@ using Fp16 = Types<half, half>;
 using Fp32GradsBf16Copy = Types<float, bfloat16>;
 using Fp32GradsFp16Copy = Types<float, half>;
 
-// n elements of T placed `offset` elements into a device allocation, with one guard element
-// after them; the whole allocation starts poisoned (0xFF bytes, NaN), and the elements around the
-// span must still be poisoned whenever it is read back.
-template <class T>
-class DeviceSpan {
- public:
-  DeviceSpan(std::size_t n, std::size_t offset) : n_(n), offset_(offset), buffer_(offset + n + 1, MemoryCategory::Other) {
-    poison();
-  }
-  T* data() { return buffer_.data() + offset_; }
-  void poison() { buffer_.fill_bytes(0xFF); }
-  void upload(const std::vector<T>& host) {
-    REQUIRE(host.size() == n_);
-    POLYSHARD_CUDA_CHECK(cudaMemcpy(data(), host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  /// The span's elements; fails the test when a guard element was written.
-  std::vector<T> read(const std::string& what) const {
-    const std::vector<T> all = buffer_.to_host();
-    std::vector<unsigned char> poison_bytes(sizeof(T), 0xFF);
-    bool guards = std::memcmp(&all[offset_ + n_], poison_bytes.data(), sizeof(T)) == 0;
-    for (std::size_t i = 0; i < offset_; ++i) guards = guards && std::memcmp(&all[i], poison_bytes.data(), sizeof(T)) == 0;
-    INFO(what << ": an element outside the span was written");
-    CHECK(guards);
-    return {all.begin() + static_cast<std::ptrdiff_t>(offset_), all.begin() + static_cast<std::ptrdiff_t>(offset_ + n_)};
-  }
-
- private:
-  std::size_t n_, offset_;
-  cuda::DeviceBuffer<T> buffer_;
-};
-
 // Distance in units in the last place between two finite values of T (float, half, bfloat16),
 // counting +0 and -0 as equal.
 template <class T>
@@ -160,9 +129,9 @@ TEMPLATE_TEST_CASE("fused_adam_step matches adam_update over three steps", "[cud
 
   std::vector<float> master = test::random_values<float>(n, 11);
   std::vector<float> m(n, 0.0f), v(n, 0.0f);
-  DeviceSpan<float> d_master(n, offset), d_m(n, offset), d_v(n, offset);
-  DeviceSpan<G> d_grad(n, offset);
-  DeviceSpan<P> d_copy(n, offset);
+  test::DeviceSpan<float> d_master(n, offset), d_m(n, offset), d_v(n, offset);
+  test::DeviceSpan<G> d_grad(n, offset);
+  test::DeviceSpan<P> d_copy(n, offset);
   d_master.upload(master);
   d_m.upload(m);
   d_v.upload(v);
@@ -209,9 +178,9 @@ TEMPLATE_TEST_CASE("fused_sgd_step matches sgd_update over three steps", "[cuda]
 
   std::vector<float> master = test::random_values<float>(n, 12);
   std::vector<float> buffer(use_momentum ? n : 0, 0.0f);
-  DeviceSpan<float> d_master(n, offset), d_buffer(n, offset);  // d_buffer stays poisoned until step 1 writes it
-  DeviceSpan<G> d_grad(n, offset);
-  DeviceSpan<P> d_copy(n, offset);
+  test::DeviceSpan<float> d_master(n, offset), d_buffer(n, offset);  // d_buffer stays poisoned until step 1 writes it
+  test::DeviceSpan<G> d_grad(n, offset);
+  test::DeviceSpan<P> d_copy(n, offset);
   d_master.upload(master);
   for (std::int64_t step = 1; step <= 3; ++step) {
     INFO("step " << step);
@@ -242,9 +211,9 @@ TEMPLATE_TEST_CASE("fused optimizers give the same bits with and without 16-byte
   const std::vector<float> master = test::random_values<float>(n, 21);
   const std::vector<G> grad = test::random_values<G>(n, 22, 3.0);
   auto run = [&](std::size_t offset, bool adam) {
-    DeviceSpan<float> d_master(n, offset), d_m(n, offset), d_v(n, offset);
-    DeviceSpan<G> d_grad(n, offset);
-    DeviceSpan<P> d_copy(n, offset);
+    test::DeviceSpan<float> d_master(n, offset), d_m(n, offset), d_v(n, offset);
+    test::DeviceSpan<G> d_grad(n, offset);
+    test::DeviceSpan<P> d_copy(n, offset);
     d_master.upload(master);
     d_m.upload(std::vector<float>(n, 0.0f));
     d_v.upload(std::vector<float>(n, 0.0f));

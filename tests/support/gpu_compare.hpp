@@ -1,5 +1,6 @@
 // Comparing a kernel against its CPU twin: random inputs, outputs poisoned before the run (so an
-// element the kernel never wrote shows up as NaN), and a relative error with a bound per type.
+// element the kernel never wrote shows up as NaN), a relative error with a bound per type, and
+// guarded device spans that catch writes past either end.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -7,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <span>
 #include <string>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "polyshard/core/cuda/device_buffer.hpp"
+#include "polyshard/core/cuda/error.hpp"
 #include "polyshard/core/dtype.hpp"
 
 namespace polyshard::test {
@@ -76,5 +79,36 @@ void check_close(const std::string& what, const cuda::DeviceBuffer<T>& got, cons
   INFO(what << ": relative error " << err << " (bound " << gpu_tolerance<T>() * slack << ")");
   CHECK(err <= gpu_tolerance<T>() * slack);
 }
+
+/// n elements of T placed `offset` elements into a device allocation, with one guard element
+/// after them; the whole allocation starts poisoned (0xFF bytes, NaN), and the elements around the
+/// span must still be poisoned whenever it is read back. An offset of 1 misaligns the span.
+template <class T>
+class DeviceSpan {
+ public:
+  DeviceSpan(std::size_t n, std::size_t offset) : n_(n), offset_(offset), buffer_(offset + n + 1, MemoryCategory::Other) {
+    poison();
+  }
+  T* data() { return buffer_.data() + offset_; }
+  void poison() { buffer_.fill_bytes(0xFF); }
+  void upload(const std::vector<T>& host) {
+    REQUIRE(host.size() == n_);
+    POLYSHARD_CUDA_CHECK(cudaMemcpy(data(), host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  /// The span's elements; fails the test when a guard element was written.
+  std::vector<T> read(const std::string& what) const {
+    const std::vector<T> all = buffer_.to_host();
+    std::vector<unsigned char> poison_bytes(sizeof(T), 0xFF);
+    bool guards = std::memcmp(&all[offset_ + n_], poison_bytes.data(), sizeof(T)) == 0;
+    for (std::size_t i = 0; i < offset_; ++i) guards = guards && std::memcmp(&all[i], poison_bytes.data(), sizeof(T)) == 0;
+    INFO(what << ": an element outside the span was written");
+    CHECK(guards);
+    return {all.begin() + static_cast<std::ptrdiff_t>(offset_), all.begin() + static_cast<std::ptrdiff_t>(offset_ + n_)};
+  }
+
+ private:
+  std::size_t n_, offset_;
+  cuda::DeviceBuffer<T> buffer_;
+};
 
 }  // namespace polyshard::test

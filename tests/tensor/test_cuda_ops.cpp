@@ -7,24 +7,16 @@
 #include <vector>
 
 #include "support/error_of.hpp"
+#include "support/finite_difference.hpp"
 #include "support/gpu_compare.hpp"
 #include "polyshard/tensor/cuda/ops.hpp"
 #include "polyshard/tensor/cuda/transfer.hpp"
 #include "polyshard/tensor/ops.hpp"
 
 using namespace polyshard;
+using test::random_ids;
 
 namespace {
-Tensor<float> random_host(const Shape& shape, std::uint64_t seed, double scale = 1.0) {
-  const auto v = test::random_values<float>(static_cast<std::size_t>(shape.numel()), seed, scale);
-  return Tensor<float>::from(shape, std::span<const float>(v));
-}
-Tensor<std::int32_t> random_ids(const Shape& shape, std::int32_t v, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  auto t = Tensor<std::int32_t>::empty(shape);
-  for (auto& x : t.span()) x = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(v));
-  return t;
-}
 /// A device tensor poisoned with NaN, for an op's output.
 template <class T>
 Tensor<T, Cuda> poisoned(const Shape& shape) {
@@ -51,10 +43,10 @@ Tensor<float> rounded(const Tensor<float>& x) {
 TEMPLATE_TEST_CASE("a transformer block's ops on device tensors match the host ops", "[cuda][tensor]", float,
                    bfloat16) {
   const Shape shape{3, 5, 40};  // (B, T, C)
-  const auto x = rounded<TestType>(random_host(shape, 1));
-  const auto w = rounded<TestType>(random_host(Shape{40}, 2));
-  const auto b = rounded<TestType>(random_host(Shape{40}, 3));
-  const auto dy = rounded<TestType>(random_host(shape, 4));
+  const auto x = rounded<TestType>(test::random_floats(shape, 1));
+  const auto w = rounded<TestType>(test::random_floats(Shape{40}, 2));
+  const auto b = rounded<TestType>(test::random_floats(Shape{40}, 3));
+  const auto dy = rounded<TestType>(test::random_floats(shape, 4));
   const auto dx_x = to_device(cast<TestType>(x)), dw = to_device(cast<TestType>(w)), db = to_device(cast<TestType>(b));
   const auto ddy = to_device(cast<TestType>(dy));
 
@@ -98,7 +90,7 @@ TEMPLATE_TEST_CASE("a transformer block's ops on device tensors match the host o
 
 TEMPLATE_TEST_CASE("embedding and cross-entropy on device tensors match the host ops", "[cuda][tensor]", float,
                    bfloat16) {
-  const auto table = rounded<TestType>(random_host(Shape{37, 16}, 5));
+  const auto table = rounded<TestType>(test::random_floats(Shape{37, 16}, 5));
   const auto ids = random_ids(Shape{4, 9}, 37, 6);
   auto out = Tensor<float>::empty(Shape{4, 9, 16});
   embedding_forward(ids, table, out);
@@ -107,7 +99,7 @@ TEMPLATE_TEST_CASE("embedding and cross-entropy on device tensors match the host
   embedding_forward(gids, to_device(cast<TestType>(table)), gout);
   check_tensor("embedding", gout, out);
 
-  const auto logits = rounded<TestType>(random_host(Shape{6, 101}, 7, 3.0));
+  const auto logits = rounded<TestType>(test::random_floats(Shape{6, 101}, 7, 3.0));
   const auto targets = random_ids(Shape{6}, 101, 8);
   auto losses = Tensor<float>::empty(Shape{6}), lse = Tensor<float>::empty(Shape{6});
   cross_entropy_forward(logits, targets, losses, lse);
@@ -137,9 +129,9 @@ TEST_CASE("device ops refuse the shapes the host ops refuse, by name", "[cuda][t
 
 TEMPLATE_TEST_CASE("matmul on device tensors takes the same views as the host matmul", "[cuda][tensor]", float,
                    bfloat16) {
-  const auto a = rounded<TestType>(random_host(Shape{2, 3, 24, 40}, 9));
-  const auto b = rounded<TestType>(random_host(Shape{40, 16}, 10));
-  const auto bb = rounded<TestType>(random_host(Shape{2, 3, 40, 16}, 11));
+  const auto a = rounded<TestType>(test::random_floats(Shape{2, 3, 24, 40}, 9));
+  const auto b = rounded<TestType>(test::random_floats(Shape{40, 16}, 10));
+  const auto bb = rounded<TestType>(test::random_floats(Shape{2, 3, 40, 16}, 11));
   const auto ga = to_device(cast<TestType>(a)), gb = to_device(cast<TestType>(b)), gbb = to_device(cast<TestType>(bb));
   // A tall product with a shared B, a batched one, and transposed views on both sides.
   check_tensor("shared B", matmul(ga, gb), matmul(a, b), 2);
@@ -156,8 +148,8 @@ TEMPLATE_TEST_CASE("matmul on device tensors takes the same views as the host ma
 TEMPLATE_TEST_CASE("causal self-attention on device tensors matches the host op, forward and backward",
                    "[cuda][tensor]", float, bfloat16) {
   const int n_head = 4;
-  const auto qkv = rounded<TestType>(random_host(Shape{2, 33, 3 * 64}, 12));
-  const auto dout = rounded<TestType>(random_host(Shape{2, 33, 64}, 13));
+  const auto qkv = rounded<TestType>(test::random_floats(Shape{2, 33, 3 * 64}, 12));
+  const auto dout = rounded<TestType>(test::random_floats(Shape{2, 33, 64}, 13));
   auto out = Tensor<float>::empty(Shape{2, 33, 64}), att = Tensor<float>::empty(Shape{2, n_head, 33, 33});
   causal_self_attention_forward(qkv, n_head, out, att);
   auto dqkv = Tensor<float>::empty(qkv.shape());
@@ -176,8 +168,8 @@ TEMPLATE_TEST_CASE("causal self-attention on device tensors matches the host op,
 TEMPLATE_TEST_CASE("mul, add_scaled, bias rows and sums on device tensors match the host", "[cuda][tensor]", float,
                    bfloat16) {
   const Shape shape{7, 129};  // odd sizes: scalar tails and a pack path
-  const auto a = rounded<TestType>(random_host(shape, 14)), b = rounded<TestType>(random_host(shape, 15));
-  const auto bias = rounded<TestType>(random_host(Shape{129}, 16));
+  const auto a = rounded<TestType>(test::random_floats(shape, 14)), b = rounded<TestType>(test::random_floats(shape, 15));
+  const auto bias = rounded<TestType>(test::random_floats(Shape{129}, 16));
   const auto ga = to_device(cast<TestType>(a)), gb = to_device(cast<TestType>(b));
   check_tensor("mul", mul(ga, gb), mul(a, b));
 

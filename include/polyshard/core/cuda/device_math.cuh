@@ -1,6 +1,6 @@
 // What every polyshard kernel shares (device code only; include from .cu files): the CUDA type
-// behind each host element type, conversions through float, 16-byte vector packs and warp and
-// block reductions.
+// behind each host element type, conversions through float, 16-byte vector packs (and V
+// consecutive elements loaded or stored through them) and warp and block reductions.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -98,6 +98,43 @@ template <class T>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T>& r) {
   *reinterpret_cast<int4*>(p) = *reinterpret_cast<const int4*>(&r);
 }
+
+// x[0, V) = p[0, V): one scalar load when V == 1 (any alignment), else V / Pack<T>::size 128-bit
+// loads (p 16-byte aligned).
+template <int V, class T>
+__device__ __forceinline__ void load_lanes(const T* p, T (&x)[V]) {
+  if constexpr (V == 1) {
+    x[0] = *p;
+  } else {
+    constexpr int per = Pack<T>::size;
+    static_assert(V % per == 0, "load_lanes: V must be a whole number of 16-byte packs");
+#pragma unroll
+    for (int k = 0; k < V / per; ++k) {
+      const Pack<T> q = load_pack(p + k * per);
+#pragma unroll
+      for (int j = 0; j < per; ++j) x[k * per + j] = q.v[j];
+    }
+  }
+}
+
+// p[0, V) = x[0, V), as load_lanes reads.
+template <int V, class T>
+__device__ __forceinline__ void store_lanes(T* p, const T (&x)[V]) {
+  if constexpr (V == 1) {
+    *p = x[0];
+  } else {
+    constexpr int per = Pack<T>::size;
+    static_assert(V % per == 0, "store_lanes: V must be a whole number of 16-byte packs");
+#pragma unroll
+    for (int k = 0; k < V / per; ++k) {
+      Pack<T> q;
+#pragma unroll
+      for (int j = 0; j < per; ++j) q.v[j] = x[k * per + j];
+      store_pack(p + k * per, q);
+    }
+  }
+}
+
 /// Whether every pointer is 16-byte aligned, so that whole packs can be used.
 __host__ __device__ inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 

@@ -26,44 +26,6 @@ static_assert(threads_per_block >= 16 && threads_per_block % 32 == 0, "whole war
 // stays near one wave of the GPU and the larger units loop.
 constexpr unsigned max_unit_copy_blocks = 2048;
 
-// ---- V consecutive elements in registers -------------------------------------------------------
-
-// x[0, V) = p[0, V): one scalar load when V == 1 (any alignment), else V / Pack<T>::size 128-bit
-// loads (p 16-byte aligned).
-template <int V, class T>
-__device__ __forceinline__ void load_lanes(const T* p, T (&x)[V]) {
-  if constexpr (V == 1) {
-    x[0] = *p;
-  } else {
-    constexpr int per = Pack<T>::size;
-    static_assert(V % per == 0, "load_lanes: V must be a whole number of 16-byte packs");
-#pragma unroll
-    for (int k = 0; k < V / per; ++k) {
-      const Pack<T> q = load_pack(p + k * per);
-#pragma unroll
-      for (int j = 0; j < per; ++j) x[k * per + j] = q.v[j];
-    }
-  }
-}
-
-// p[0, V) = x[0, V), as load_lanes reads.
-template <int V, class T>
-__device__ __forceinline__ void store_lanes(T* p, const T (&x)[V]) {
-  if constexpr (V == 1) {
-    *p = x[0];
-  } else {
-    constexpr int per = Pack<T>::size;
-    static_assert(V % per == 0, "store_lanes: V must be a whole number of 16-byte packs");
-#pragma unroll
-    for (int k = 0; k < V / per; ++k) {
-      Pack<T> q;
-#pragma unroll
-      for (int j = 0; j < per; ++j) q.v[j] = x[k * per + j];
-      store_pack(p + k * per, q);
-    }
-  }
-}
-
 __device__ __forceinline__ std::size_t global_thread() {
   return static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }

@@ -21,44 +21,6 @@ constexpr unsigned threads_per_block = 256;
 // the grid's first threads, so one block must have at least that many.
 static_assert(threads_per_block >= 16 && threads_per_block % 32 == 0, "whole warps, enough for any tail");
 
-// ---- V consecutive elements in registers -------------------------------------------------------
-
-// x[0, V) = p[0, V): one scalar load when V == 1 (any alignment), else V / Pack<T>::size 128-bit
-// loads (p 16-byte aligned).
-template <int V, class T>
-__device__ __forceinline__ void load_lanes(const T* p, T (&x)[V]) {
-  if constexpr (V == 1) {
-    x[0] = *p;
-  } else {
-    constexpr int per = Pack<T>::size;
-    static_assert(V % per == 0, "load_lanes: V must be a whole number of 16-byte packs");
-#pragma unroll
-    for (int k = 0; k < V / per; ++k) {
-      const Pack<T> q = load_pack(p + k * per);
-#pragma unroll
-      for (int j = 0; j < per; ++j) x[k * per + j] = q.v[j];
-    }
-  }
-}
-
-// p[0, V) = x[0, V), as load_lanes reads.
-template <int V, class T>
-__device__ __forceinline__ void store_lanes(T* p, const T (&x)[V]) {
-  if constexpr (V == 1) {
-    *p = x[0];
-  } else {
-    constexpr int per = Pack<T>::size;
-    static_assert(V % per == 0, "store_lanes: V must be a whole number of 16-byte packs");
-#pragma unroll
-    for (int k = 0; k < V / per; ++k) {
-      Pack<T> q;
-#pragma unroll
-      for (int j = 0; j < per; ++j) q.v[j] = x[k * per + j];
-      store_pack(p + k * per, q);
-    }
-  }
-}
-
 // Elements per thread and group when every array is 16-byte aligned: one 128-bit access for the
 // narrowest type, two for a float array beside a 16-bit one.
 template <class... T>

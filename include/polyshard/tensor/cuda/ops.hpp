@@ -343,22 +343,9 @@ Operand<T> operand(const Tensor<T, Cuda>& t) {
 template <CudaFloatElement T>
 void matmul_into(const Tensor<T, Cuda>& a, const Tensor<T, Cuda>& b, const Tensor<T, Cuda>& c, float alpha = 1.0f,
                  float beta = 0.0f) {
-  POLYSHARD_CHECK(a.rank() >= 2 && b.rank() >= 2, "matmul: operands need at least 2 dimensions, got ", a.shape(),
-                  " and ", b.shape());
+  detail::check_matmul_output(a, b, c);
   const std::int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
-  POLYSHARD_CHECK(b.size(-2) == k, "matmul: inner dimensions differ between ", a.shape(), " and ", b.shape());
   const bool shared_b = b.rank() == 2;
-  POLYSHARD_CHECK(shared_b || b.rank() == a.rank(), "matmul: batch ranks differ between ", a.shape(), " and ",
-                  b.shape());
-  Shape expected_c;
-  for (int i = 0; i < a.rank() - 2; ++i) {
-    POLYSHARD_CHECK(shared_b || a.size(i) == b.size(i), "matmul: batch dimensions differ between ", a.shape(),
-                    " and ", b.shape());
-    expected_c.push_back(a.size(i));
-  }
-  expected_c.push_back(m);
-  expected_c.push_back(n);
-  detail::check_output("matmul", "c", c, expected_c);
   const std::int64_t batch = a.shape().leading(2);
   if (c.numel() == 0) return;
   if (k == 0) {  // an empty sum: C = beta C, and beta = 0 never reads C (it may hold NaN)
@@ -387,11 +374,7 @@ void matmul_into(const Tensor<T, Cuda>& a, const Tensor<T, Cuda>& b, const Tenso
 }
 template <CudaFloatElement T>
 Tensor<T, Cuda> matmul(const Tensor<T, Cuda>& a, const Tensor<T, Cuda>& b) {
-  Shape out;
-  for (int i = 0; i < a.rank() - 2; ++i) out.push_back(a.size(i));
-  out.push_back(a.rank() >= 2 ? a.size(-2) : 0);
-  out.push_back(b.size(-1));
-  auto c = Tensor<T, Cuda>::empty(out);
+  auto c = Tensor<T, Cuda>::empty(detail::matmul_output_shape(a, b));
   matmul_into(a, b, c);
   return c;
 }

@@ -63,6 +63,35 @@ void gemm_2d(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T
   else if (!ta && tb) C.noalias() += alpha * A * B.transpose();
   else C.noalias() += alpha * A.transpose() * B.transpose();
 }
+/// The shape of A B, after checking that A (..., M, K) and B (K, N) or (..., K, N) fit; C must
+/// have it and be contiguous. The same rules on every device.
+template <class T, class D>
+Shape matmul_output_shape(const Tensor<T, D>& a, const Tensor<T, D>& b) {
+  POLYSHARD_CHECK(a.rank() >= 2 && b.rank() >= 2, "matmul: operands need at least 2 dimensions, got ", a.shape(),
+                  " and ", b.shape());
+  POLYSHARD_CHECK(b.size(-2) == a.size(-1), "matmul: inner dimensions differ between ", a.shape(), " and ",
+                  b.shape());
+  const bool shared_b = b.rank() == 2;
+  POLYSHARD_CHECK(shared_b || b.rank() == a.rank(), "matmul: batch ranks differ between ", a.shape(), " and ",
+                  b.shape());
+  Shape out;
+  for (int i = 0; i < a.rank() - 2; ++i) {
+    POLYSHARD_CHECK(shared_b || a.size(i) == b.size(i), "matmul: batch dimensions differ between ", a.shape(),
+                    " and ", b.shape());
+    out.push_back(a.size(i));
+  }
+  out.push_back(a.size(-2));
+  out.push_back(b.size(-1));
+  return out;
+}
+template <class T, class D>
+void check_matmul_output(const Tensor<T, D>& a, const Tensor<T, D>& b, const Tensor<T, D>& c) {
+  const Shape expected = matmul_output_shape(a, b);
+  POLYSHARD_CHECK(c.shape() == expected, "matmul: output shape ", c.shape(), " does not match ", expected,
+                  " for operands ", a.shape(), " and ", b.shape());
+  POLYSHARD_CHECK(c.is_contiguous(), "matmul: output of shape ", c.shape(), " is not contiguous");
+}
+
 }  // namespace detail
 
 /// C = alpha * A B + beta * C.
@@ -73,24 +102,9 @@ template <Element T>
 void matmul_into(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>& c, T alpha = T(1), T beta = T(0)) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "matmul on the CPU computes in float or double: cast half and bfloat16 tensors to float first");
-  POLYSHARD_CHECK(a.rank() >= 2 && b.rank() >= 2, "matmul: operands need at least 2 dimensions, got ", a.shape(),
-                  " and ", b.shape());
+  detail::check_matmul_output(a, b, c);
   const std::int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
-  POLYSHARD_CHECK(b.size(-2) == k, "matmul: inner dimensions differ between ", a.shape(), " and ", b.shape());
   const bool shared_b = b.rank() == 2;
-  POLYSHARD_CHECK(shared_b || b.rank() == a.rank(), "matmul: batch ranks differ between ", a.shape(), " and ",
-                  b.shape());
-  Shape expected_c;
-  for (int i = 0; i < a.rank() - 2; ++i) {
-    POLYSHARD_CHECK(shared_b || a.size(i) == b.size(i), "matmul: batch dimensions differ between ", a.shape(),
-                    " and ", b.shape());
-    expected_c.push_back(a.size(i));
-  }
-  expected_c.push_back(m);
-  expected_c.push_back(n);
-  POLYSHARD_CHECK(c.shape() == expected_c, "matmul: output shape ", c.shape(), " does not match ", expected_c,
-                  " for operands ", a.shape(), " and ", b.shape());
-  POLYSHARD_CHECK(c.is_contiguous(), "matmul: output of shape ", c.shape(), " is not contiguous");
 
   Tensor<T> av = a, bv = b;
   // A view BLAS cannot take as it is (or an empty one) becomes a contiguous copy.
@@ -130,11 +144,7 @@ void matmul_into(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>& c, T a
 /// A B as a new tensor (see matmul_into for the shapes).
 template <Element T>
 Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b) {
-  Shape out;
-  for (int i = 0; i < a.rank() - 2; ++i) out.push_back(a.size(i));
-  out.push_back(a.rank() >= 2 ? a.size(-2) : 0);
-  out.push_back(b.size(-1));
-  Tensor<T> c = Tensor<T>::empty(out);
+  Tensor<T> c = Tensor<T>::empty(detail::matmul_output_shape(a, b));
   matmul_into(a, b, c);
   return c;
 }
