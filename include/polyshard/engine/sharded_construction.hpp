@@ -43,10 +43,14 @@ inline std::string readable_type_name(std::type_index type) {
     std::free(name);
   }
 #endif
+  // Rebuilt by appending: GCC 12 warns falsely (-Wrestrict) about std::string::replace here.
   const std::string default_device = ", polyshard::Cpu>";
-  for (std::size_t at = out.find(default_device); at != std::string::npos; at = out.find(default_device, at))
-    out.replace(at, default_device.size(), ">");
-  return out;
+  std::string clean;
+  std::size_t from = 0;
+  for (std::size_t at; (at = out.find(default_device, from)) != std::string::npos; from = at + default_device.size())
+    clean.append(out, from, at - from).push_back('>');
+  clean.append(out, from, std::string::npos);
+  return clean;
 }
 
 /// "polyshard::Block<float> at 0x7ffd...", for error messages.
