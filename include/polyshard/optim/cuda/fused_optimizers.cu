@@ -82,6 +82,16 @@ __device__ __forceinline__ void adam_element(float& p, float g, float& m, float&
   p = __fadd_rn(p, __fmul_rn(k.neg_step_size, __fdiv_rn(m, denom)));
 }
 
+// The compute-type copy of V updated master values, where the composition keeps one.
+template <int V, class DP>
+__device__ __forceinline__ void store_compute_copy(DP* __restrict__ compute, std::size_t i, const float (&p)[V]) {
+  if (compute == nullptr) return;
+  DP c[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) c[j] = from_float<DP>(p[j]);
+  store_lanes<V>(compute + i, c);
+}
+
 // Elements [i, i + V) of every array.
 template <int V, class DG, class DP>
 __device__ __forceinline__ void adam_lanes(std::size_t i, float* __restrict__ master, const DG* __restrict__ grad,
@@ -98,12 +108,7 @@ __device__ __forceinline__ void adam_lanes(std::size_t i, float* __restrict__ ma
   store_lanes<V>(master + i, p);
   store_lanes<V>(exp_avg + i, m);
   store_lanes<V>(exp_avg_sq + i, v);
-  if (compute != nullptr) {
-    DP c[V];
-#pragma unroll
-    for (int j = 0; j < V; ++j) c[j] = from_float<DP>(p[j]);
-    store_lanes<V>(compute + i, c);
-  }
+  store_compute_copy<V>(compute, i, p);
 }
 
 // Grid-stride over the whole V-groups of [0, n); the last n % V elements (fewer than V) go one
@@ -171,12 +176,7 @@ __device__ __forceinline__ void sgd_lanes(std::size_t i, float* __restrict__ mas
   }
   store_lanes<V>(master + i, p);
   if (k.use_momentum) store_lanes<V>(buffer + i, b);
-  if (compute != nullptr) {
-    DP c[V];
-#pragma unroll
-    for (int j = 0; j < V; ++j) c[j] = from_float<DP>(p[j]);
-    store_lanes<V>(compute + i, c);
-  }
+  store_compute_copy<V>(compute, i, p);
 }
 
 // The same split of [0, n) as fused_adam_kernel.
