@@ -12,6 +12,7 @@
 #include "polyshard/tensor/cuda/matmul.hpp"
 #include "polyshard/tensor/cuda/storage.hpp"
 #include "polyshard/tensor/cuda/transformer_kernels.hpp"
+#include "polyshard/tensor/ops/cross_entropy.hpp"  // detail::row_shape
 #include "polyshard/tensor/ops/grad_out.hpp"
 #include "polyshard/tensor/ops/matmul.hpp"
 #include "polyshard/tensor/tensor.hpp"
@@ -33,12 +34,6 @@ const T* input(const char* op, const char* what, const Tensor<T, Cuda>& t) {
   POLYSHARD_CHECK(t.is_contiguous(), op, ": input ", what, " of shape ", t.shape(),
                   " is not contiguous (call contiguous() first)");
   return t.data();
-}
-/// The shape of one value per row (the shape without its last dimension).
-inline Shape rows_of(const Shape& s) {
-  Shape r;
-  for (int i = 0; i < s.rank() - 1; ++i) r.push_back(s[i]);
-  return r;
 }
 /// Scratch for one kernel: device memory from the pool, freed in stream order after it.
 inline Tensor<float, Cuda> scratch_floats(std::size_t n) {
@@ -166,8 +161,8 @@ void layer_norm_forward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& weight,
   POLYSHARD_CHECK(weight.shape() == Shape{c} && bias.shape() == Shape{c}, "layer_norm: weight ", weight.shape(),
                   " and bias ", bias.shape(), " do not fit input of shape ", x.shape());
   detail::check_output("layer_norm", "y", y, x.shape());
-  detail::check_output("layer_norm", "mean", mean, detail::cuda_ops::rows_of(x.shape()));
-  detail::check_output("layer_norm", "rstd", rstd, detail::cuda_ops::rows_of(x.shape()));
+  detail::check_output("layer_norm", "mean", mean, detail::row_shape(x.shape()));
+  detail::check_output("layer_norm", "rstd", rstd, detail::row_shape(x.shape()));
   using detail::cuda_ops::input;
   cuda::layer_norm_forward(input("layer_norm", "x", x), input("layer_norm", "weight", weight),
                            input("layer_norm", "bias", bias), static_cast<float>(eps), y.data(), mean.data(),
@@ -253,7 +248,7 @@ void cross_entropy_forward(const Tensor<T, Cuda>& logits, const Tensor<std::int3
                            const Tensor<float, Cuda>& losses, const Tensor<float, Cuda>& lse) {
   POLYSHARD_CHECK(logits.rank() >= 1 && logits.size(-1) > 0,
                   "cross_entropy: logits need a non-empty last dimension, got shape ", logits.shape());
-  const Shape rows = detail::cuda_ops::rows_of(logits.shape());
+  const Shape rows = detail::row_shape(logits.shape());
   check_same_shape("cross_entropy targets", targets.shape(), rows);
   detail::check_output("cross_entropy", "losses", losses, rows);
   detail::check_output("cross_entropy", "lse", lse, rows);
@@ -267,7 +262,7 @@ void cross_entropy_backward(const Tensor<T, Cuda>& logits, const Tensor<std::int
                             const Tensor<float, Cuda>& lse, const Tensor<float, Cuda>& dlosses,
                             const GradOut<T, Cuda>& dlogits) {
   if (!dlogits.wanted()) return;
-  const Shape rows = detail::cuda_ops::rows_of(logits.shape());
+  const Shape rows = detail::row_shape(logits.shape());
   check_same_shape("cross_entropy backward targets", targets.shape(), rows);
   check_same_shape("cross_entropy backward lse", lse.shape(), rows);
   check_same_shape("cross_entropy backward dlosses", dlosses.shape(), rows);
@@ -286,7 +281,7 @@ void cross_entropy_backward(const Tensor<T, Cuda>& logits, const Tensor<std::int
 template <CudaFloatElement T>
 void cross_entropy_fused(const Tensor<T, Cuda>& logits, const Tensor<std::int32_t, Cuda>& targets,
                          const Tensor<float, Cuda>& losses, float dloss_scale, const GradOut<T, Cuda>& dlogits) {
-  const Shape rows = detail::cuda_ops::rows_of(logits.shape());
+  const Shape rows = detail::row_shape(logits.shape());
   check_same_shape("cross_entropy targets", targets.shape(), rows);
   detail::check_output("cross_entropy", "losses", losses, rows);
   if (dlogits.wanted()) detail::check_output("cross_entropy", "dlogits", dlogits.tensor, logits.shape());
