@@ -35,9 +35,10 @@ struct ShardingBehaviour<SplitAllReduce> : ShardingBehaviour<NoShard> {
   template <class U, class Comm>
   static void reduce(U& u, Comm& comm, std::vector<PendingReduction>& pending, std::int64_t /*bucket_elements*/) {
     using RT = typename decltype(u.reduced)::value_type;
-    // Local gradients in the reduce dtype (with float compute and reduction they already are).
-    if constexpr (!(U::float_compute && std::is_same_v<RT, float>)) cast_into(u.grad_work, u.reduced);
-    Tensor<RT> shard = Tensor<RT>::empty({u.shard}, MemoryCategory::Communication);  // (padded / N)
+    // Local gradients in the reduce dtype (when backward computes in it, they already are).
+    if constexpr (!U::reduces_work) cast_into(u.grad_work, u.reduced);
+    // (padded / N), in the memory of the unit's device
+    auto shard = U::template tensor<RT>::empty({u.shard}, MemoryCategory::Communication);
     CommHandle scatter = comm.reduce_scatter_async(std::span<const RT>(u.reduced.span()), shard.span(), ReduceOp::Sum);
     CommHandle gather = comm.all_gather_async(std::span<const RT>(shard.span()), u.reduced.span());
     pending.push_back({std::move(scatter), [] {}});

@@ -170,6 +170,8 @@ TEST_CASE("precision policies and loss scaling carry DeepSpeed's defaults", "[po
 TEST_CASE("wrap and checkpointing policies select module types", "[policy]") {
   STATIC_REQUIRE(WrapByType<Block>::wraps_type<Block<float>>);
   STATIC_REQUIRE(WrapByType<Block>::wraps_type<Block<double>>);
+  STATIC_REQUIRE(WrapByType<Block>::wraps_type<Block<bfloat16, Cuda>>);  // the same template on a device
+  STATIC_REQUIRE_FALSE(WrapByType<Block>::wraps_type<Mlp<float, Cuda>>);
   STATIC_REQUIRE_FALSE(WrapByType<Block>::wraps_type<Mlp<float>>);
   STATIC_REQUIRE_FALSE(WrapByType<Block>::wraps_type<int>);
   STATIC_REQUIRE(WrapByType<Block, Mlp>::wraps_type<Mlp<float>>);

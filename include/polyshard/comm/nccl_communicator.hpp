@@ -21,6 +21,7 @@
 #include "polyshard/comm/communicator.hpp"
 #include "polyshard/comm/detail/ring.hpp"
 #include "polyshard/comm/reduce_op.hpp"
+#include "polyshard/core/cuda/current_stream.hpp"
 #include "polyshard/core/dtype.hpp"
 #include "polyshard/core/error.hpp"
 
@@ -136,7 +137,9 @@ class NcclPending final : public PendingOp {
 /// One rank of an NCCL communicator: one GPU per rank, buffers in device memory.
 ///
 /// Collectives are enqueued on a CUDA stream: the communicator's own (created on its device) unless
-/// set_stream() names the caller's, or an `_async` call passes one. The blocking forms return once
+/// set_stream() names the caller's, or an `_async` call passes one. A collective starts after the
+/// work the calling thread enqueued before it on its current stream (cuda::current_stream(), where
+/// Tensor<T, Cuda> work goes): the buffers it reads are complete. The blocking forms return once
 /// the collective finished on the device; the `_async` forms return a handle whose wait() does,
 /// so the GPU overlaps communication with compute on other streams. The NCCL communicator is
 /// created non-blocking: every wait polls, and a collective that outlives timeout() aborts the
@@ -147,6 +150,9 @@ class NcclPending final : public PendingOp {
 /// in float where that matters. Byte counters follow ring_bytes_sent() like every backend.
 class NcclCommunicator {
  public:
+  /// Its buffers are device memory (an engine on a device requires this).
+  static constexpr bool device_buffers = true;
+
   /// Number of CUDA devices this process sees (0 when there is no GPU or no driver).
   static int device_count() noexcept {
     int count = 0;
@@ -388,6 +394,7 @@ class NcclCommunicator {
     const auto deadline = std::chrono::steady_clock::now() + s.options.timeout;
     cudaStream_t st = stream ? stream : s.stream;
     s.check_cuda(cudaSetDevice(s.device), desc, "cudaSetDevice");
+    order_after_current_stream(st, desc);
     s.check_nccl(enqueue(st), desc, collective_name(kind).data());
     s.settle(desc, deadline);
     cudaEvent_t event = nullptr;
@@ -398,6 +405,19 @@ class NcclCommunicator {
       s.check_cuda(recorded, desc, "cudaEventRecord");
     }
     return CommHandle(std::make_shared<detail::comm::NcclPending>(state_, event, desc, deadline));
+  }
+
+  /// Makes `st` wait for the work enqueued so far on the calling thread's current stream.
+  void order_after_current_stream(cudaStream_t st, const detail::comm::CallDesc& desc) {
+    const cudaStream_t producer = cuda::current_stream();
+    if (producer == st) return;
+    auto& s = *state_;
+    cudaEvent_t ready = nullptr;
+    s.check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), desc, "cudaEventCreate");
+    const cudaError_t recorded = cudaEventRecord(ready, producer);
+    const cudaError_t waited = recorded == cudaSuccess ? cudaStreamWaitEvent(st, ready, 0) : recorded;
+    cudaEventDestroy(ready);  // released once the wait is satisfied
+    s.check_cuda(waited, desc, recorded == cudaSuccess ? "cudaStreamWaitEvent" : "cudaEventRecord");
   }
 
   std::shared_ptr<detail::comm::NcclState> state_;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "polyshard/autograd/checkpoint.hpp"
+#include "polyshard/engine/gradient_ops.hpp"
 #include "polyshard/engine/loss_scaler.hpp"
 #include "polyshard/engine/offload.hpp"
 #include "polyshard/engine/sharding/no_shard.hpp"
@@ -34,10 +35,34 @@ template <class Inner>
 struct hybrid_inner<HybridShard<Inner>> {
   using type = Inner;
 };
+
+/// The element type and device a model computes in: Model::element_type and
+/// Model::device_type where it names them (Gpt does), else float on the host.
+template <class Model>
+struct model_numerics {
+  using element = float;
+  using device = Cpu;
+};
+template <class Model>
+  requires requires {
+    typename Model::element_type;
+    typename Model::device_type;
+  }
+struct model_numerics<Model> {
+  using element = typename Model::element_type;
+  using device = typename Model::device_type;
+};
 }  // namespace detail
 
 /// Data-parallel training of `model` on the ranks of `comm` under strategy `S`, with optimizer
-/// `Opt` (Sgd<float>, Adam<float>, AdamW<float>) over each unit's master weights.
+/// `Opt` (Sgd<float>, Adam<float>, AdamW<float>, AnyOptimizer<float>) over each unit's master
+/// weights.
+///
+/// The model's device decides where every buffer lives: a host model (Gpt<float>) computes in
+/// float with the strategy's 16-bit types as storage; a device model (Gpt<CT, Cuda>, with
+/// polyshard/engine/cuda/engine.hpp included) computes in the compute type CT, its units'
+/// buffers in device memory, its collectives on a communicator of device buffers (NCCL) and its
+/// updates through the fused kernels.
 ///
 /// Per step: zero_grad(); loss = forward([&] { return model.loss(x, y); });
 /// backward(loss, weight); step(lr). `weight` is this rank's share of the global batch (its rows
@@ -46,7 +71,8 @@ struct hybrid_inner<HybridShard<Inner>> {
 /// The model must call the modules that may be units through call() (the nn modules do), and
 /// must not move while the engine lives: parameters are bound to the engine's buffers.
 template <StrategyType S, class Model, Communicator Comm, Optimizer Opt>
-class Engine : private ModuleHooks<float> {
+class Engine : private ModuleHooks<typename detail::model_numerics<Model>::element,
+                                   typename detail::model_numerics<Model>::device> {
  public:
   using strategy = S;
   using sharding = typename S::sharding;
@@ -57,7 +83,23 @@ class Engine : private ModuleHooks<float> {
   /// HybridShard<Inner> runs Inner inside each group of ranks and all-reduces across groups.
   using within_group = typename detail::hybrid_inner<sharding>::type;
   using Behaviour = ShardingBehaviour<within_group>;
-  using State = UnitState<CT, RT, MT>;
+  /// Where the model computes, and in what element type.
+  using device = typename detail::model_numerics<Model>::device;
+  using work_type = typename detail::model_numerics<Model>::element;
+  using State = UnitState<CT, RT, MT, device>;
+  /// What updates a unit's master weights: Opt itself on the host, its fused kernels on a device.
+  using UnitOptimizer = optimizer_on_t<Opt, device>;
+
+  static_assert(std::is_same_v<work_type, typename State::work_type>,
+                "Engine<S, Model, ...>: the model's element type does not fit the strategy: a host model computes in "
+                "float (Gpt<float>; the precision policy's 16-bit types are storage there), a device model in the "
+                "precision policy's compute type (Gpt<bfloat16, Cuda> for a bf16 policy)");
+  static_assert(std::same_as<device, Cpu> || requires { requires Comm::device_buffers; },
+                "Engine<S, Model, Comm, ...>: a model on a device needs a communicator of device buffers "
+                "(NcclCommunicator, one GPU per rank): ThreadCommunicator and MpiCommunicator move host memory");
+  static_assert(std::same_as<device, Cpu> || std::same_as<typename S::offload, NoOffload>,
+                "Engine: offloading from a device (OffloadOptimizer, OffloadParameters) is not built yet: on a "
+                "GPU use NoOffload, or train on the host where offloaded state lives already");
 
   static_assert(std::is_same_v<MT, typename Opt::param_type>,
                 "Engine<S, Model, Comm, Opt>: the optimizer's parameter type must be the precision policy's master "
@@ -79,7 +121,8 @@ class Engine : private ModuleHooks<float> {
       replicas_.emplace(comm.split(comm.rank() % g, comm.rank()));  // the same shard in every group
     }
     Comm& shards = shard_comm();
-    plan_ = plan_units<typename S::wrap, typename S::checkpointing, float>(model, shards.size(), config.min_num_params);
+    plan_ = plan_units<typename S::wrap, typename S::checkpointing, work_type, Model, device>(model, shards.size(),
+                                                                                              config.min_num_params);
     units_.resize(plan_.units.size());
     for (std::size_t i = 0; i < units_.size(); ++i) {
       State& u = units_[i];
@@ -90,7 +133,7 @@ class Engine : private ModuleHooks<float> {
       Behaviour::allocate(u, seed);
       if (config.sync_models_at_startup) sync_from_rank0(u);
       u.bind();
-      optimizers_.emplace_back(optimizer, Behaviour::optimizer_params(u).size());
+      optimizers_.emplace_back(optimizer, static_cast<std::size_t>(Behaviour::optimizer_params(u).numel()));
     }
     placement_.place(optimizers_, config, comm.rank());  // NVMe: the state moves to nvme_path
   }
@@ -99,10 +142,10 @@ class Engine : private ModuleHooks<float> {
 
   /// Runs `loss_fn` (the model's forward) with the strategy's hooks in place.
   template <class F>
-  Var<float> forward(F&& loss_fn) {
+  Var<work_type, device> forward(F&& loss_fn) {
     Trace::Span span(trace_, "forward", "compute");
     check_trainable();
-    ModuleHooksScope<float> hooks(*this);
+    ModuleHooksScope<work_type, device> hooks(*this);
     in_backward_ = false;
     drain_prefetch();
     running_order_.clear();
@@ -112,15 +155,16 @@ class Engine : private ModuleHooks<float> {
 
   /// Backward from `loss`, seeded with `weight` times the loss scale; reduces every unit's
   /// gradients (unless inside no_sync) and waits for the reductions.
-  void backward(const Var<float>& loss, double weight = 1.0) {
+  void backward(const Var<work_type, device>& loss, double weight = 1.0) {
     Trace::Span span(trace_, "backward", "compute");
-    ModuleHooksScope<float> hooks(*this);
+    ModuleHooksScope<work_type, device> hooks(*this);
     in_backward_ = true;
     if (!running_order_.empty()) forward_order_ = running_order_;
     State& root = units_[0];
     gather(0);
     Behaviour::begin_backward(root);
-    polyshard::backward(loss, Tensor<float>::full(loss.shape(), static_cast<float>(weight * scaler_.scale())));
+    const auto seed = static_cast<work_type>(static_cast<float>(weight * scaler_.scale()));
+    polyshard::backward(loss, Tensor<work_type, device>::full(loss.shape(), seed));
     post_backward(root);
     finish_reductions();
     drain_prefetch();
@@ -151,37 +195,37 @@ class Engine : private ModuleHooks<float> {
     if constexpr (sharding::hybrid) {
       // Groups hold the same shards: sum each shard's gradient over the groups, once per step
       // (after any accumulation), so that every replica applies the same update.
-      for (State& u : units_) replicas_->all_reduce(Behaviour::optimizer_grads(u), ReduceOp::Sum);
+      for (State& u : units_) replicas_->all_reduce(Behaviour::optimizer_grads(u).span(), ReduceOp::Sum);
     }
     const double inv_scale = 1.0 / scaler_.scale();
     if constexpr (precision::loss_scale::scaled) {
+      // Unscaled in the same pass as the check; a step that overflowed is skipped whole.
       float overflow = 0;
       for (State& u : units_)
-        for (const auto& g : Behaviour::optimizer_grads(u))
-          if (!std::isfinite(static_cast<float>(g))) overflow = 1;
-      shard_comm().all_reduce(std::span<float>(&overflow, 1), ReduceOp::Sum);
+        if (unscale_and_check(Behaviour::optimizer_grads(u), inv_scale)) overflow = 1;
+      all_reduce_scalar(overflow);
       if (!scaler_.update(overflow > 0)) {
         last_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
         zero_grad();
         return false;
       }
-    }
-    double squares = 0;
-    for (State& u : units_) {
-      auto g = Behaviour::optimizer_grads(u);
-      if (inv_scale != 1.0) scale_span(g, inv_scale);
-      if (std::isfinite(max_grad_norm) || track_grad_norm_) squares += squared_norm(std::span<const RT>(g));
+    } else if (inv_scale != 1.0) {
+      for (State& u : units_) scale_gradients(Behaviour::optimizer_grads(u), inv_scale);
     }
     if (std::isfinite(max_grad_norm) || track_grad_norm_) {
-      if constexpr (sharding::shards_optimizer_state) shard_comm().all_reduce(std::span<double>(&squares, 1), ReduceOp::Sum);
+      double squares = 0;
+      for (State& u : units_) squares += squared_norm(Behaviour::optimizer_grads(u));
+      if constexpr (sharding::shards_optimizer_state) all_reduce_scalar(squares);
       last_grad_norm_ = std::sqrt(squares);
-      if (std::isfinite(max_grad_norm))
-        for (State& u : units_) scale_to_norm(Behaviour::optimizer_grads(u), last_grad_norm_, max_grad_norm);
+      // torch.nn.utils.clip_grad_norm_'s coefficient, applied only when it shrinks.
+      const double coefficient = max_grad_norm / (last_grad_norm_ + 1e-6);
+      if (std::isfinite(max_grad_norm) && coefficient < 1.0)
+        for (State& u : units_) scale_gradients(Behaviour::optimizer_grads(u), coefficient);
     }
     for (std::size_t i = 0; i < units_.size(); ++i) {
       placement_.fetch(i);  // NVMe: unit i's state read back, unit i+1's on its way
       optimizers_[i].set_lr(lr);
-      units_[i].step_trainable(optimizers_[i], Behaviour::optimizer_params(units_[i]), std::span<const RT>(Behaviour::optimizer_grads(units_[i])));
+      units_[i].step_trainable(optimizers_[i], Behaviour::optimizer_params(units_[i]), Behaviour::optimizer_grads(units_[i]));
       placement_.store(i);  // NVMe: written back behind the next unit's step
       Trace::Span write_back(trace_, "write back unit " + std::to_string(i), "communication", 1);
       Behaviour::after_step(units_[i], shard_comm());
@@ -215,14 +259,16 @@ class Engine : private ModuleHooks<float> {
     drain_prefetch();
     std::vector<std::pair<std::string, std::vector<float>>> out;
     for (State& u : units_) {
-      Tensor<CT> whole = u.full;
+      Tensor<CT, device> whole = u.full;
       if constexpr (sharding::shards_parameters) {
-        whole = Tensor<CT>::empty({u.layout->padded}, MemoryCategory::Communication);
+        whole = Tensor<CT, device>::empty({u.layout->padded}, MemoryCategory::Communication);
         shard_comm().all_gather(std::span<const CT>(u.param_shard.span()), whole.span());
       }
+      const std::vector<CT> host = whole.to_vector();
       for (const auto& e : u.layout->entries) {
         std::vector<float> values(static_cast<std::size_t>(e.numel()));
-        for (std::int64_t i = 0; i < e.numel(); ++i) values[static_cast<std::size_t>(i)] = static_cast<float>(whole.data()[e.offset + i]);
+        for (std::int64_t i = 0; i < e.numel(); ++i)
+          values[static_cast<std::size_t>(i)] = static_cast<float>(host[static_cast<std::size_t>(e.offset + i)]);
         out.emplace_back(e.name, std::move(values));
       }
     }
@@ -235,9 +281,9 @@ class Engine : private ModuleHooks<float> {
   double last_grad_norm() const { return last_grad_norm_; }
   const LossScaler<typename precision::loss_scale>& loss_scaler() const { return scaler_; }
   LossScaler<typename precision::loss_scale>& loss_scaler() { return scaler_; }
-  const UnitPlan<float>& units() const { return plan_; }
+  const UnitPlan<work_type, device>& units() const { return plan_; }
   const std::vector<State>& unit_states() const { return units_; }
-  const std::vector<Opt>& optimizers() const { return optimizers_; }
+  const std::vector<UnitOptimizer>& optimizers() const { return optimizers_; }
   /// Calls `f(optimizer, params)` with unit `unit`'s optimizer, its state resident in memory, and
   /// the master weights it updates (the whole unit, or this rank's shard), then puts the state
   /// back where the offload policy keeps it. Checkpoints read and restore state through this.
@@ -245,7 +291,7 @@ class Engine : private ModuleHooks<float> {
   decltype(auto) access_optimizer(std::size_t unit, F&& f) {
     POLYSHARD_CHECK(unit < units_.size(), "Engine::access_optimizer: unit ", unit, " of ", units_.size());
     return placement_.with_resident(
-        unit, [&]() -> decltype(auto) { return f(optimizers_[unit], Behaviour::optimizer_params(units_[unit])); });
+        unit, [&]() -> decltype(auto) { return f(optimizers_[unit], Behaviour::optimizer_params(units_[unit]).span()); });
   }
   /// False when the offload policy keeps optimizer state outside memory between steps (NVMe):
   /// state() tensors are then valid only inside access_optimizer.
@@ -291,8 +337,23 @@ class Engine : private ModuleHooks<float> {
   }
 
  private:
-  Var<float> around(const void* module, std::type_index type, const std::function<Var<float>(const Var<float>&)>& body,
-                    const Var<float>& x) override {
+  using Activation = Var<work_type, device>;
+
+  /// Sums one host scalar over the shards' ranks (through device memory where the
+  /// communicator moves device buffers).
+  template <class X>
+  void all_reduce_scalar(X& value) {
+    if constexpr (std::same_as<device, Cpu>) {
+      shard_comm().all_reduce(std::span<X>(&value, 1), ReduceOp::Sum);
+    } else {
+      auto buffer = on_device<device>(Tensor<X>::full({1}, value), MemoryCategory::Communication);
+      shard_comm().all_reduce(buffer.span(), ReduceOp::Sum);
+      value = buffer.to_vector()[0];
+    }
+  }
+
+  Activation around(const void* module, std::type_index type, const std::function<Activation(const Activation&)>& body,
+                    const Activation& x) override {
     const ModuleKey key{module, type};
     auto it = plan_.unit_of_module.find(key);
     if (it == plan_.unit_of_module.end()) {
@@ -307,9 +368,9 @@ class Engine : private ModuleHooks<float> {
       prefetch_after(index, +1);
     }
     // Backward reaches `out` before the unit's own nodes and `in` after all of them.
-    Var<float> in = boundary(x, "unit input", [this, index] { post_backward(units_[index]); });
-    Var<float> y = (u.layout->checkpointed && !in_backward_) ? checkpoint(body, in) : body(in);
-    Var<float> out = boundary(y, "unit output", [this, index] {
+    Activation in = boundary(x, "unit input", [this, index] { post_backward(units_[index]); });
+    Activation y = (u.layout->checkpointed && !in_backward_) ? checkpoint(body, in) : body(in);
+    Activation out = boundary(y, "unit output", [this, index] {
       gather(index);
       prefetch_after(index, -1);
       Behaviour::begin_backward(units_[index]);
@@ -320,19 +381,19 @@ class Engine : private ModuleHooks<float> {
 
   /// An identity node that runs `hook` when backward passes through it.
   template <class Hook>
-  static Var<float> boundary(const Var<float>& x, const char* op, Hook hook) {
-    auto node = std::make_shared<Node<float>>();
+  static Activation boundary(const Activation& x, const char* op, Hook hook) {
+    auto node = std::make_shared<Node<work_type, device>>();
     node->value = x.value();
     node->op = op;
     if (grad_enabled()) {
       node->requires_grad = true;
       node->inputs.push_back(x.node());
-      node->backward = [hook](Node<float>& self) {
+      node->backward = [hook](Node<work_type, device>& self) {
         hook();
         if (self.inputs[0]->requires_grad) accumulate_into(self.inputs[0]->sink(), self.grad);
       };
     }
-    return Var<float>(std::move(node));
+    return Activation(std::move(node));
   }
 
   /// FairScale's sync_models_at_startup: rank 0's whole parameters overwrite every other
@@ -458,9 +519,9 @@ class Engine : private ModuleHooks<float> {
   Comm& comm_;
   std::optional<Comm> group_, replicas_;  // HybridShard only
   StrategyConfig config_;
-  UnitPlan<float> plan_;
+  UnitPlan<work_type, device> plan_;
   std::vector<State> units_;
-  std::vector<Opt> optimizers_;
+  std::vector<UnitOptimizer> optimizers_;
   Placement placement_;  // where optimizer state lives between steps
   LossScaler<typename precision::loss_scale> scaler_;
   std::vector<PendingReduction> pending_;

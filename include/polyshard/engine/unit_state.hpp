@@ -12,6 +12,7 @@
 #include "polyshard/engine/units.hpp"
 #include "polyshard/nn/init.hpp"
 #include "polyshard/tensor/ops/cast.hpp"
+#include "polyshard/tensor/tensor.hpp"
 
 namespace polyshard {
 
@@ -21,27 +22,34 @@ struct PendingReduction {
   std::function<void()> then;
 };
 
-/// One unit's state on one rank. Dtypes: CT compute (gathered parameters, local gradients),
-/// RT reduce, MT master. The model itself computes in float on the CPU: when CT is a 16-bit
-/// type, `work` and `grad_work` are float copies the modules bind to (counted under Other,
-/// since a GPU computes on the 16-bit buffers directly); when CT is float they are the
-/// compute-dtype buffers themselves.
-template <class CT, class RT, class MT>
+/// One unit's state on one rank, every buffer in the memory of device D. Dtypes: CT compute
+/// (gathered parameters, local gradients), RT reduce, MT master. A host model computes in
+/// float: when CT is a 16-bit type, `work` and `grad_work` are float copies the modules bind to
+/// (counted under Other); a device model computes in CT on the compute-dtype buffers themselves.
+template <class CT, class RT, class MT, Device D = Cpu>
 struct UnitState {
-  static constexpr bool float_compute = std::is_same_v<CT, float>;
+  using device = D;
+  /// The element type the modules compute in.
+  using work_type = std::conditional_t<std::same_as<D, Cpu>, float, CT>;
+  /// `work` is `full` itself (no copy to cast into).
+  static constexpr bool work_is_full = std::is_same_v<CT, work_type>;
+  /// Backward writes straight into the buffer that is reduced (no cast in between).
+  static constexpr bool reduces_work = work_is_full && std::is_same_v<RT, work_type>;
+  template <class X>
+  using tensor = Tensor<X, D>;
 
-  const UnitLayout<float>* layout = nullptr;
+  const UnitLayout<work_type, D>* layout = nullptr;
   int rank = 0, world = 1;
   std::int64_t shard = 0;  // padded / world
 
-  Tensor<CT> full;         // (padded) parameters in compute dtype
-  Tensor<float> work;      // (padded) what the modules compute with (== full when CT is float)
-  Tensor<CT> param_shard;  // (shard) persistent parameter shard, when parameters are sharded
-  Tensor<float> grad_work; // (padded) what backward writes into
-  Tensor<RT> reduced;      // (padded or shard) the reduced gradients the optimizer reads
-  Tensor<MT> master;       // (padded or shard) the weights the optimizer updates
+  tensor<CT> full;              // (padded) parameters in compute dtype
+  tensor<work_type> work;       // (padded) what the modules compute with (== full when work_is_full)
+  tensor<CT> param_shard;       // (shard) persistent parameter shard, when parameters are sharded
+  tensor<work_type> grad_work;  // (padded) what backward writes into
+  tensor<RT> reduced;           // (padded or shard) the reduced gradients the optimizer reads
+  tensor<MT> master;            // (padded or shard) the weights the optimizer updates
 
-  Tensor<RT> carried;      // reduced gradients of an earlier backward of this step, added back
+  tensor<RT> carried;      // reduced gradients of an earlier backward of this step, added back
                            // once this backward's reduction completes (whole-gradient policies)
   bool local_grads = false;    // grad_work holds gradients not yet reduced
   bool reduced_has_grad = false; // `reduced` holds a gradient since the last zero_grad
@@ -75,7 +83,7 @@ struct UnitState {
   /// Re-reads which parameters are frozen (FairScale's refresh_trainable).
   void read_trainable() { frozen = frozen_ranges_now(); }
   /// The first parameter whose requires_grad differs from what was last read, or null.
-  const UnitEntry<float>* trainable_changed() const {
+  const UnitEntry<work_type, D>* trainable_changed() const {
     for (const auto& e : layout->entries) {
       bool was_frozen = false;
       for (const auto& [lo, hi] : frozen) was_frozen = was_frozen || (lo <= e.offset && e.offset < hi);
@@ -91,8 +99,8 @@ struct UnitState {
   /// frozen neighbours. The frozen part of the span is copied aside and put back: the
   /// Optimizer concept updates its whole span in one call.
   template <class Opt, class P, class G>
-  void step_trainable(Opt& optimizer, std::span<P> params, std::span<const G> grads) const {
-    const std::int64_t n = static_cast<std::int64_t>(params.size());
+  void step_trainable(Opt& optimizer, const tensor<P>& params, const tensor<G>& grads) const {
+    const std::int64_t n = params.numel();
     const std::int64_t begin = n == layout->padded ? 0 : shard_begin();
     std::vector<std::pair<std::int64_t, std::int64_t>> mine;  // frozen ranges within the span, from its start
     std::int64_t count = 0;
@@ -103,28 +111,30 @@ struct UnitState {
         count += b - a;
       }
     }
+    const auto step = [&] { optimizer.step(params.span(), std::span<const G>(grads.span())); };
     if (mine.empty()) {
-      optimizer.step(params, grads);
+      step();
       return;
     }
     // The state tensors as long as the span (optimizers keep one value per element each).
-    std::vector<Tensor<P>> state;
+    std::vector<tensor<P>> state;
     for (auto& [name, t] : optimizer.state())
       if (t.numel() == n) state.push_back(t);
-    Tensor<P> saved = Tensor<P>::empty({count * static_cast<std::int64_t>(1 + state.size())}, MemoryCategory::Other);
+    tensor<P> saved = tensor<P>::empty({count * static_cast<std::int64_t>(1 + state.size())}, MemoryCategory::Other);
     const auto copy = [&](bool out) {
-      P* at = saved.data();
+      std::int64_t at = 0;
       for (const auto& [a, b] : mine) {
         for (std::size_t s = 0; s <= state.size(); ++s) {
-          P* where = (s == 0 ? params.data() : state[s - 1].data()) + a;
-          if (out) std::copy(where, where + (b - a), at);
-          else std::copy(at, at + (b - a), where);
+          const tensor<P> where = (s == 0 ? params : state[s - 1]).flat_view(a, b - a);
+          const tensor<P> aside = saved.flat_view(at, b - a);
+          if (out) aside.copy_from(where);
+          else where.copy_from(aside);
           at += b - a;
         }
       }
     };
     copy(true);
-    optimizer.step(params, grads);
+    step();
     copy(false);
   }
 
@@ -145,9 +155,23 @@ struct UnitState {
     }
   }
 
-  /// Makes `work` hold the full parameters after `full` was filled (casting when CT is 16-bit).
+  /// `out` := elements [begin, begin + out.numel()) of the unit as initialize_range builds them
+  /// (on the host, then copied to the device).
+  template <class X>
+  void initialize(const tensor<X>& out, std::int64_t begin, std::uint64_t seed) const {
+    if constexpr (std::same_as<D, Cpu>) {
+      initialize_range(out.span(), begin, seed);
+    } else {
+      Tensor<X> host = Tensor<X>::empty(out.shape(), MemoryCategory::Other);
+      initialize_range(host.span(), begin, seed);
+      out.copy_from(on_device<D>(host, MemoryCategory::Other));
+    }
+  }
+
+  /// Makes `work` hold the full parameters after `full` was filled (casting when CT is 16-bit
+  /// on the host).
   void refresh_work_from_full() {
-    if constexpr (!float_compute) {
+    if constexpr (!work_is_full) {
       work.storage()->materialize();
       cast_into(full, work);
     }
@@ -157,10 +181,10 @@ struct UnitState {
   /// frozen ones, and the padding, so the whole buffer can be reduced as one.
   void settle_grads() {
     for (const auto& e : layout->entries)
-      if (!e.parameter->leaf().node()->has_grad) grad_work.flat_view(e.offset, e.numel()).fill(0.0f);
-    for (const auto& [lo, hi] : frozen) grad_work.flat_view(lo, hi - lo).fill(0.0f);
+      if (!e.parameter->leaf().node()->has_grad) grad_work.flat_view(e.offset, e.numel()).fill(work_type(0));
+    for (const auto& [lo, hi] : frozen) grad_work.flat_view(lo, hi - lo).fill(work_type(0));
     const std::int64_t tail = layout->padded - layout->numel;
-    if (tail > 0) grad_work.flat_view(layout->numel, tail).fill(0.0f);
+    if (tail > 0) grad_work.flat_view(layout->numel, tail).fill(work_type(0));
   }
 
   /// Forgets the parameters' gradients: the next backward overwrites instead of adding.

@@ -15,31 +15,31 @@
 
 namespace polyshard {
 
-/// One parameter's place in its unit's flat buffer.
-template <FloatElement T>
+/// One parameter's place in its unit's flat buffer (parameters of T on D).
+template <FloatElement T, Device D = Cpu>
 struct UnitEntry {
   std::string name;
   std::int64_t offset;  // in elements, from the start of the unit
   Shape shape;
   ParameterInit init;
-  Parameter<T>* parameter;
+  Parameter<T, D>* parameter;
   std::int64_t numel() const { return shape.numel(); }
 };
 
 /// The layout of one unit. Unit 0 is the root: every parameter no wrapped module claims.
-template <FloatElement T>
+template <FloatElement T, Device D = Cpu>
 struct UnitLayout {
   std::string name;            // the wrapped module's name ("" for the root)
   bool checkpointed = false;   // its activations are recomputed in backward
-  std::vector<UnitEntry<T>> entries;
+  std::vector<UnitEntry<T, D>> entries;
   std::int64_t numel = 0;      // parameters, without padding
   std::int64_t padded = 0;     // a multiple of the world size
 };
 
 /// The units of a model and the wrapped modules, for the engine's call hooks.
-template <FloatElement T>
+template <FloatElement T, Device D = Cpu>
 struct UnitPlan {
-  std::vector<UnitLayout<T>> units;
+  std::vector<UnitLayout<T, D>> units;
   std::map<ModuleKey, std::size_t> unit_of_module;
   /// Modules whose activations are recomputed in backward.
   std::map<ModuleKey, bool> checkpointed_modules;
@@ -56,11 +56,11 @@ struct UnitPlan {
 };
 
 namespace detail {
-template <FloatElement T, class Wrap, class Checkpointing>
+template <FloatElement T, Device D, class Wrap, class Checkpointing>
 class UnitPlanner {
  public:
   /// `marks`: the modules wrap() marked (ManualWrap only; null otherwise).
-  UnitPlanner(UnitPlan<T>& plan, std::int64_t min_num_params, const ShardedConstruction* marks = nullptr)
+  UnitPlanner(UnitPlan<T, D>& plan, std::int64_t min_num_params, const ShardedConstruction* marks = nullptr)
       : plan_(plan), min_num_params_(min_num_params), marks_(marks) {}
 
   /// The marked modules the walk met.
@@ -73,7 +73,7 @@ class UnitPlanner {
     using X = std::remove_const_t<M>;
     if constexpr (is_parameter<X>::value) {
       auto& u = plan_.units[unit];
-      u.entries.push_back(UnitEntry<T>{name, u.numel, m.shape(), m.init(), &m});
+      u.entries.push_back(UnitEntry<T, D>{name, u.numel, m.shape(), m.init(), &m});
       u.numel += m.numel();
       return m.numel();
     } else if constexpr (is_vector<X>::value) {
@@ -81,7 +81,7 @@ class UnitPlanner {
       for (std::size_t i = 0; i < m.size(); ++i) n += walk(m[i], join_name(name, std::to_string(i)), unit, false);
       return n;
     } else {
-      constexpr bool callable = ActivationModule<X, T>;
+      constexpr bool callable = ActivationModule<X, T, D>;
       if constexpr (callable && Checkpointing::template checkpoints_type<X>) plan_.checkpointed_modules[module_key(m)] = true;
       if constexpr (callable && (Wrap::template wraps_type<X> || (Wrap::min_num_params > 0) || Wrap::manual)) {
         // ManualWrap: only the modules wrap() marked (the root is a unit already).
@@ -90,7 +90,7 @@ class UnitPlanner {
         if (!is_root && (!Wrap::manual || marked)) {
           // A unit of its own, tentatively; size-based wrapping may give its parameters back.
           const std::size_t mine = plan_.units.size();
-          plan_.units.push_back(UnitLayout<T>{name, plan_.checkpointed_modules.count(module_key(m)) > 0, {}, 0, 0});
+          plan_.units.push_back(UnitLayout<T, D>{name, plan_.checkpointed_modules.count(module_key(m)) > 0, {}, 0, 0});
           const std::int64_t left = walk_members(m, name, mine);
           if (Wrap::template wraps_type<X> || marked || (min_num_params_ > 0 && left >= min_num_params_)) {
             POLYSHARD_CHECK(!marked || left > 0, "ManualWrap: wrap() marked '", name, "' (",
@@ -120,7 +120,7 @@ class UnitPlanner {
   /// Moves the entries of tentative unit `from` (the last one, and any units created after it
   /// are kept) into `into`; returns how many parameters moved.
   std::int64_t merge_back(std::size_t from, std::size_t into) {
-    UnitLayout<T> tentative = std::move(plan_.units[from]);
+    UnitLayout<T, D> tentative = std::move(plan_.units[from]);
     plan_.units.erase(plan_.units.begin() + static_cast<std::ptrdiff_t>(from));
     // Units created inside the tentative one shifted down by one.
     for (auto& [module, index] : plan_.unit_of_module)
@@ -134,7 +134,7 @@ class UnitPlanner {
     return tentative.numel;
   }
 
-  UnitPlan<T>& plan_;
+  UnitPlan<T, D>& plan_;
   std::int64_t min_num_params_;
   const ShardedConstruction* marks_;
   std::set<ModuleKey> found_;
@@ -149,11 +149,11 @@ class UnitPlanner {
 /// can surround. `min_num_params` >= 1 replaces WrapBySize's threshold at run time (FSDP's
 /// option). Units are numbered in the model's declaration order, whatever the order of marks.
 /// Throws polyshard::Error for ManualWrap outside a context, with no marks, or with a mark that
-/// is not a module of `model`.
-template <class Wrap, class Checkpointing, FloatElement T, class Model>
-UnitPlan<T> plan_units(Model& model, std::int64_t world_size, std::int64_t min_num_params = 0) {
-  UnitPlan<T> plan;
-  plan.units.push_back(UnitLayout<T>{"", false, {}, 0, 0});
+/// is not a module of `model`. The model's parameters are of T on D.
+template <class Wrap, class Checkpointing, FloatElement T, class Model, Device D = Cpu>
+UnitPlan<T, D> plan_units(Model& model, std::int64_t world_size, std::int64_t min_num_params = 0) {
+  UnitPlan<T, D> plan;
+  plan.units.push_back(UnitLayout<T, D>{"", false, {}, 0, 0});
   const std::int64_t threshold = Wrap::min_num_params > 0 && min_num_params > 0 ? min_num_params : Wrap::min_num_params;
   const ShardedConstruction* marks = nullptr;
   if constexpr (Wrap::manual) {
@@ -164,7 +164,7 @@ UnitPlan<T> plan_units(Model& model, std::int64_t world_size, std::int64_t min_n
                                        "ShardedConstruction: mark the units (for example each Block) before building "
                                        "the engine, or use WrapWhole for one unit");
   }
-  detail::UnitPlanner<T, Wrap, Checkpointing> planner(plan, threshold, marks);
+  detail::UnitPlanner<T, D, Wrap, Checkpointing> planner(plan, threshold, marks);
   planner.walk(model, "", 0, true);
   if constexpr (Wrap::manual) {
     for (const auto& [key, order] : marks->marks())

@@ -24,9 +24,9 @@ struct tied_parameters {
 
 /// GPT-2's language-model head is the token embedding: PyTorch's GPT2LMHeadModel (and
 /// nanoGPT's GPT) list it in state_dict() as "lm_head.weight".
-template <FloatElement T>
-struct tied_parameters<Gpt<T>> {
-  static std::vector<TiedParameter> of(const Gpt<T>&) { return {{"lm_head.weight", "transformer.wte.weight"}}; }
+template <FloatElement T, Device D>
+struct tied_parameters<Gpt<T, D>> {
+  static std::vector<TiedParameter> of(const Gpt<T, D>&) { return {{"lm_head.weight", "transformer.wte.weight"}}; }
 };
 
 }  // namespace polyshard

@@ -30,6 +30,9 @@ struct GptTransformer {
 
 template <FloatElement T, Device D = Cpu>
 struct Gpt {
+  /// What it computes in and where (an engine reads these).
+  using element_type = T;
+  using device_type = D;
   BOOST_HANA_DEFINE_STRUCT(Gpt, (GptTransformer<T, D>, transformer));
   GptConfig config;
   /// Recompute each block's activations in backward instead of keeping them.

@@ -12,39 +12,39 @@
 
 namespace polyshard {
 
-/// What an engine does around module calls on this thread.
-template <FloatElement T>
+/// What an engine does around module calls on this thread, for modules computing in T on D.
+template <FloatElement T, Device D = Cpu>
 class ModuleHooks {
  public:
   virtual ~ModuleHooks() = default;
   /// Runs `body(x)`, which computes `module` (of type `type`) on `x`, with the engine's work
   /// around it. A module is identified by address and type together: a struct and its first
   /// member share an address.
-  virtual Var<T> around(const void* module, std::type_index type, const std::function<Var<T>(const Var<T>&)>& body,
-                        const Var<T>& x) = 0;
+  virtual Var<T, D> around(const void* module, std::type_index type,
+                           const std::function<Var<T, D>(const Var<T, D>&)>& body, const Var<T, D>& x) = 0;
 };
 
 namespace detail {
-template <FloatElement T>
-ModuleHooks<T>*& thread_module_hooks() {
-  thread_local ModuleHooks<T>* hooks = nullptr;
+template <FloatElement T, Device D>
+ModuleHooks<T, D>*& thread_module_hooks() {
+  thread_local ModuleHooks<T, D>* hooks = nullptr;
   return hooks;
 }
 }  // namespace detail
 
 /// Installs `hooks` for this thread until the scope ends.
-template <FloatElement T>
+template <FloatElement T, Device D = Cpu>
 class ModuleHooksScope {
  public:
-  explicit ModuleHooksScope(ModuleHooks<T>& hooks) : saved_(detail::thread_module_hooks<T>()) {
-    detail::thread_module_hooks<T>() = &hooks;
+  explicit ModuleHooksScope(ModuleHooks<T, D>& hooks) : saved_(detail::thread_module_hooks<T, D>()) {
+    detail::thread_module_hooks<T, D>() = &hooks;
   }
-  ~ModuleHooksScope() { detail::thread_module_hooks<T>() = saved_; }
+  ~ModuleHooksScope() { detail::thread_module_hooks<T, D>() = saved_; }
   ModuleHooksScope(const ModuleHooksScope&) = delete;
   ModuleHooksScope& operator=(const ModuleHooksScope&) = delete;
 
  private:
-  ModuleHooks<T>* saved_;
+  ModuleHooks<T, D>* saved_;
 };
 
 /// A module that maps one activation to another, and so can be a unit of a sharded strategy.
@@ -53,15 +53,13 @@ concept ActivationModule = requires(const M& m, const Var<T, D>& x) {
   { m(x) } -> std::same_as<Var<T, D>>;
 };
 
-/// Calls `module(x)`, through the engine's hooks when one is installed on this thread (engines
-/// run host modules today: device modules are called directly).
+/// Calls `module(x)`, through the engine's hooks when one is installed on this thread for
+/// modules of T on D.
 template <class M, FloatElement T, Device D>
   requires ActivationModule<M, T, D>
 Var<T, D> call(const M& module, const Var<T, D>& x) {
-  if constexpr (std::same_as<D, Cpu>) {
-    if (ModuleHooks<T>* hooks = detail::thread_module_hooks<T>())
-      return hooks->around(&module, std::type_index(typeid(M)), [&module](const Var<T>& in) { return module(in); }, x);
-  }
+  if (ModuleHooks<T, D>* hooks = detail::thread_module_hooks<T, D>())
+    return hooks->around(&module, std::type_index(typeid(M)), [&module](const Var<T, D>& in) { return module(in); }, x);
   return module(x);
 }
 

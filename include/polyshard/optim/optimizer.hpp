@@ -36,4 +36,16 @@ concept Optimizer = requires(O& o, const O& co, std::span<typename O::param_type
   { co.state() } -> std::same_as<std::vector<std::pair<std::string, Tensor<typename O::param_type>>>>;
 };
 
+/// The optimizer that updates spans in the memory of device D for the optimizer type Opt an
+/// engine was given: Opt itself on the host; a device's header specializes it
+/// (polyshard/optim/cuda/fused_optimizer.hpp: the fused CUDA kernels behind Opt's interface).
+template <class Opt, class D>
+struct optimizer_on {
+  static_assert(std::same_as<D, Cpu>,
+                "no optimizer for this device: include its header (polyshard/optim/cuda/fused_optimizer.hpp for Cuda)");
+  using type = Opt;
+};
+template <class Opt, class D>
+using optimizer_on_t = typename optimizer_on<Opt, D>::type;
+
 }  // namespace polyshard

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "polyshard/core/device.hpp"
 #include "polyshard/policy/family.hpp"
 
 namespace polyshard {
@@ -48,6 +49,10 @@ struct WrapByType : WrapWhole {
   struct matches : std::false_type {};
   template <template <class> class M, class T>
   struct matches<M<T>> : std::bool_constant<(std::is_same_v<M<T>, Ms<T>> || ...)> {};
+  // Modules over an element type and a device (Block<T, D>): Ms<T> names the host instance,
+  // the same template whatever the device.
+  template <template <class, class> class M, class T, class D>
+  struct matches<M<T, D>> : std::bool_constant<(std::is_same_v<M<T, Cpu>, Ms<T>> || ...)> {};
   template <class M>
   static constexpr bool wraps_type = matches<M>::value;
   static constexpr const char* name = "WrapByType";

@@ -20,32 +20,36 @@ struct ShardingBehaviour {
 };
 
 namespace detail {
-/// A tensor of `n` elements counted under `category`.
-template <class X>
-Tensor<X> buffer(std::int64_t n, MemoryCategory category) {
-  return Tensor<X>::empty({n}, category);
+/// A tensor of `n` elements in the memory of unit state U's device, counted under `category`.
+template <class X, class U>
+Tensor<X, typename U::device> buffer(const U&, std::int64_t n, MemoryCategory category) {
+  return Tensor<X, typename U::device>::empty({n}, category);
 }
 
-/// The compute-dtype parameters and the float view the modules bind to; with `materialized`
-/// false they get memory only when a gather materializes them.
+/// The compute-dtype parameters and the view the modules bind to (a float copy on the host
+/// when CT is 16-bit); with `materialized` false they get memory only when a gather
+/// materializes them.
 template <class U>
 void allocate_full_params(U& u, MemoryCategory category, bool materialized = true) {
   using CT = typename decltype(u.full)::value_type;
+  using W = typename U::work_type;
   const std::int64_t n = u.layout->padded;
-  u.full = materialized ? buffer<CT>(n, category) : Tensor<CT>::unmaterialized({n}, category);
-  if constexpr (U::float_compute) u.work = u.full;
-  else u.work = materialized ? buffer<float>(n, MemoryCategory::Other) : Tensor<float>::unmaterialized({n}, MemoryCategory::Other);
+  u.full = materialized ? buffer<CT>(u, n, category) : U::template tensor<CT>::unmaterialized({n}, category);
+  if constexpr (U::work_is_full) u.work = u.full;
+  else
+    u.work = materialized ? buffer<W>(u, n, MemoryCategory::Other)
+                          : U::template tensor<W>::unmaterialized({n}, MemoryCategory::Other);
 }
 
-/// The local gradients of a unit as the reduce dtype: grad_work itself when that is float, a
-/// cast copy (counted under Communication) otherwise.
+/// The local gradients of a unit as the reduce dtype: grad_work itself when that is the reduce
+/// dtype already, a cast copy (counted under Communication) otherwise.
 template <class U>
 auto gradients_to_reduce(U& u) {
   using RT = typename decltype(u.reduced)::value_type;
-  if constexpr (std::is_same_v<RT, float>) {
+  if constexpr (std::is_same_v<RT, typename U::work_type>) {
     return u.grad_work;
   } else {
-    Tensor<RT> tmp = buffer<RT>(u.layout->padded, MemoryCategory::Communication);
+    auto tmp = buffer<RT>(u, u.layout->padded, MemoryCategory::Communication);
     cast_into(u.grad_work, tmp);
     return tmp;
   }
@@ -62,7 +66,7 @@ void reduce_scatter_grads(U& u, Comm& comm, std::vector<PendingReduction>& pendi
     CommHandle h = comm.reduce_scatter_async(std::span<const RT>(src.span()), out.span(), ReduceOp::Sum);
     pending.push_back({std::move(h), [src, done = std::move(done)] { done(); }});
   } else {
-    Tensor<RT> tmp = buffer<RT>(out.numel(), MemoryCategory::Communication);
+    auto tmp = buffer<RT>(u, out.numel(), MemoryCategory::Communication);
     CommHandle h = comm.reduce_scatter_async(std::span<const RT>(src.span()), tmp.span(), ReduceOp::Sum);
     pending.push_back({std::move(h), [src, tmp, out, done = std::move(done)] {
                          add_into(out, tmp, out);  // out += tmp, in float for the 16-bit types
@@ -87,12 +91,12 @@ struct WholeParameters {
     using CT = typename decltype(u.full)::value_type;
     using MT = typename decltype(u.master)::value_type;
     allocate_full_params(u, MemoryCategory::Parameters);
-    u.initialize_range(u.full.span(), 0, seed);
+    u.initialize(u.full, 0, seed);
     if constexpr (std::is_same_v<MT, CT>) {
       u.master = u.full.flat_view(u.shard_begin(), u.shard);
     } else {
-      u.master = buffer<MT>(u.shard, MemoryCategory::OptimizerState);
-      u.initialize_range(u.master.span(), u.shard_begin(), seed);
+      u.master = buffer<MT>(u, u.shard, MemoryCategory::OptimizerState);
+      u.initialize(u.master, u.shard_begin(), seed);
     }
     u.refresh_work_from_full();
     u.gathered = true;
@@ -109,7 +113,7 @@ struct WholeParameters {
       return;
     }
     // The input is copied out first: a collective's input must not alias its output.
-    Tensor<CT> mine = u.full.flat_view(u.shard_begin(), u.shard).clone(MemoryCategory::Communication);
+    auto mine = u.full.flat_view(u.shard_begin(), u.shard).clone(MemoryCategory::Communication);
     comm.all_gather(std::span<const CT>(mine.span()), u.full.span());
     u.refresh_work_from_full();
   }
@@ -120,14 +124,15 @@ struct WholeParameters {
 struct WholeGradients {
   template <class U>
   static void allocate_grads(U& u) {
-    using RT = typename decltype(u.reduced)::value_type;
+    using W = typename U::work_type;
     const std::int64_t n = u.layout->padded;
-    if constexpr (U::float_compute && std::is_same_v<RT, float>) {
-      u.grad_work = buffer<float>(n, MemoryCategory::Gradients);
+    if constexpr (U::reduces_work) {
+      u.grad_work = buffer<W>(u, n, MemoryCategory::Gradients);
       u.reduced = u.grad_work;
     } else {
-      u.grad_work = buffer<float>(n, MemoryCategory::Other);
-      u.reduced = buffer<RT>(n, MemoryCategory::Gradients);
+      using RT = typename decltype(u.reduced)::value_type;
+      u.grad_work = buffer<W>(u, n, MemoryCategory::Other);
+      u.reduced = buffer<RT>(u, n, MemoryCategory::Gradients);
     }
   }
 
@@ -166,8 +171,8 @@ struct ShardedGradients {
   template <class U>
   static void allocate_grads(U& u) {
     using RT = typename decltype(u.reduced)::value_type;
-    u.grad_work = Tensor<float>::unmaterialized({u.layout->padded}, MemoryCategory::Gradients);
-    u.reduced = buffer<RT>(u.shard, MemoryCategory::Gradients);
+    u.grad_work = U::template tensor<typename U::work_type>::unmaterialized({u.layout->padded}, MemoryCategory::Gradients);
+    u.reduced = buffer<RT>(u, u.shard, MemoryCategory::Gradients);
   }
 
   template <class U>
@@ -186,7 +191,7 @@ struct ShardedGradients {
   }
 
   template <class U>
-  static auto optimizer_grads(U& u) { return u.reduced.span(); }
+  static auto optimizer_grads(U& u) { return u.reduced; }
 };
 }  // namespace detail
 

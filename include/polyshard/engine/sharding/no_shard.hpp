@@ -17,8 +17,8 @@ struct ShardingBehaviour<NoShard> : detail::WholeParameters, detail::WholeGradie
     using MT = typename decltype(u.master)::value_type;
     detail::allocate_full_params(u, MemoryCategory::Parameters);
     if constexpr (std::is_same_v<MT, CT>) u.master = u.full;
-    else u.master = detail::buffer<MT>(u.layout->padded, MemoryCategory::OptimizerState);
-    u.initialize_range(u.master.span(), 0, seed);
+    else u.master = detail::buffer<MT>(u, u.layout->padded, MemoryCategory::OptimizerState);
+    u.initialize(u.master, 0, seed);
     if constexpr (!std::is_same_v<MT, CT>) cast_into(u.master, u.full);
     u.refresh_work_from_full();
     allocate_grads(u);
@@ -28,8 +28,7 @@ struct ShardingBehaviour<NoShard> : detail::WholeParameters, detail::WholeGradie
   /// All-reduces the local gradients in buckets of `bucket_elements` (whole unit when <= 0).
   template <class U, class Comm>
   static void reduce(U& u, Comm& comm, std::vector<PendingReduction>& pending, std::int64_t bucket_elements) {
-    using RT = typename decltype(u.reduced)::value_type;
-    if constexpr (!(U::float_compute && std::is_same_v<RT, float>)) cast_into(u.grad_work, u.reduced);
+    if constexpr (!U::reduces_work) cast_into(u.grad_work, u.reduced);
     const std::int64_t n = u.reduced.numel();
     const std::int64_t step = bucket_elements > 0 ? bucket_elements : std::max<std::int64_t>(n, 1);
     const std::size_t issued = pending.size();
@@ -43,9 +42,9 @@ struct ShardingBehaviour<NoShard> : detail::WholeParameters, detail::WholeGradie
   }
 
   template <class U>
-  static auto optimizer_params(U& u) { return u.master.span(); }
+  static auto optimizer_params(U& u) { return u.master; }
   template <class U>
-  static auto optimizer_grads(U& u) { return u.reduced.span(); }
+  static auto optimizer_grads(U& u) { return u.reduced; }
 
   /// Copies updated master weights into the compute-dtype parameters.
   template <class U, class Comm>

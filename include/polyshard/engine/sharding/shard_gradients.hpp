@@ -16,7 +16,7 @@ struct ShardingBehaviour<ShardGradients> : detail::WholeParameters, detail::Shar
   }
 
   template <class U>
-  static auto optimizer_params(U& u) { return u.master.span(); }
+  static auto optimizer_params(U& u) { return u.master; }
 
   template <class U, class Comm>
   static void after_step(U& u, Comm& comm) { write_back_and_gather(u, comm); }

@@ -18,23 +18,23 @@ struct ShardingBehaviour<ShardOptimizerState> : detail::WholeParameters, detail:
   /// the (whole) gradient buffer, which is what the optimizer reads.
   template <class U, class Comm>
   static void reduce(U& u, Comm& comm, std::vector<PendingReduction>& pending, std::int64_t) {
-    using RT = typename decltype(u.reduced)::value_type;
-    Tensor<RT> mine = u.reduced.flat_view(u.shard_begin(), u.shard);
+    auto mine = u.reduced.flat_view(u.shard_begin(), u.shard);
     const std::size_t issued = pending.size();
     if (comm.size() == 1) {  // one rank: its local gradients are the reduced ones
-      if constexpr (!(U::float_compute && std::is_same_v<RT, float>)) cast_into(u.grad_work, u.reduced);
+      if constexpr (!U::reduces_work) cast_into(u.grad_work, u.reduced);
       add_carried(u, pending, issued);
       u.local_grads = false;
       u.reduced_has_grad = true;
       return;
     }
-    if constexpr (!(U::float_compute && std::is_same_v<RT, float>)) {
+    if constexpr (!U::reduces_work) {
       // gradients_to_reduce casts into a separate buffer, so the output slice aliases nothing.
       detail::reduce_scatter_grads(u, comm, pending, mine, false, [] {});
     } else {
       // Reduce from a copy: the output slice lies inside the buffer being reduced.
-      Tensor<RT> src = u.grad_work.clone(MemoryCategory::Communication);
-      Tensor<RT> out = detail::buffer<RT>(u.shard, MemoryCategory::Communication);
+      using RT = typename decltype(u.reduced)::value_type;
+      auto src = u.grad_work.clone(MemoryCategory::Communication);
+      auto out = detail::buffer<RT>(u, u.shard, MemoryCategory::Communication);
       CommHandle h = comm.reduce_scatter_async(std::span<const RT>(src.span()), out.span(), ReduceOp::Sum);
       pending.push_back({std::move(h), [src, out, mine] { mine.copy_from(out); }});
     }
@@ -44,9 +44,9 @@ struct ShardingBehaviour<ShardOptimizerState> : detail::WholeParameters, detail:
   }
 
   template <class U>
-  static auto optimizer_params(U& u) { return u.master.span(); }
+  static auto optimizer_params(U& u) { return u.master; }
   template <class U>
-  static auto optimizer_grads(U& u) { return u.reduced.flat_view(u.shard_begin(), u.shard).span(); }
+  static auto optimizer_grads(U& u) { return u.reduced.flat_view(u.shard_begin(), u.shard); }
 
   template <class U, class Comm>
   static void after_step(U& u, Comm& comm) { write_back_and_gather(u, comm); }

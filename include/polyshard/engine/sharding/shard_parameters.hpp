@@ -16,13 +16,13 @@ struct ShardingBehaviour<ShardParameters<ReshardAfterForward>> : detail::Sharded
     using CT = typename decltype(u.full)::value_type;
     using MT = typename decltype(u.master)::value_type;
     detail::allocate_full_params(u, MemoryCategory::Parameters, /*materialized=*/false);
-    u.param_shard = detail::buffer<CT>(u.shard, MemoryCategory::Parameters);
+    u.param_shard = detail::buffer<CT>(u, u.shard, MemoryCategory::Parameters);
     if constexpr (std::is_same_v<MT, CT>) {
       u.master = u.param_shard;
-      u.initialize_range(u.master.span(), u.shard_begin(), seed);
+      u.initialize(u.master, u.shard_begin(), seed);
     } else {
-      u.master = detail::buffer<MT>(u.shard, MemoryCategory::OptimizerState);
-      u.initialize_range(u.master.span(), u.shard_begin(), seed);
+      u.master = detail::buffer<MT>(u, u.shard, MemoryCategory::OptimizerState);
+      u.initialize(u.master, u.shard_begin(), seed);
       cast_into(u.master, u.param_shard);
     }
     allocate_grads(u);
@@ -46,9 +46,9 @@ struct ShardingBehaviour<ShardParameters<ReshardAfterForward>> : detail::Sharded
   }
   template <class U>
   static void finish_gather(U& u) {
-    if constexpr (!U::float_compute) {
+    if constexpr (!U::work_is_full) {
       u.refresh_work_from_full();
-      u.full.storage()->release();  // the float copy is what computes on the CPU
+      u.full.storage()->release();  // the float copy is what computes on the host
     }
     u.gathered = true;
   }
@@ -61,7 +61,7 @@ struct ShardingBehaviour<ShardParameters<ReshardAfterForward>> : detail::Sharded
   }
 
   template <class U>
-  static auto optimizer_params(U& u) { return u.master.span(); }
+  static auto optimizer_params(U& u) { return u.master; }
 
   /// The updated master shard becomes the parameter shard; the next forward gathers it.
   template <class U, class Comm>

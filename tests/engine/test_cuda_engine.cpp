@@ -1,0 +1,138 @@
+// The engine on one GPU against the engine on the host: the same strategy, model, data, seed and
+// optimizer, the device run through Gpt<CT, Cuda>, NCCL (world size 1), the device's gradient
+// arithmetic and the fused optimizers; the host run through the CPU path every engine test
+// holds to its own oracles.
+#include <catch2/catch.hpp>
+
+#include <nccl.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "polyshard/engine/cuda/engine.hpp"
+#include "engine_fixture.hpp"
+
+using namespace polyshard;
+
+namespace {
+
+NcclCommunicator one_gpu() {
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  return NcclCommunicator(0, 1, id, 0);
+}
+
+/// test::train_rank on the GPU: tiny_gpt() computing in S's compute type, world size 1.
+template <class S, class Opt = Sgd<float>>
+test::RunResult train_on_gpu(int steps, typename Opt::config_type opt = test::momentum_sgd(),
+                             double clip = std::numeric_limits<double>::infinity(), StrategyConfig config = {},
+                             double* final_scale = nullptr) {
+  using CT = typename S::compute_type;
+  test::RunResult result;
+  NcclCommunicator comm = one_gpu();
+  Gpt<CT, Cuda> model(test::tiny_gpt());
+  Engine<S, Gpt<CT, Cuda>, NcclCommunicator, Opt> engine(model, comm, opt, config, 42);
+  const std::int64_t batch = 6;
+  BatchSampler sampler(test::tiny_data(), 8, batch, 7);
+  for (int step = 0; step < steps; ++step) {
+    const Batch b = sampler.batch(step, 0, 1);
+    auto loss = engine.forward([&] { return model.loss(to_device(b.inputs), to_device(b.targets)); });
+    result.losses.push_back(double(float(loss.value().to_vector()[0])));
+    engine.backward(loss, 1.0);
+    loss = {};
+    engine.step(opt.lr, clip);
+  }
+  if (final_scale) *final_scale = engine.loss_scaler().scale();
+  result.parameters = engine.full_parameters();
+  return result;
+}
+
+void check_losses(const std::vector<double>& got, const std::vector<double>& want, double tolerance) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("step " << i << ": GPU " << got[i] << ", host " << want[i]);
+    CHECK(std::isfinite(got[i]));
+    CHECK(got[i] == Approx(want[i]).epsilon(tolerance));
+  }
+}
+
+using DdpPerBlock = Strategy<NoShard, WrapByType<Block>>;
+using ZeRO2PerBlock = Strategy<ShardGradients, WrapByType<Block>>;
+using FsdpPerBlock = Strategy<ShardParameters<true>, WrapByType<Block>>;
+using GradOpPerBlock = Strategy<ShardParameters<false>, WrapByType<Block>>;
+using ZeRO3Checkpointed = Strategy<ShardParameters<true>, WrapByType<Block>, ActivationCheckpointing<Block>>;
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("an fp32 GPT trains on one GPU as on the host, under every sharding policy", "[cuda][engine]",
+                   DDP, ZeRO<1>, ZeRO2PerBlock, DdpPerBlock, FsdpPerBlock, GradOpPerBlock, ZeRO3Checkpointed) {
+  const double clip = GENERATE(std::numeric_limits<double>::infinity(), 0.5);
+  const auto host = test::train<TestType>(1, 4, 6, test::momentum_sgd(), clip);
+  const auto gpu = train_on_gpu<TestType>(4, test::momentum_sgd(), clip);
+  check_losses(gpu.losses, host.losses, 1e-5);
+  const double diff = test::max_difference(gpu.parameters, host.parameters);
+  INFO("largest parameter difference " << diff << (std::isfinite(clip) ? " (clipped at 0.5)" : ""));
+  CHECK(diff <= 2e-5);  // fp32 everywhere: sums in another order, nothing else
+}
+
+TEST_CASE("bf16 compute with fp32 masters on the GPU tracks the host's bf16 policy", "[cuda][engine]") {
+  using S = Strategy<ShardParameters<true>, WrapByType<Block>, Bf16Mixed>;
+  const auto host = test::train<S>(1, 4);
+  const auto gpu = train_on_gpu<S>(4);
+  // The host computes in float from bf16 parameters; the GPU keeps bf16 activations too.
+  check_losses(gpu.losses, host.losses, 2e-2);
+  CHECK(test::max_difference(gpu.parameters, host.parameters) <= 1.6e-2);  // about one bf16 ulp at 1.0
+}
+
+TEST_CASE("fp16 with dynamic loss scaling on the GPU skips and rescales as the host does", "[cuda][engine]") {
+  // 2^22 overflows fp16 gradients at first: the first steps are skipped and the scale halves.
+  using S = Strategy<ShardGradients, MixedPrecision<half, half, float, DynamicLossScale<22, 1000, 1>>>;
+  double gpu_scale = 0;
+  const auto gpu = train_on_gpu<S>(8, test::momentum_sgd(), std::numeric_limits<double>::infinity(), {}, &gpu_scale);
+  double host_scale = 0;
+  test::RunResult host;
+  run_ranks(1, [&](ThreadCommunicator& comm) {
+    Gpt<float> model(test::tiny_gpt());
+    Engine<S, Gpt<float>, ThreadCommunicator, Sgd<float>> engine(model, comm, test::momentum_sgd(), {}, 42);
+    BatchSampler sampler(test::tiny_data(), 8, 6, 7);
+    for (int step = 0; step < 8; ++step) {
+      const Batch b = sampler.batch(step, 0, 1);
+      Var<float> loss = engine.forward([&] { return model.loss(b.inputs, b.targets); });
+      host.losses.push_back(loss.value().data()[0]);
+      engine.backward(loss, 1.0);
+      loss = Var<float>();
+      engine.step(test::momentum_sgd().lr);
+    }
+    host_scale = engine.loss_scaler().scale();
+    host.parameters = engine.full_parameters();
+  });
+  CHECK(gpu_scale == host_scale);
+  CHECK(gpu_scale < std::ldexp(1.0, 22));  // some step overflowed and was skipped
+  check_losses(gpu.losses, host.losses, 2e-2);
+  CHECK(test::max_difference(gpu.parameters, host.parameters) <= 1e-2);
+}
+
+TEST_CASE("a frozen parameter keeps its bits on the GPU while the others train", "[cuda][engine]") {
+  NcclCommunicator comm = one_gpu();
+  Gpt<float, Cuda> model(test::tiny_gpt());
+  Engine<ZeRO<1>, Gpt<float, Cuda>, NcclCommunicator, AdamW<float>> engine(model, comm, AdamWConfig{.lr = 1e-2}, {}, 42);
+  const auto before = engine.full_parameters();
+  model.transformer.wpe.weight.set_requires_grad(false);
+  engine.refresh_trainable();
+  BatchSampler sampler(test::tiny_data(), 8, 6, 7);
+  for (int step = 0; step < 2; ++step) {
+    const Batch b = sampler.batch(step, 0, 1);
+    auto loss = engine.forward([&] { return model.loss(to_device(b.inputs), to_device(b.targets)); });
+    engine.backward(loss, 1.0);
+    loss = {};
+    engine.step(1e-2);
+  }
+  const auto after = engine.full_parameters();
+  REQUIRE(after.size() == before.size());
+  for (std::size_t i = 0; i < after.size(); ++i) {
+    INFO(after[i].first);
+    if (after[i].first == "transformer.wpe.weight") CHECK(after[i].second == before[i].second);
+    else CHECK(after[i].second != before[i].second);
+  }
+}
