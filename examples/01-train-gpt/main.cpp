@@ -10,14 +10,31 @@
 #ifdef POLYSHARD_WITH_MPI
 #include "polyshard/comm/mpi_communicator.hpp"
 #endif
+#ifdef POLYSHARD_WITH_CUDA
+#include <cstdlib>
+
+#include "train_cuda.hpp"
+#endif
 
 using namespace polyshard;
 
 namespace {
 
+/// The GPU of a rank under mpirun: its rank among the processes of its machine, where the
+/// launcher says (Open MPI), else its rank in the world.
+[[maybe_unused]] int local_device(int world_rank) {
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  return local ? std::atoi(local) : world_rank;
+}
+
 int run(int argc, char** argv) {
   train::Options o;
   if (!train::parse(argc, argv, o)) return 0;
+#ifndef POLYSHARD_WITH_CUDA
+  POLYSHARD_CHECK(o.device == "cpu", "polyshard-train: --device ", o.device,
+                  " needs a build with CUDA and NCCL (none was found when this one was configured)");
+#endif
+  const bool on_gpus = o.device == "cuda";
   const TextDataset data = o.data.empty() ? TextDataset::from_text(builtin_corpus(), "<built-in corpus>")
                                           : TextDataset::from_file(o.data);
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
@@ -28,7 +45,14 @@ int run(int argc, char** argv) {
     cpu::set_blas_threads(o.threads > 0 ? o.threads : 1);
     Trace trace(comm.rank());
     try {
-      train::with_strategy(o, [&]<class S>() { train::train_rank<S>(o, comm, data, o.trace.empty() ? nullptr : &trace); });
+      if (on_gpus) {
+#ifdef POLYSHARD_WITH_CUDA
+        train::train_on_cuda(o, data, comm.rank(), comm.size(), local_device(comm.rank()),
+                             [&](std::span<float> id) { comm.broadcast(id, 0); }, o.trace.empty() ? nullptr : &trace);
+#endif
+      } else {
+        train::with_strategy(o, [&]<class S>() { train::train_rank<S>(o, comm, data, o.trace.empty() ? nullptr : &trace); });
+      }
     } catch (const polyshard::Error& e) {
       // An error of this rank alone (a file it cannot write) would leave the others waiting in
       // a collective until it times out: end the whole job now, saying why.
@@ -47,7 +71,14 @@ int run(int argc, char** argv) {
   if (world > 1) set_optimizer_threads(1);
   std::deque<Trace> traces;  // a deque: traces hold mutexes and never move
   for (int r = 0; r < world; ++r) traces.emplace_back(r);
-  train::with_strategy(o, [&]<class S>() {
+  if (on_gpus) {
+#ifdef POLYSHARD_WITH_CUDA
+    run_ranks(world, [&](ThreadCommunicator& boot) {  // rank r on GPU r
+      train::train_on_cuda(o, data, boot.rank(), world, boot.rank(), [&](std::span<float> id) { boot.broadcast(id, 0); },
+                           o.trace.empty() ? nullptr : &traces[static_cast<std::size_t>(boot.rank())]);
+    });
+#endif
+  } else train::with_strategy(o, [&]<class S>() {
     run_ranks(world, [&](ThreadCommunicator& comm) {
       train::train_rank<S>(o, comm, data, o.trace.empty() ? nullptr : &traces[static_cast<std::size_t>(comm.rank())]);
     });

@@ -34,6 +34,7 @@ struct Options {
   std::string strategy = "ddp";     // see strategy_names
   std::int64_t world_size = 1;      // ranks as threads (ignored under mpirun: the MPI world)
   std::string backend = "threads";  // threads | mpi
+  std::string device = "cpu";       // cpu | cuda (one GPU per rank, NCCL)
   std::string precision = "fp32";   // fp32 | fp16-mixed | bf16-mixed
   std::string wrap = "block";       // whole | block | size:N
   std::int64_t accum = 1;           // micro-batches per step (gradient accumulation with no_sync)
@@ -64,6 +65,7 @@ Optimizer:  --optimizer sgd|adam|adamw (adamw)  --betas B1,B2 (0.9,0.999)  --eps
             --weight-decay X (0; 1e-2 for adamw)  --momentum X (0)  --nesterov
 Strategy:   --strategy ddp|sharded_ddp|fsdp|fsdp_grad_op|zero1|zero2|zero3|zero_offload|zero3_offload|zero_infinity|hybrid (ddp)
             --world-size N (1; ranks as threads)  --backend threads|mpi (threads; mpi under mpirun)
+            --device cpu|cuda (cpu; cuda: one GPU per rank, collectives over NCCL, no offload yet)
             --precision fp32|fp16-mixed|bf16-mixed (fp32)  --wrap whole|block|size:N (block)
             --accum K (1 micro-batch per step)  --hybrid-group N (hybrid: ranks per group; half the world)
             --nvme-path DIR (zero_infinity: directory on a local NVMe drive for the optimizer state; /local_nvme)
@@ -127,6 +129,7 @@ inline bool parse(int argc, char** argv, Options& o) {
     else if (flag == "--strategy") o.strategy = value();
     else if (flag == "--world-size") integer(o.world_size, 1);
     else if (flag == "--backend") o.backend = value();
+    else if (flag == "--device") o.device = value();
     else if (flag == "--precision") o.precision = value();
     else if (flag == "--wrap") o.wrap = value();
     else if (flag == "--accum") integer(o.accum, 1);
@@ -155,6 +158,13 @@ inline bool parse(int argc, char** argv, Options& o) {
                   "polyshard-train: --optimizer must be sgd, adam or adamw, got '", o.optimizer, "'");
   POLYSHARD_CHECK(o.backend == "threads" || o.backend == "mpi",
                   "polyshard-train: --backend must be threads or mpi, got '", o.backend, "'");
+  POLYSHARD_CHECK(o.device == "cpu" || o.device == "cuda",
+                  "polyshard-train: --device must be cpu or cuda, got '", o.device, "'");
+  POLYSHARD_CHECK(o.device == "cpu" || (o.strategy != "zero_offload" && o.strategy != "zero3_offload" &&
+                                         o.strategy != "zero_infinity"),
+                  "polyshard-train: --strategy ", o.strategy, " offloads to the host or NVMe, which is not built for "
+                  "--device cuda yet: use ddp, zero1, zero2, sharded_ddp, zero3, fsdp, fsdp_grad_op or hybrid, or "
+                  "--device cpu");
   POLYSHARD_CHECK(o.precision == "fp32" || o.precision == "fp16-mixed" || o.precision == "bf16-mixed",
                   "polyshard-train: --precision must be fp32, fp16-mixed or bf16-mixed, got '", o.precision, "'");
   POLYSHARD_CHECK(o.wrap == "whole" || o.wrap == "block" || o.wrap.rfind("size:", 0) == 0,

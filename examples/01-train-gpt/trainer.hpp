@@ -52,22 +52,58 @@ struct RankFigures {
                                                    "reduce"};
 };
 
-/// Trains on one rank of `comm` under strategy S. Rank 0 prints progress and writes metrics.
-template <class S, class Comm>
+/// comm.all_gather of host values, staged through the memory of device D when the
+/// communicator moves device buffers (NCCL).
+template <class D, class Comm>
+void all_gather_host(Comm& comm, std::span<const double> mine, std::span<double> all) {
+  if constexpr (requires { requires Comm::device_buffers; }) {
+    auto in = on_device<D>(Tensor<double>::from({static_cast<std::int64_t>(mine.size())}, mine));
+    auto out = Tensor<double, D>::empty({static_cast<std::int64_t>(all.size())});
+    comm.all_gather(std::span<const double>(in.span()), out.span());
+    const std::vector<double> host = out.to_vector();
+    std::copy(host.begin(), host.end(), all.begin());
+  } else {
+    comm.all_gather(mine, all);
+  }
+}
+/// The sum of `value` over the ranks of `comm` (staged as all_gather_host is).
+template <class D, class Comm>
+double sum_over_ranks(Comm& comm, double value) {
+  if constexpr (requires { requires Comm::device_buffers; }) {
+    std::vector<double> all(static_cast<std::size_t>(comm.size()));
+    all_gather_host<D>(comm, std::span<const double>(&value, 1), std::span<double>(all));
+    double sum = 0;
+    for (double x : all) sum += x;
+    return sum;
+  } else {
+    comm.all_reduce(std::span<double>(&value, 1), ReduceOp::Sum);
+    return value;
+  }
+}
+
+/// Trains on one rank of `comm` under strategy S, computing on device D (a device needs
+/// polyshard/engine/cuda/engine.hpp included first). Rank 0 prints progress and writes metrics.
+template <class S, class D = Cpu, class Comm>
 void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* trace = nullptr) {
+  constexpr bool on_host = std::same_as<D, Cpu>;
+  // A host model computes in float; a device model in the precision policy's compute type.
+  using Model = Gpt<std::conditional_t<on_host, float, typename S::compute_type>, D>;
+  POLYSHARD_CHECK(on_host || (o.save.empty() && o.resume.empty() && o.init.empty() && o.export_weights.empty()),
+                  "polyshard-train: --save, --resume, --init and --export are not built for --device ", D::name,
+                  " yet: train on the host (--device cpu) to read or write weights");
   MemoryTracker memory;
   TrackerScope scope(memory);
   const int world = comm.size(), rank = comm.rank();
   GptConfig cfg{.vocab_size = ByteTokenizer::vocab_size, .block_size = o.seq, .n_layer = o.layers,
                 .n_head = o.heads, .n_embd = o.embd};
-  Gpt<float> model(cfg);
+  Model model(cfg);
   model.checkpoint_blocks = o.checkpoint_activations;
   StrategyConfig config;
   config.min_num_params = wrap_threshold(o);
   // --strategy hybrid without --hybrid-group: two groups when the world splits evenly.
   config.nvme_path = o.nvme_path;  // --strategy zero_infinity: where each rank's optimizer-state file goes
   config.hybrid_group_size = o.hybrid_group > 0 ? static_cast<int>(o.hybrid_group) : (world % 2 == 0 ? world / 2 : world);
-  Engine<S, Gpt<float>, Comm, AnyOptimizer<float>> engine(model, comm, optimizer_config(o), config, o.seed);
+  Engine<S, Model, Comm, AnyOptimizer<float>> engine(model, comm, optimizer_config(o), config, o.seed);
   engine.track_grad_norm(true);
   engine.set_trace(trace);
 
@@ -77,7 +113,8 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
       {"batch", std::to_string(o.batch)}, {"accum", std::to_string(o.accum)}, {"data", data.origin()}};
   std::int64_t first_step = 0;
   std::uint64_t seed = o.seed;
-  const auto tied = tied_parameters<Gpt<float>>::of(model);
+  const auto tied = tied_parameters<Model>::of(model);
+  if constexpr (on_host) {
   if (!o.init.empty()) load_full_weights(engine, o.init, tied);
   if (!o.resume.empty()) {
     const TrainingState state = load_checkpoint(engine, o.resume);
@@ -92,9 +129,13 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
       std::printf("resuming from %s at step %lld (seed %llu)\n", o.resume.c_str(), static_cast<long long>(first_step),
                   static_cast<unsigned long long>(seed));
   }
+  }
   auto save = [&](std::int64_t steps_done) {
-    save_checkpoint(engine, o.save, {.step = steps_done, .seed = seed, .extra = run_values});
-    if (rank == 0) std::printf("saved checkpoint %s at step %lld\n", o.save.c_str(), static_cast<long long>(steps_done));
+    if constexpr (on_host) {
+      save_checkpoint(engine, o.save, {.step = steps_done, .seed = seed, .extra = run_values});
+      if (rank == 0)
+        std::printf("saved checkpoint %s at step %lld\n", o.save.c_str(), static_cast<long long>(steps_done));
+    }
   };
 
   const std::int64_t micro_rows = o.batch / o.accum;
@@ -110,9 +151,10 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
     std::printf("polyshard-train: GPT %lld layers, %lld heads, width %lld, sequence %lld: %lld parameters\n",
                 static_cast<long long>(o.layers), static_cast<long long>(o.heads), static_cast<long long>(o.embd),
                 static_cast<long long>(o.seq), static_cast<long long>(engine.units().numel_total()));
-    std::printf("strategy %s (%s, %s), %d rank(s), %zu unit(s); data: %s (%lld tokens); batch %lld in %lld "
+    std::printf("strategy %s (%s, %s), %d rank(s) on %s, %zu unit(s); data: %s (%lld tokens); batch %lld in %lld "
                 "micro-batch(es); optimizer %s, lr %g\n",
-                o.strategy.c_str(), S::sharding::name, S::precision::name, world, engine.units().units.size(),
+                o.strategy.c_str(), S::sharding::name, S::precision::name, world, on_host ? "the host" : "GPUs",
+                engine.units().units.size(),
                 data.origin().c_str(), static_cast<long long>(data.size()), static_cast<long long>(o.batch),
                 static_cast<long long>(o.accum), o.optimizer.c_str(), o.lr);
     if (!o.metrics.empty()) {
@@ -134,8 +176,9 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
       const double weight = static_cast<double>(batch.inputs.size(0)) / static_cast<double>(o.batch);
       std::optional<typename decltype(engine)::NoSync> no_sync;
       if (micro + 1 < o.accum) no_sync.emplace(engine);
-      Var<float> loss = engine.forward([&] { return model.loss(batch.inputs, batch.targets); });
-      local_loss += weight * loss.value().data()[0];
+      auto loss = engine.forward(
+          [&] { return model.loss(on_device<D>(batch.inputs), on_device<D>(batch.targets)); });
+      local_loss += weight * static_cast<double>(static_cast<float>(loss.value().to_vector()[0]));
       engine.backward(loss, weight);
     }
     const double lr = learning_rate(o, step);
@@ -151,9 +194,8 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
     for (std::size_t c = 0; c < memory_category_count; ++c)
       mine[RankFigures::kinds + 1 + c] = static_cast<double>(memory.peak(static_cast<MemoryCategory>(c)));
     std::vector<double> all(mine.size() * static_cast<std::size_t>(world));
-    comm.all_gather(std::span<const double>(mine), std::span<double>(all));
-    double loss_sum = local_loss;
-    comm.all_reduce(std::span<double>(&loss_sum, 1), ReduceOp::Sum);
+    all_gather_host<D>(comm, std::span<const double>(mine), std::span<double>(all));
+    const double loss_sum = sum_over_ranks<D>(comm, local_loss);
     if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < o.steps) save(step + 1);
     if (rank != 0) continue;
 
@@ -195,17 +237,20 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
     }
   }
   if (!o.save.empty()) save(std::max(first_step, o.steps));
-  if (!o.export_weights.empty()) {
-    save_full_weights(engine, o.export_weights, tied);
-    if (rank == 0) std::printf("exported full weights to %s\n", o.export_weights.c_str());
+  if constexpr (on_host) {
+    if (!o.export_weights.empty()) {
+      save_full_weights(engine, o.export_weights, tied);
+      if (rank == 0) std::printf("exported full weights to %s\n", o.export_weights.c_str());
+    }
   }
   if (rank == 0)
     std::printf("done: loss %.4f -> %.4f in %lld steps\n", first_loss, last_loss,
                 static_cast<long long>(std::max<std::int64_t>(o.steps - first_step, 0)));
 }
 
-/// Calls f.template operator()<S>() with the strategy type the options name.
-template <class F>
+/// Calls f.template operator()<S>() with the strategy type the options name. OnDevice: the
+/// strategies an engine on a GPU runs (no offload yet); naming another is an error.
+template <bool OnDevice = false, class F>
 void with_strategy(const Options& o, F&& f) {
   auto with_precision = [&]<class Sharding, class Offload>() {
     auto with_wrap = [&]<class Precision>() {
@@ -222,11 +267,18 @@ void with_strategy(const Options& o, F&& f) {
   else if (s == "zero2" || s == "sharded_ddp") with_precision.template operator()<ShardGradients, NoOffload>();
   else if (s == "zero3" || s == "fsdp") with_precision.template operator()<ShardParameters<true>, NoOffload>();
   else if (s == "fsdp_grad_op") with_precision.template operator()<ShardParameters<false>, NoOffload>();
-  else if (s == "zero_offload") with_precision.template operator()<ShardGradients, OffloadOptimizer<Cpu>>();
-  else if (s == "zero3_offload") with_precision.template operator()<ShardParameters<true>, OffloadParameters<Cpu>>();
   else if (s == "hybrid") with_precision.template operator()<HybridShard<ShardParameters<true>>, NoOffload>();
-  else if (s == "zero_infinity") with_precision.template operator()<ShardParameters<true>, OffloadOptimizer<Nvme>>();
-  else
+  else if (s == "zero_offload" || s == "zero3_offload" || s == "zero_infinity") {
+    if constexpr (OnDevice) {
+      polyshard::detail::throw_error("polyshard-train: --strategy ", s, " offloads to the host or NVMe, which is not "
+                                     "built for --device cuda yet: use ddp, zero1, zero2, sharded_ddp, zero3, fsdp, "
+                                     "fsdp_grad_op or hybrid, or train on the host");
+    } else {
+      if (s == "zero_offload") with_precision.template operator()<ShardGradients, OffloadOptimizer<Cpu>>();
+      else if (s == "zero3_offload") with_precision.template operator()<ShardParameters<true>, OffloadParameters<Cpu>>();
+      else with_precision.template operator()<ShardParameters<true>, OffloadOptimizer<Nvme>>();
+    }
+  } else
     polyshard::detail::throw_error("polyshard-train: unknown --strategy '", s, "' (see --help)");
 }
 
