@@ -19,7 +19,7 @@ cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITE
   -DPOLYSHARD_ENABLE_CUDA=ON -DPOLYSHARD_ENABLE_MPI=OFF -DPOLYSHARD_BUILD_EXAMPLES=OFF "${prefix[@]}" \
   > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
 gpu_tests="test_cuda_core test_cuda_tensor test_cuda_matmul test_cuda_transformer test_cuda_optimizers test_cuda_unit_kernels test_cuda_autograd test_cuda_gpt"
-ninja -C build/gpu -t query test_comm_nccl >/dev/null 2>&1 && gpu_tests+=" test_comm_nccl"  # where NCCL was found
+ninja -C build/gpu -t query test_comm_nccl >/dev/null 2>&1 && gpu_tests+=" test_comm_nccl test_cuda_engine"  # where NCCL was found
 cmake --build build/gpu --target $gpu_tests bench_matmul_cuda bench_adamw_cuda bench_train_cuda > "$out/build.log" 2>&1 ||
   { grep -E 'error' -A3 "$out/build.log" | head -60; exit 1; }
 status=0
@@ -27,6 +27,7 @@ ctest --test-dir build/gpu -L gpu --output-on-failure --timeout 300 2>&1 | tee "
 build/gpu/benchmarks/tensor/bench_matmul_cuda --json "$out/bench_matmul_cuda.json" 2>&1 | tee "$out/matmul.log"
 build/gpu/benchmarks/optim/bench_adamw_cuda --json "$out/bench_adamw_cuda.json" 2>&1 | tee "$out/adamw.log"
 build/gpu/benchmarks/train/bench_train_cuda --json "$out/polyshard_gpt2.json" 2>&1 | tee "$out/train.log"
+build/gpu/benchmarks/train/bench_train_cuda --engine --json "$out/polyshard_gpt2_engine.json" 2>&1 | tee -a "$out/train.log"
 peak=$(python3 benchmarks/gpu/table.py --peak "$out" 2>/dev/null || echo 0)
 PYTHONUNBUFFERED=1 python3 benchmarks/gpu/pytorch_gpt2.py --peak-tflops "$peak" --json "$out/pytorch_gpt2.json" 2>&1 |
   tee "$out/pytorch.log" | tail -6

@@ -3,7 +3,10 @@
 // the flat buffers with fp32 master weights and state. Tokens/s and model FLOP utilisation
 // (6N + 6 L C T flops per token) against the bf16 matrix-product peak measured in the same run,
 // as benchmarks/gpu/pytorch_gpt2.py measures PyTorch on the same model and batch.
-// Usage: bench_train_cuda [--batch B] [--seq T] [--layers L] [--steps S] [--quick] [--json FILE]
+// --engine trains the same model through the engine instead (DDP, bf16 compute, fp32 masters,
+// NCCL with one rank): what polyshard-train --device cuda runs, with its unit buffers, casts,
+// reductions and step checks.
+// Usage: bench_train_cuda [--engine] [--batch B] [--seq T] [--layers L] [--steps S] [--quick] [--json FILE]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -20,10 +23,40 @@
 #include "polyshard/optim/cuda/fused_optimizers.hpp"
 #include "polyshard/tensor/cuda/ops.hpp"
 #include "polyshard/tensor/cuda/transfer.hpp"
+#ifdef POLYSHARD_WITH_NCCL
+#include "polyshard/engine/cuda/engine.hpp"
+#include "polyshard/optim/adamw.hpp"
+#include "polyshard/policy/policy.hpp"
+#endif
 
 using namespace polyshard;
 
 namespace {
+/// The median time of `steps` steps after three warm-up steps, and the first and last loss.
+/// one_step(step) runs step `step` (from 1) on the current stream and returns its loss.
+struct Timing {
+  double ms = 0;
+  float first_loss = 0, last_loss = 0;
+};
+template <class Step>
+Timing measure(std::int64_t steps, Step&& one_step) {
+  Timing t;
+  std::vector<double> step_ms;
+  cuda::Event start(true), stop(true);
+  for (std::int64_t step = 1; step <= steps + 3; ++step) {
+    start.record(cuda::current_stream());
+    const float l = one_step(step);
+    stop.record(cuda::current_stream());
+    stop.synchronize();
+    if (step == 1) t.first_loss = l;
+    t.last_loss = l;
+    if (step > 3) step_ms.push_back(stop.elapsed_ms_since(start));  // three warm-up steps
+  }
+  std::sort(step_ms.begin(), step_ms.end());
+  t.ms = step_ms[step_ms.size() / 2];
+  return t;
+}
+
 /// The best bf16 TFLOP/s of a few large square products through cuda::matmul.
 double measured_bf16_peak() {
   const std::int64_t n = 8192;
@@ -45,6 +78,7 @@ double measured_bf16_peak() {
 
 int main(int argc, char** argv) {
   std::int64_t batch = 8, seq = 1024, layers = 12, steps = 20;
+  bool through_engine = false;
   std::string json = "bench_train_cuda.json";
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
@@ -54,6 +88,7 @@ int main(int argc, char** argv) {
     else if (s == "--layers") layers = next();
     else if (s == "--steps") steps = next();
     else if (s == "--quick") steps = 6, layers = 2;
+    else if (s == "--engine") through_engine = true;
     else if (s == "--json" && i + 1 < argc) json = argv[++i];
   }
   const auto devices = cuda::available_devices();
@@ -61,16 +96,13 @@ int main(int argc, char** argv) {
     std::printf("no CUDA device: %s (bench_train_cuda did not run)\n", devices.reason.c_str());
     return 0;
   }
+#ifndef POLYSHARD_WITH_NCCL
+  if (through_engine) {
+    std::printf("bench_train_cuda --engine needs NCCL, which this build did not find\n");
+    return 1;
+  }
+#endif
   const GptConfig config{.vocab_size = 50304, .block_size = seq, .n_layer = layers, .n_head = 12, .n_embd = 768};
-
-  Gpt<bfloat16, Cuda> model(config);         // bf16 compute copy of every parameter
-  FlatParameters<bfloat16, Cuda> flat(model);  // one buffer of values, one of gradients
-  flat.initialize(/*seed=*/0);
-  const auto n = static_cast<std::size_t>(flat.padded_numel());
-  auto master = Tensor<float, Cuda>::empty(Shape{flat.padded_numel()}, MemoryCategory::OptimizerState);
-  auto exp_avg = Tensor<float, Cuda>::zeros(Shape{flat.padded_numel()}, MemoryCategory::OptimizerState);
-  auto exp_avg_sq = Tensor<float, Cuda>::zeros(Shape{flat.padded_numel()}, MemoryCategory::OptimizerState);
-  cast_into(flat.values(), master);  // fp32 masters from the bf16 initial values
   const AdamWConfig adamw{.lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
 
   std::mt19937 rng(1);
@@ -85,40 +117,61 @@ int main(int argc, char** argv) {
     }
   const auto x = to_device(host_x), y = to_device(host_y);
 
-  std::vector<double> step_ms;
-  float first_loss = 0, last_loss = 0;
-  cuda::Event start(true), stop(true);
-  for (std::int64_t step = 1; step <= steps + 3; ++step) {
-    start.record(cuda::current_stream());
-    flat.zero_grad();
-    const Var<bfloat16, Cuda> loss = model.loss(x, y);
-    backward(loss);
-    flat.settle_grads();
-    cuda::fused_adamw_step<bfloat16, bfloat16>(master.data(), flat.grads().data(), exp_avg.data(), exp_avg_sq.data(),
-                                               flat.values().data(), n, adamw, step, 1.0f, cuda::current_stream());
-    stop.record(cuda::current_stream());
-    stop.synchronize();
-    const float l = float(detail::scalar_value(loss.value()));
-    if (step == 1) first_loss = l;
-    last_loss = l;
-    if (step > 3) step_ms.push_back(stop.elapsed_ms_since(start));  // three warm-up steps
+  Timing timing;
+  double params = 0;
+  Gpt<bfloat16, Cuda> model(config);  // bf16 compute copy of every parameter
+  if (!through_engine) {
+    FlatParameters<bfloat16, Cuda> flat(model);  // one buffer of values, one of gradients
+    flat.initialize(/*seed=*/0);
+    const auto n = static_cast<std::size_t>(flat.padded_numel());
+    auto master = Tensor<float, Cuda>::empty(Shape{flat.padded_numel()}, MemoryCategory::OptimizerState);
+    auto exp_avg = Tensor<float, Cuda>::zeros(Shape{flat.padded_numel()}, MemoryCategory::OptimizerState);
+    auto exp_avg_sq = Tensor<float, Cuda>::zeros(Shape{flat.padded_numel()}, MemoryCategory::OptimizerState);
+    cast_into(flat.values(), master);  // fp32 masters from the bf16 initial values
+    params = double(flat.numel());
+    timing = measure(steps, [&](std::int64_t step) {
+      flat.zero_grad();
+      const Var<bfloat16, Cuda> loss = model.loss(x, y);
+      backward(loss);
+      flat.settle_grads();
+      cuda::fused_adamw_step<bfloat16, bfloat16>(master.data(), flat.grads().data(), exp_avg.data(),
+                                                 exp_avg_sq.data(), flat.values().data(), n, adamw, step, 1.0f,
+                                                 cuda::current_stream());
+      return float(detail::scalar_value(loss.value()));
+    });
+  } else {
+#ifdef POLYSHARD_WITH_NCCL
+    ncclUniqueId id;
+    if (ncclGetUniqueId(&id) != ncclSuccess) return 1;
+    NcclCommunicator comm(0, 1, id, 0);
+    Engine<Strategy<NoShard, Bf16Mixed>, Gpt<bfloat16, Cuda>, NcclCommunicator, AdamW<float>> engine(model, comm, adamw);
+    params = double(engine.units().numel_total());
+    timing = measure(steps, [&](std::int64_t) {
+      auto loss = engine.forward([&] { return model.loss(x, y); });
+      engine.backward(loss);
+      const float l = float(detail::scalar_value(loss.value()));
+      loss = {};
+      engine.step(adamw.lr);
+      return l;
+    });
+#endif
   }
-  std::sort(step_ms.begin(), step_ms.end());
-  const double ms = step_ms[step_ms.size() / 2];
+  const double ms = timing.ms;
+  const float first_loss = timing.first_loss, last_loss = timing.last_loss;
   const double tokens_per_s = double(batch * seq) / (ms * 1e-3);
-  const double params = double(flat.numel());
   const double flops_per_token = 6 * params + 6.0 * double(layers) * 768.0 * double(seq);
   const double peak = measured_bf16_peak();
   const double mfu = tokens_per_s * flops_per_token / (peak * 1e12);
 
+  const char* run = through_engine ? "polyshard engine (DDP, NCCL x1)" : "polyshard";
   std::printf("GPT-2 (%lld layers, 768 wide, vocab 50304), batch %lld x %lld tokens, bf16 compute, fp32 master, fused "
               "AdamW on %s\n",
               (long long)layers, (long long)batch, (long long)seq, cuda::device_description(0).c_str());
   std::printf("| run | step ms | tokens/s | MFU | loss first -> last |\n|---|---|---|---|---|\n");
-  std::printf("| polyshard | %.1f | %.0f | %.1f%% | %.3f -> %.3f |\n", ms, tokens_per_s, 100 * mfu, first_loss, last_loss);
+  std::printf("| %s | %.1f | %.0f | %.1f%% | %.3f -> %.3f |\n", run, ms, tokens_per_s, 100 * mfu, first_loss, last_loss);
   std::printf("measured bf16 matmul peak %.0f TFLOP/s; %.0f parameters\n", peak, params);
   std::ofstream out(json);
-  out << "{\"benchmark\": \"train_cuda\", \"params\": " << params << ", \"batch\": " << batch << ", \"seq\": " << seq
+  out << "{\"benchmark\": \"train_cuda\", \"run\": \"" << run << "\", \"params\": " << params << ", \"batch\": " << batch << ", \"seq\": " << seq
       << ", \"layers\": " << layers << ", \"step_ms\": " << ms << ", \"tokens_per_s\": " << tokens_per_s
       << ", \"mfu\": " << mfu << ", \"peak_tflops\": " << peak << ", \"first_loss\": " << first_loss
       << ", \"last_loss\": " << last_loss << "}\n";
