@@ -65,7 +65,7 @@ Optimizer:  --optimizer sgd|adam|adamw (adamw)  --betas B1,B2 (0.9,0.999)  --eps
             --weight-decay X (0; 1e-2 for adamw)  --momentum X (0)  --nesterov
 Strategy:   --strategy ddp|sharded_ddp|fsdp|fsdp_grad_op|zero1|zero2|zero3|zero_offload|zero3_offload|zero_infinity|hybrid (ddp)
             --world-size N (1; ranks as threads)  --backend threads|mpi (threads; mpi under mpirun)
-            --device cpu|cuda (cpu; cuda: one GPU per rank, collectives over NCCL, no offload yet)
+            --device cpu|cuda (cpu; cuda: one GPU per rank, collectives over NCCL)
             --precision fp32|fp16-mixed|bf16-mixed (fp32)  --wrap whole|block|size:N (block)
             --accum K (1 micro-batch per step)  --hybrid-group N (hybrid: ranks per group; half the world)
             --nvme-path DIR (zero_infinity: directory on a local NVMe drive for the optimizer state; /local_nvme)
@@ -160,11 +160,6 @@ inline bool parse(int argc, char** argv, Options& o) {
                   "polyshard-train: --backend must be threads or mpi, got '", o.backend, "'");
   POLYSHARD_CHECK(o.device == "cpu" || o.device == "cuda",
                   "polyshard-train: --device must be cpu or cuda, got '", o.device, "'");
-  POLYSHARD_CHECK(o.device == "cpu" || (o.strategy != "zero_offload" && o.strategy != "zero3_offload" &&
-                                         o.strategy != "zero_infinity"),
-                  "polyshard-train: --strategy ", o.strategy, " offloads to the host or NVMe, which is not built for "
-                  "--device cuda yet: use ddp, zero1, zero2, sharded_ddp, zero3, fsdp, fsdp_grad_op or hybrid, or "
-                  "--device cpu");
   POLYSHARD_CHECK(o.precision == "fp32" || o.precision == "fp16-mixed" || o.precision == "bf16-mixed",
                   "polyshard-train: --precision must be fp32, fp16-mixed or bf16-mixed, got '", o.precision, "'");
   POLYSHARD_CHECK(o.wrap == "whole" || o.wrap == "block" || o.wrap.rfind("size:", 0) == 0,

@@ -1,5 +1,5 @@
-// polyshard-train's device engines: every strategy without offload, on Gpt<CT, Cuda>, one GPU
-// per rank over NCCL.
+// polyshard-train's device engines: every strategy on Gpt<CT, Cuda>, one GPU per rank over NCCL
+// (offloaded state in host memory or on NVMe).
 #include "train_cuda.hpp"
 
 #include <cuda_runtime_api.h>
@@ -36,7 +36,7 @@ void train_on_cuda(const Options& o, const polyshard::TextDataset& data, int ran
   std::memcpy(&id, words.data(), sizeof(id));
   NcclCommunicator comm(rank, world, id, device);  // says which device is missing, if one is
   POLYSHARD_CUDA_CHECK(cudaSetDevice(device));     // this thread's tensors live on `device`
-  with_strategy<true>(o, [&]<class S>() { train_rank<S, Cuda>(o, comm, data, trace); });
+  with_strategy(o, [&]<class S>() { train_rank<S, Cuda>(o, comm, data, trace); });
 }
 
 }  // namespace train

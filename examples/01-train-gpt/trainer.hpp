@@ -248,9 +248,8 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
                 static_cast<long long>(std::max<std::int64_t>(o.steps - first_step, 0)));
 }
 
-/// Calls f.template operator()<S>() with the strategy type the options name. OnDevice: the
-/// strategies an engine on a GPU runs (no offload yet); naming another is an error.
-template <bool OnDevice = false, class F>
+/// Calls f.template operator()<S>() with the strategy type the options name.
+template <class F>
 void with_strategy(const Options& o, F&& f) {
   auto with_precision = [&]<class Sharding, class Offload>() {
     auto with_wrap = [&]<class Precision>() {
@@ -267,18 +266,11 @@ void with_strategy(const Options& o, F&& f) {
   else if (s == "zero2" || s == "sharded_ddp") with_precision.template operator()<ShardGradients, NoOffload>();
   else if (s == "zero3" || s == "fsdp") with_precision.template operator()<ShardParameters<true>, NoOffload>();
   else if (s == "fsdp_grad_op") with_precision.template operator()<ShardParameters<false>, NoOffload>();
+  else if (s == "zero_offload") with_precision.template operator()<ShardGradients, OffloadOptimizer<Cpu>>();
+  else if (s == "zero3_offload") with_precision.template operator()<ShardParameters<true>, OffloadParameters<Cpu>>();
   else if (s == "hybrid") with_precision.template operator()<HybridShard<ShardParameters<true>>, NoOffload>();
-  else if (s == "zero_offload" || s == "zero3_offload" || s == "zero_infinity") {
-    if constexpr (OnDevice) {
-      polyshard::detail::throw_error("polyshard-train: --strategy ", s, " offloads to the host or NVMe, which is not "
-                                     "built for --device cuda yet: use ddp, zero1, zero2, sharded_ddp, zero3, fsdp, "
-                                     "fsdp_grad_op or hybrid, or train on the host");
-    } else {
-      if (s == "zero_offload") with_precision.template operator()<ShardGradients, OffloadOptimizer<Cpu>>();
-      else if (s == "zero3_offload") with_precision.template operator()<ShardParameters<true>, OffloadParameters<Cpu>>();
-      else with_precision.template operator()<ShardParameters<true>, OffloadOptimizer<Nvme>>();
-    }
-  } else
+  else if (s == "zero_infinity") with_precision.template operator()<ShardParameters<true>, OffloadOptimizer<Nvme>>();
+  else
     polyshard::detail::throw_error("polyshard-train: unknown --strategy '", s, "' (see --help)");
 }
 

@@ -62,11 +62,15 @@ using ZeRO2PerBlock = Strategy<ShardGradients, WrapByType<Block>>;
 using FsdpPerBlock = Strategy<ShardParameters<true>, WrapByType<Block>>;
 using GradOpPerBlock = Strategy<ShardParameters<false>, WrapByType<Block>>;
 using ZeRO3Checkpointed = Strategy<ShardParameters<true>, WrapByType<Block>, ActivationCheckpointing<Block>>;
+// Offloaded from the GPU: master weights and optimizer state (and parameter shards) on the host.
+using FsdpCpuOffload = Strategy<ShardParameters<true>, WrapByType<Block>, OffloadOptimizer<Cpu>>;
+using ZeRO3ParamOffload = Strategy<ShardParameters<true>, WrapByType<Block>, OffloadParameters<Cpu>>;
 
 }  // namespace
 
 TEMPLATE_TEST_CASE("an fp32 GPT trains on one GPU as on the host, under every sharding policy", "[cuda][engine]",
-                   DDP, ZeRO<1>, ZeRO2PerBlock, DdpPerBlock, FsdpPerBlock, GradOpPerBlock, ZeRO3Checkpointed) {
+                   DDP, ZeRO<1>, ZeRO2PerBlock, DdpPerBlock, FsdpPerBlock, GradOpPerBlock, ZeRO3Checkpointed,
+                   ZeROOffload, FsdpCpuOffload, ZeRO3ParamOffload) {
   const double clip = GENERATE(std::numeric_limits<double>::infinity(), 0.5);
   const auto host = test::train<TestType>(1, 4, 6, test::momentum_sgd(), clip);
   const auto gpu = train_on_gpu<TestType>(4, test::momentum_sgd(), clip);
@@ -76,8 +80,10 @@ TEMPLATE_TEST_CASE("an fp32 GPT trains on one GPU as on the host, under every sh
   CHECK(diff <= 2e-5);  // fp32 everywhere: sums in another order, nothing else
 }
 
-TEST_CASE("bf16 compute with fp32 masters on the GPU tracks the host's bf16 policy", "[cuda][engine]") {
-  using S = Strategy<ShardParameters<true>, WrapByType<Block>, Bf16Mixed>;
+TEMPLATE_TEST_CASE("bf16 compute with fp32 masters on the GPU tracks the host's bf16 policy", "[cuda][engine]",
+                   (Strategy<ShardParameters<true>, WrapByType<Block>, Bf16Mixed>),
+                   (Strategy<ShardGradients, OffloadOptimizer<Cpu>, Bf16Mixed>)) {
+  using S = TestType;
   const auto host = test::train<S>(1, 4);
   const auto gpu = train_on_gpu<S>(4);
   // The host computes in float from bf16 parameters; the GPU keeps bf16 activations too.

@@ -177,3 +177,25 @@ TEMPLATE_TEST_CASE("mul, add_scaled, bias rows and sums on device tensors match 
   CHECK(sum(ga) == total);  // a fixed order: the same bits again
   CHECK(mean(ga) == Approx(mean(a)).epsilon(1e-6));
 }
+
+TEST_CASE("copy_across and cast_across move elements between host and device, converting where the source is",
+          "[cuda][tensor]") {
+  auto host = Tensor<float>::empty(Shape{4, 9});
+  for (std::int64_t i = 0; i < host.numel(); ++i) host.data()[i] = 0.1f * float(i) - 1.7f;
+  // Up and back down, through strided host and device views.
+  auto device = Tensor<float, Cuda>::full(Shape{4, 9}, NAN);
+  copy_across(host, device);
+  CHECK(device.to_vector() == host.to_vector());
+  auto back = Tensor<float>::full(Shape{9, 4}, NAN);
+  copy_across(device.transpose(), back);
+  CHECK(back.to_vector() == host.transpose().contiguous().to_vector());
+  // float on the host -> bfloat16 on the device: rounded as the host rounds.
+  auto narrow = Tensor<bfloat16, Cuda>::full(Shape{4, 9}, bfloat16(NAN));
+  cast_across(host, narrow);
+  CHECK(narrow.to_vector() == cast<bfloat16>(host).to_vector());
+  // bfloat16 on the device -> float on the host: exact.
+  auto wide = Tensor<float>::full(Shape{4, 9}, NAN);
+  cast_across(narrow, wide);
+  CHECK(wide.to_vector() == cast<float>(cast<bfloat16>(host)).to_vector());
+  CHECK_THROWS_WITH(copy_across(host, Tensor<float, Cuda>::empty(Shape{9, 4})), Catch::Contains("copy_across"));
+}

@@ -86,9 +86,10 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// Where the model computes, and in what element type.
   using device = typename detail::model_numerics<Model>::device;
   using work_type = typename detail::model_numerics<Model>::element;
-  using State = UnitState<CT, RT, MT, device>;
-  /// What updates a unit's master weights: Opt itself on the host, its fused kernels on a device.
-  using UnitOptimizer = optimizer_on_t<Opt, device>;
+  using State = UnitState<CT, RT, MT, device, typename S::offload>;
+  /// What updates a unit's master weights where they live: Opt itself on the host (a host
+  /// model, or optimizer state offloaded from a device), its fused kernels on a device.
+  using UnitOptimizer = optimizer_on_t<Opt, typename State::step_device>;
 
   static_assert(std::is_same_v<work_type, typename State::work_type>,
                 "Engine<S, Model, ...>: the model's element type does not fit the strategy: a host model computes in "
@@ -97,9 +98,6 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   static_assert(std::same_as<device, Cpu> || requires { requires Comm::device_buffers; },
                 "Engine<S, Model, Comm, ...>: a model on a device needs a communicator of device buffers "
                 "(NcclCommunicator, one GPU per rank): ThreadCommunicator and MpiCommunicator move host memory");
-  static_assert(std::same_as<device, Cpu> || std::same_as<typename S::offload, NoOffload>,
-                "Engine: offloading from a device (OffloadOptimizer, OffloadParameters) is not built yet: on a "
-                "GPU use NoOffload, or train on the host where offloaded state lives already");
 
   static_assert(std::is_same_v<MT, typename Opt::param_type>,
                 "Engine<S, Model, Comm, Opt>: the optimizer's parameter type must be the precision policy's master "
@@ -197,12 +195,13 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       // (after any accumulation), so that every replica applies the same update.
       for (State& u : units_) replicas_->all_reduce(Behaviour::optimizer_grads(u).span(), ReduceOp::Sum);
     }
+    for (State& u : units_) stage_step_grads(u);
     const double inv_scale = 1.0 / scaler_.scale();
     if constexpr (precision::loss_scale::scaled) {
       // Unscaled in the same pass as the check; a step that overflowed is skipped whole.
       float overflow = 0;
       for (State& u : units_)
-        if (unscale_and_check(Behaviour::optimizer_grads(u), inv_scale)) overflow = 1;
+        if (unscale_and_check(step_grads(u), inv_scale)) overflow = 1;
       all_reduce_scalar(overflow);
       if (!scaler_.update(overflow > 0)) {
         last_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
@@ -210,22 +209,22 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
         return false;
       }
     } else if (inv_scale != 1.0) {
-      for (State& u : units_) scale_gradients(Behaviour::optimizer_grads(u), inv_scale);
+      for (State& u : units_) scale_gradients(step_grads(u), inv_scale);
     }
     if (std::isfinite(max_grad_norm) || track_grad_norm_) {
       double squares = 0;
-      for (State& u : units_) squares += squared_norm(Behaviour::optimizer_grads(u));
+      for (State& u : units_) squares += squared_norm(step_grads(u));
       if constexpr (sharding::shards_optimizer_state) all_reduce_scalar(squares);
       last_grad_norm_ = std::sqrt(squares);
       // torch.nn.utils.clip_grad_norm_'s coefficient, applied only when it shrinks.
       const double coefficient = max_grad_norm / (last_grad_norm_ + 1e-6);
       if (std::isfinite(max_grad_norm) && coefficient < 1.0)
-        for (State& u : units_) scale_gradients(Behaviour::optimizer_grads(u), coefficient);
+        for (State& u : units_) scale_gradients(step_grads(u), coefficient);
     }
     for (std::size_t i = 0; i < units_.size(); ++i) {
       placement_.fetch(i);  // NVMe: unit i's state read back, unit i+1's on its way
       optimizers_[i].set_lr(lr);
-      units_[i].step_trainable(optimizers_[i], Behaviour::optimizer_params(units_[i]), Behaviour::optimizer_grads(units_[i]));
+      units_[i].step_trainable(optimizers_[i], Behaviour::optimizer_params(units_[i]), step_grads(units_[i]));
       placement_.store(i);  // NVMe: written back behind the next unit's step
       Trace::Span write_back(trace_, "write back unit " + std::to_string(i), "communication", 1);
       Behaviour::after_step(units_[i], shard_comm());
@@ -262,7 +261,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       Tensor<CT, device> whole = u.full;
       if constexpr (sharding::shards_parameters) {
         whole = Tensor<CT, device>::empty({u.layout->padded}, MemoryCategory::Communication);
-        shard_comm().all_gather(std::span<const CT>(u.param_shard.span()), whole.span());
+        shard_comm().all_gather(std::span<const CT>(u.param_shard_on_device().span()), whole.span());
       }
       const std::vector<CT> host = whole.to_vector();
       for (const auto& e : u.layout->entries) {
@@ -352,6 +351,22 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     }
   }
 
+  /// Copies unit u's reduced gradients to where its optimizer steps, when that is not where
+  /// they were reduced (optimizer state offloaded to the host).
+  void stage_step_grads(State& u) {
+    if constexpr (!std::same_as<typename State::step_device, device>) {
+      const auto g = Behaviour::optimizer_grads(u);
+      if (!u.step_grads.defined())
+        u.step_grads = Tensor<RT, typename State::step_device>::empty(g.shape(), MemoryCategory::Gradients);
+      copy_across(g, u.step_grads);
+    }
+  }
+  /// The gradients unit u's optimizer reads, where it steps (after stage_step_grads).
+  auto step_grads(State& u) {
+    if constexpr (std::same_as<typename State::step_device, device>) return Behaviour::optimizer_grads(u);
+    else return u.step_grads;
+  }
+
   Activation around(const void* module, std::type_index type, const std::function<Activation(const Activation&)>& body,
                     const Activation& x) override {
     const ModuleKey key{module, type};
@@ -409,9 +424,9 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       // This rank was initialised differently: take rank 0's parameters, masters included
       // (a separate master copy can only be re-derived from them at compute precision).
       u.refresh_work_from_full();
-      if constexpr (!std::is_same_v<MT, CT>) {
+      if constexpr (!State::master_is_full) {
         const std::int64_t begin = sharding::shards_optimizer_state ? u.shard_begin() : 0;
-        cast_into(u.full.flat_view(begin, u.master.numel()), u.master);
+        cast_across(u.full.flat_view(begin, u.master.numel()), u.master);
       }
     }
   }

@@ -11,6 +11,7 @@
 #include "polyshard/comm/comm_handle.hpp"
 #include "polyshard/engine/units.hpp"
 #include "polyshard/nn/init.hpp"
+#include "polyshard/policy/offload.hpp"
 #include "polyshard/tensor/ops/cast.hpp"
 #include "polyshard/tensor/tensor.hpp"
 
@@ -22,13 +23,22 @@ struct PendingReduction {
   std::function<void()> then;
 };
 
-/// One unit's state on one rank, every buffer in the memory of device D. Dtypes: CT compute
-/// (gathered parameters, local gradients), RT reduce, MT master. A host model computes in
-/// float: when CT is a 16-bit type, `work` and `grad_work` are float copies the modules bind to
-/// (counted under Other); a device model computes in CT on the compute-dtype buffers themselves.
-template <class CT, class RT, class MT, Device D = Cpu>
+/// One unit's state on one rank, its buffers in the memory of device D, but for what the
+/// offload policy moves to the host (master weights and optimizer state; parameter shards).
+/// Dtypes: CT compute (gathered parameters, local gradients), RT reduce, MT master. A host
+/// model computes in float: when CT is a 16-bit type, `work` and `grad_work` are float copies
+/// the modules bind to (counted under Other); a device model computes in CT on the
+/// compute-dtype buffers themselves.
+template <class CT, class RT, class MT, Device D = Cpu, class Offload = NoOffload>
 struct UnitState {
   using device = D;
+  /// Where the optimizer steps the master weights: the host when optimizer state is offloaded.
+  using step_device = std::conditional_t<Offload::offloads_optimizer, Cpu, D>;
+  /// Where parameter shards live between gathers: the host when parameters are offloaded.
+  using shard_device = std::conditional_t<Offload::offloads_parameters, Cpu, D>;
+  /// The master weights are the parameters themselves (same type, same memory).
+  static constexpr bool master_is_full = std::is_same_v<MT, CT> && std::same_as<step_device, D>;
+  static constexpr bool master_is_shard = std::is_same_v<MT, CT> && std::same_as<step_device, shard_device>;
   /// The element type the modules compute in.
   using work_type = std::conditional_t<std::same_as<D, Cpu>, float, CT>;
   /// `work` is `full` itself (no copy to cast into).
@@ -44,10 +54,13 @@ struct UnitState {
 
   tensor<CT> full;              // (padded) parameters in compute dtype
   tensor<work_type> work;       // (padded) what the modules compute with (== full when work_is_full)
-  tensor<CT> param_shard;       // (shard) persistent parameter shard, when parameters are sharded
+  Tensor<CT, shard_device> param_shard;  // (shard) persistent parameter shard, when parameters are sharded
   tensor<work_type> grad_work;  // (padded) what backward writes into
-  tensor<RT> reduced;           // (padded or shard) the reduced gradients the optimizer reads
-  tensor<MT> master;            // (padded or shard) the weights the optimizer updates
+  tensor<RT> reduced;           // (padded or shard) the reduced gradients
+  Tensor<MT, step_device> master;      // (padded or shard) the weights the optimizer updates
+  Tensor<RT, step_device> step_grads;  // the optimizer's reduced gradients, copied to where it steps
+                                       // (undefined when that is where they were reduced)
+  tensor<CT> gather_source;     // a parameter shard copied from the host for a gather in flight
 
   tensor<RT> carried;      // reduced gradients of an earlier backward of this step, added back
                            // once this backward's reduction completes (whole-gradient policies)
@@ -98,8 +111,8 @@ struct UnitState {
   /// optimizers are elementwise, so the trainable elements get the bits of a step without
   /// frozen neighbours. The frozen part of the span is copied aside and put back: the
   /// Optimizer concept updates its whole span in one call.
-  template <class Opt, class P, class G>
-  void step_trainable(Opt& optimizer, const tensor<P>& params, const tensor<G>& grads) const {
+  template <class Opt, class P, class G, Device E>
+  void step_trainable(Opt& optimizer, const Tensor<P, E>& params, const Tensor<G, E>& grads) const {
     const std::int64_t n = params.numel();
     const std::int64_t begin = n == layout->padded ? 0 : shard_begin();
     std::vector<std::pair<std::int64_t, std::int64_t>> mine;  // frozen ranges within the span, from its start
@@ -117,16 +130,16 @@ struct UnitState {
       return;
     }
     // The state tensors as long as the span (optimizers keep one value per element each).
-    std::vector<tensor<P>> state;
+    std::vector<Tensor<P, E>> state;
     for (auto& [name, t] : optimizer.state())
       if (t.numel() == n) state.push_back(t);
-    tensor<P> saved = tensor<P>::empty({count * static_cast<std::int64_t>(1 + state.size())}, MemoryCategory::Other);
+    auto saved = Tensor<P, E>::empty({count * static_cast<std::int64_t>(1 + state.size())}, MemoryCategory::Other);
     const auto copy = [&](bool out) {
       std::int64_t at = 0;
       for (const auto& [a, b] : mine) {
         for (std::size_t s = 0; s <= state.size(); ++s) {
-          const tensor<P> where = (s == 0 ? params : state[s - 1]).flat_view(a, b - a);
-          const tensor<P> aside = saved.flat_view(at, b - a);
+          const Tensor<P, E> where = (s == 0 ? params : state[s - 1]).flat_view(a, b - a);
+          const Tensor<P, E> aside = saved.flat_view(at, b - a);
           if (out) aside.copy_from(where);
           else where.copy_from(aside);
           at += b - a;
@@ -157,14 +170,26 @@ struct UnitState {
 
   /// `out` := elements [begin, begin + out.numel()) of the unit as initialize_range builds them
   /// (on the host, then copied to the device).
-  template <class X>
-  void initialize(const tensor<X>& out, std::int64_t begin, std::uint64_t seed) const {
-    if constexpr (std::same_as<D, Cpu>) {
+  template <class X, Device E>
+  void initialize(const Tensor<X, E>& out, std::int64_t begin, std::uint64_t seed) const {
+    if constexpr (std::same_as<E, Cpu>) {
       initialize_range(out.span(), begin, seed);
     } else {
       Tensor<X> host = Tensor<X>::empty(out.shape(), MemoryCategory::Other);
       initialize_range(host.span(), begin, seed);
-      out.copy_from(on_device<D>(host, MemoryCategory::Other));
+      copy_across(host, out);
+    }
+  }
+
+  /// The parameter shard in the memory of D, for a collective there: itself, or a copy of the
+  /// host's (counted under Communication).
+  tensor<CT> param_shard_on_device() const {
+    if constexpr (std::same_as<shard_device, D>) {
+      return param_shard;
+    } else {
+      auto copy = tensor<CT>::empty(param_shard.shape(), MemoryCategory::Communication);
+      copy_across(param_shard, copy);
+      return copy;
     }
   }
 

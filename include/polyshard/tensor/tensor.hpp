@@ -241,4 +241,21 @@ inline void check_same_shape(const char* op, const Shape& a, const Shape& b) {
   POLYSHARD_CHECK(a == b, op, ": shape mismatch between ", a, " and ", b);
 }
 
+/// dst := src, `src` and `dst` in the memory of any two devices (one of them the host when
+/// they differ); dst contiguous, of src's shape. A transfer waits until it is done.
+/// (Device code includes the device's storage header, as for on_device.)
+template <Element T, Device From, Device To>
+void copy_across(const Tensor<T, From>& src, const Tensor<T, To>& dst) {
+  if constexpr (std::same_as<From, To>) {
+    dst.copy_from(src);
+  } else {
+    static_assert(std::same_as<From, Cpu> || std::same_as<To, Cpu>, "copy_across: between two devices, go through the host");
+    check_same_shape("copy_across", src.shape(), dst.shape());
+    POLYSHARD_CHECK(dst.is_contiguous(), "copy_across: destination of shape ", dst.shape(), " is not contiguous");
+    const Tensor<T, From> c = src.contiguous();
+    if constexpr (std::same_as<From, Cpu>) Storage<T, To>::copy_from_host(dst.data(), c.data(), c.numel());
+    else Storage<T, From>::copy_to_host(dst.data(), c.data(), c.numel());
+  }
+}
+
 }  // namespace polyshard

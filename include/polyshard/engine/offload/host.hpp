@@ -1,7 +1,8 @@
-// NoOffload and offloading to the CPU (ZeRO-Offload, FSDP cpu_offload): the engine computes on
-// the CPU, so every buffer is host memory already and the optimizer already steps there. The
-// placement does nothing; it becomes a transfer schedule once a device other than the CPU
-// computes.
+// NoOffload and offloading to the CPU (ZeRO-Offload, FSDP cpu_offload): where the offloaded
+// state lives is the unit state's business (UnitState::step_device and shard_device put master
+// weights, optimizer state and parameter shards in host memory when the model computes on a
+// device; a host model has them there already), and the optimizer steps them there. Between
+// steps nothing moves, so this placement does nothing.
 #pragma once
 
 #include <cstddef>

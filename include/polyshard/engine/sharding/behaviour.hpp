@@ -20,10 +20,12 @@ struct ShardingBehaviour {
 };
 
 namespace detail {
-/// A tensor of `n` elements in the memory of unit state U's device, counted under `category`.
-template <class X, class U>
-Tensor<X, typename U::device> buffer(const U&, std::int64_t n, MemoryCategory category) {
-  return Tensor<X, typename U::device>::empty({n}, category);
+/// A tensor of `n` elements in the memory of device Where (by default unit state U's device),
+/// counted under `category`.
+template <class X, class Where = void, class U>
+auto buffer(const U&, std::int64_t n, MemoryCategory category) {
+  using E = std::conditional_t<std::is_void_v<Where>, typename U::device, Where>;
+  return Tensor<X, E>::empty({n}, category);
 }
 
 /// The compute-dtype parameters and the view the modules bind to (a float copy on the host
@@ -88,14 +90,13 @@ struct WholeParameters {
   /// the rank's slice of the parameters themselves.
   template <class U>
   static void allocate_with_master_shard(U& u, std::uint64_t seed) {
-    using CT = typename decltype(u.full)::value_type;
     using MT = typename decltype(u.master)::value_type;
     allocate_full_params(u, MemoryCategory::Parameters);
     u.initialize(u.full, 0, seed);
-    if constexpr (std::is_same_v<MT, CT>) {
+    if constexpr (U::master_is_full) {
       u.master = u.full.flat_view(u.shard_begin(), u.shard);
     } else {
-      u.master = buffer<MT>(u, u.shard, MemoryCategory::OptimizerState);
+      u.master = buffer<MT, typename U::step_device>(u, u.shard, MemoryCategory::OptimizerState);
       u.initialize(u.master, u.shard_begin(), seed);
     }
     u.refresh_work_from_full();
@@ -106,8 +107,7 @@ struct WholeParameters {
   template <class U, class Comm>
   static void write_back_and_gather(U& u, Comm& comm) {
     using CT = typename decltype(u.full)::value_type;
-    using MT = typename decltype(u.master)::value_type;
-    if constexpr (!std::is_same_v<MT, CT>) cast_into(u.master, u.full.flat_view(u.shard_begin(), u.shard));
+    if constexpr (!U::master_is_full) cast_across(u.master, u.full.flat_view(u.shard_begin(), u.shard));
     if (comm.size() == 1) {  // the one shard is the whole unit: nothing to gather
       u.refresh_work_from_full();
       return;

@@ -13,13 +13,12 @@ struct ShardingBehaviour<NoShard> : detail::WholeParameters, detail::WholeGradie
   /// both float, the master weights are the parameters themselves.
   template <class U>
   static void allocate(U& u, std::uint64_t seed) {
-    using CT = typename decltype(u.full)::value_type;
     using MT = typename decltype(u.master)::value_type;
     detail::allocate_full_params(u, MemoryCategory::Parameters);
-    if constexpr (std::is_same_v<MT, CT>) u.master = u.full;
-    else u.master = detail::buffer<MT>(u, u.layout->padded, MemoryCategory::OptimizerState);
+    if constexpr (U::master_is_full) u.master = u.full;
+    else u.master = detail::buffer<MT, typename U::step_device>(u, u.layout->padded, MemoryCategory::OptimizerState);
     u.initialize(u.master, 0, seed);
-    if constexpr (!std::is_same_v<MT, CT>) cast_into(u.master, u.full);
+    if constexpr (!U::master_is_full) cast_across(u.master, u.full);
     u.refresh_work_from_full();
     allocate_grads(u);
     u.gathered = true;
@@ -49,8 +48,7 @@ struct ShardingBehaviour<NoShard> : detail::WholeParameters, detail::WholeGradie
   /// Copies updated master weights into the compute-dtype parameters.
   template <class U, class Comm>
   static void after_step(U& u, Comm&) {
-    using MT = typename decltype(u.master)::value_type;
-    if constexpr (!std::is_same_v<MT, typename decltype(u.full)::value_type>) cast_into(u.master, u.full);
+    if constexpr (!U::master_is_full) cast_across(u.master, u.full);
     u.refresh_work_from_full();
   }
 };

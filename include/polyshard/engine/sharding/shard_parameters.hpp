@@ -16,14 +16,14 @@ struct ShardingBehaviour<ShardParameters<ReshardAfterForward>> : detail::Sharded
     using CT = typename decltype(u.full)::value_type;
     using MT = typename decltype(u.master)::value_type;
     detail::allocate_full_params(u, MemoryCategory::Parameters, /*materialized=*/false);
-    u.param_shard = detail::buffer<CT>(u, u.shard, MemoryCategory::Parameters);
-    if constexpr (std::is_same_v<MT, CT>) {
+    u.param_shard = detail::buffer<CT, typename U::shard_device>(u, u.shard, MemoryCategory::Parameters);
+    if constexpr (U::master_is_shard) {
       u.master = u.param_shard;
       u.initialize(u.master, u.shard_begin(), seed);
     } else {
-      u.master = detail::buffer<MT>(u, u.shard, MemoryCategory::OptimizerState);
+      u.master = detail::buffer<MT, typename U::step_device>(u, u.shard, MemoryCategory::OptimizerState);
       u.initialize(u.master, u.shard_begin(), seed);
-      cast_into(u.master, u.param_shard);
+      cast_across(u.master, u.param_shard);
     }
     allocate_grads(u);
     u.gathered = false;
@@ -42,10 +42,12 @@ struct ShardingBehaviour<ShardParameters<ReshardAfterForward>> : detail::Sharded
   static CommHandle start_gather(U& u, Comm& comm) {
     using CT = typename decltype(u.full)::value_type;
     u.full.storage()->materialize();
-    return comm.all_gather_async(std::span<const CT>(u.param_shard.span()), u.full.span());
+    u.gather_source = u.param_shard_on_device();  // kept until the gather completes
+    return comm.all_gather_async(std::span<const CT>(u.gather_source.span()), u.full.span());
   }
   template <class U>
   static void finish_gather(U& u) {
+    u.gather_source = {};
     if constexpr (!U::work_is_full) {
       u.refresh_work_from_full();
       u.full.storage()->release();  // the float copy is what computes on the host
@@ -66,9 +68,7 @@ struct ShardingBehaviour<ShardParameters<ReshardAfterForward>> : detail::Sharded
   /// The updated master shard becomes the parameter shard; the next forward gathers it.
   template <class U, class Comm>
   static void after_step(U& u, Comm&) {
-    using CT = typename decltype(u.full)::value_type;
-    using MT = typename decltype(u.master)::value_type;
-    if constexpr (!std::is_same_v<MT, CT>) cast_into(u.master, u.param_shard);
+    if constexpr (!U::master_is_shard) cast_across(u.master, u.param_shard);
   }
 };
 
