@@ -119,10 +119,12 @@ TEST_CASE("fp16 with dynamic loss scaling on the GPU skips and rescales as the h
   CHECK(test::max_difference(gpu.parameters, host.parameters) <= 1e-2);
 }
 
-TEST_CASE("a frozen parameter keeps its bits on the GPU while the others train", "[cuda][engine]") {
+TEMPLATE_TEST_CASE("a frozen parameter keeps its bits on the GPU while the others train", "[cuda][engine]", ZeRO<1>,
+                   (Strategy<ShardOptimizerState, Bf16Mixed>)) {
+  using CT = typename TestType::compute_type;
   NcclCommunicator comm = one_gpu();
-  Gpt<float, Cuda> model(test::tiny_gpt());
-  Engine<ZeRO<1>, Gpt<float, Cuda>, NcclCommunicator, AdamW<float>> engine(model, comm, AdamWConfig{.lr = 1e-2}, {}, 42);
+  Gpt<CT, Cuda> model(test::tiny_gpt());
+  Engine<TestType, Gpt<CT, Cuda>, NcclCommunicator, AdamW<float>> engine(model, comm, AdamWConfig{.lr = 1e-2}, {}, 42);
   const auto before = engine.full_parameters();
   model.transformer.wpe.weight.set_requires_grad(false);
   engine.refresh_trainable();
@@ -140,5 +142,39 @@ TEST_CASE("a frozen parameter keeps its bits on the GPU while the others train",
     INFO(after[i].first);
     if (after[i].first == "transformer.wpe.weight") CHECK(after[i].second == before[i].second);
     else CHECK(after[i].second != before[i].second);
+  }
+}
+
+TEMPLATE_TEST_CASE("the compute copy the fused step writes is the masters rounded to the compute type",
+                   "[cuda][engine]", (Strategy<ShardGradients, WrapByType<Block>, Bf16Mixed>),
+                   (Strategy<ShardParameters<true>, WrapByType<Block>, Bf16Mixed>),
+                   (Strategy<NoShard, Fp16Mixed>)) {
+  using S = TestType;
+  using CT = typename S::compute_type;
+  NcclCommunicator comm = one_gpu();
+  Gpt<CT, Cuda> model(test::tiny_gpt());
+  Engine<S, Gpt<CT, Cuda>, NcclCommunicator, AdamW<float>> engine(model, comm, AdamWConfig{.lr = 1e-2}, {}, 42);
+  STATIC_REQUIRE(decltype(engine)::fuses_compute_copy);
+  BatchSampler sampler(test::tiny_data(), 8, 6, 7);
+  int applied = 0;
+  for (int step = 0; step < 3; ++step) {
+    const Batch b = sampler.batch(step, 0, 1);
+    auto loss = engine.forward([&] { return model.loss(to_device(b.inputs), to_device(b.targets)); });
+    engine.backward(loss, 1.0);
+    loss = {};
+    applied += engine.step(1e-2) ? 1 : 0;
+  }
+  CHECK(applied > 0);
+  for (const auto& u : engine.unit_states()) {
+    Tensor<CT, Cuda> copy;
+    if constexpr (S::sharding::shards_parameters) copy = u.param_shard;
+    else if constexpr (S::sharding::shards_optimizer_state) copy = u.full.flat_view(u.shard_begin(), u.shard);
+    else copy = u.full;
+    const auto want = cast<CT>(to_host(u.master)).to_vector();  // Eigen's round to nearest even
+    const auto got = copy.to_vector();
+    REQUIRE(got.size() == want.size());
+    std::size_t differing = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) differing += got[i] == want[i] ? 0 : 1;
+    CHECK(differing == 0);
   }
 }

@@ -90,6 +90,14 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// What updates a unit's master weights where they live: Opt itself on the host (a host
   /// model, or optimizer state offloaded from a device), its fused kernels on a device.
   using UnitOptimizer = optimizer_on_t<Opt, typename State::step_device>;
+  /// The optimizer writes the compute-dtype copy of the weights in its own pass (the fused
+  /// kernels, stepping on the device) where that copy is a buffer of its own, in the memory the
+  /// optimizer steps in, and the sharding behaviour names it.
+  static constexpr bool fuses_compute_copy =
+      !std::same_as<typename State::step_device, Cpu> && !std::is_same_v<CT, MT> &&
+      (std::is_same_v<RT, CT> || std::is_same_v<RT, float>) &&  // the kernels' (gradient, copy) pairs
+      std::same_as<typename State::shard_device, typename State::step_device> &&
+      requires(State& u) { Behaviour::compute_copy(u); };
 
   static_assert(std::is_same_v<work_type, typename State::work_type>,
                 "Engine<S, Model, ...>: the model's element type does not fit the strategy: a host model computes in "
@@ -224,10 +232,17 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     for (std::size_t i = 0; i < units_.size(); ++i) {
       placement_.fetch(i);  // NVMe: unit i's state read back, unit i+1's on its way
       optimizers_[i].set_lr(lr);
-      units_[i].step_trainable(optimizers_[i], Behaviour::optimizer_params(units_[i]), step_grads(units_[i]));
+      State& u = units_[i];
+      if constexpr (fuses_compute_copy) {
+        u.compute_copy_current =
+            u.step_trainable(optimizers_[i], Behaviour::optimizer_params(u), step_grads(u), Behaviour::compute_copy(u));
+      } else {
+        u.step_trainable(optimizers_[i], Behaviour::optimizer_params(u), step_grads(u));
+      }
       placement_.store(i);  // NVMe: written back behind the next unit's step
       Trace::Span write_back(trace_, "write back unit " + std::to_string(i), "communication", 1);
-      Behaviour::after_step(units_[i], shard_comm());
+      Behaviour::after_step(u, shard_comm());
+      u.compute_copy_current = false;
     }
     placement_.settle();
     zero_grad();

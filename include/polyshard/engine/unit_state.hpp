@@ -67,6 +67,7 @@ struct UnitState {
   bool local_grads = false;    // grad_work holds gradients not yet reduced
   bool reduced_has_grad = false; // `reduced` holds a gradient since the last zero_grad
   bool gathered = false;       // `work` holds the full parameters
+  bool compute_copy_current = false;  // the optimizer step wrote the compute-dtype copy itself
 
   /// Ranges [first, second) of the unit's elements whose parameters are frozen
   /// (requires_grad false when last read): never reduced (their gradient is zero) nor updated.
@@ -111,8 +112,13 @@ struct UnitState {
   /// optimizers are elementwise, so the trainable elements get the bits of a step without
   /// frozen neighbours. The frozen part of the span is copied aside and put back: the
   /// Optimizer concept updates its whole span in one call.
-  template <class Opt, class P, class G, Device E>
-  void step_trainable(Opt& optimizer, const Tensor<P, E>& params, const Tensor<G, E>& grads) const {
+  ///
+  /// `compute`, when given, is where the compute-dtype copy of the updated weights goes: an
+  /// optimizer that writes it in the same pass (the fused kernels) does so when no element of
+  /// the span is frozen, and the function returns true; otherwise the caller casts it.
+  template <class Opt, class P, class G, Device E, class Compute = std::nullptr_t>
+  bool step_trainable(Opt& optimizer, const Tensor<P, E>& params, const Tensor<G, E>& grads,
+                      const Compute& compute = nullptr) const {
     const std::int64_t n = params.numel();
     const std::int64_t begin = n == layout->padded ? 0 : shard_begin();
     std::vector<std::pair<std::int64_t, std::int64_t>> mine;  // frozen ranges within the span, from its start
@@ -126,8 +132,12 @@ struct UnitState {
     }
     const auto step = [&] { optimizer.step(params.span(), std::span<const G>(grads.span())); };
     if (mine.empty()) {
+      if constexpr (!std::is_same_v<Compute, std::nullptr_t>) {
+        optimizer.step(params.span(), std::span<const G>(grads.span()), compute.span());
+        return true;
+      }
       step();
-      return;
+      return false;
     }
     // The state tensors as long as the span (optimizers keep one value per element each).
     std::vector<Tensor<P, E>> state;
@@ -149,6 +159,7 @@ struct UnitState {
     copy(true);
     step();
     copy(false);
+    return false;
   }
 
   /// Elements [begin, begin + out.size()) of the unit, initialised as the parameters' inits say

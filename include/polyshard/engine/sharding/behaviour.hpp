@@ -103,11 +103,17 @@ struct WholeParameters {
     u.gathered = true;
   }
 
-  /// Writes the updated master shard into the parameters and all-gathers every rank's shard.
+  /// Where the compute-dtype copy of the rank's master shard lives: its slice of the parameters.
+  template <class U>
+  static auto compute_copy(U& u) { return u.full.flat_view(u.shard_begin(), u.shard); }
+
+  /// Writes the updated master shard into the parameters (unless the step wrote it) and
+  /// all-gathers every rank's shard.
   template <class U, class Comm>
   static void write_back_and_gather(U& u, Comm& comm) {
     using CT = typename decltype(u.full)::value_type;
-    if constexpr (!U::master_is_full) cast_across(u.master, u.full.flat_view(u.shard_begin(), u.shard));
+    if constexpr (!U::master_is_full)
+      if (!u.compute_copy_current) cast_across(u.master, compute_copy(u));
     if (comm.size() == 1) {  // the one shard is the whole unit: nothing to gather
       u.refresh_work_from_full();
       return;

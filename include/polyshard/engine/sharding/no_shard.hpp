@@ -45,10 +45,15 @@ struct ShardingBehaviour<NoShard> : detail::WholeParameters, detail::WholeGradie
   template <class U>
   static auto optimizer_grads(U& u) { return u.reduced; }
 
-  /// Copies updated master weights into the compute-dtype parameters.
+  /// Where the compute-dtype copy of the master weights lives.
+  template <class U>
+  static auto compute_copy(U& u) { return u.full; }
+
+  /// Copies updated master weights into the compute-dtype parameters (unless the step wrote them).
   template <class U, class Comm>
   static void after_step(U& u, Comm&) {
-    if constexpr (!U::master_is_full) cast_across(u.master, u.full);
+    if constexpr (!U::master_is_full)
+      if (!u.compute_copy_current) cast_across(u.master, u.full);
     u.refresh_work_from_full();
   }
 };

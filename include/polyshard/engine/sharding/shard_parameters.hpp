@@ -65,10 +65,15 @@ struct ShardingBehaviour<ShardParameters<ReshardAfterForward>> : detail::Sharded
   template <class U>
   static auto optimizer_params(U& u) { return u.master; }
 
+  /// Where the compute-dtype copy of the master shard lives.
+  template <class U>
+  static auto compute_copy(U& u) { return u.param_shard; }
+
   /// The updated master shard becomes the parameter shard; the next forward gathers it.
   template <class U, class Comm>
   static void after_step(U& u, Comm&) {
-    if constexpr (!U::master_is_shard) cast_across(u.master, u.param_shard);
+    if constexpr (!U::master_is_shard)
+      if (!u.compute_copy_current) cast_across(u.master, u.param_shard);
   }
 };
 

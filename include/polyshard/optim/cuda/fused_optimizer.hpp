@@ -58,29 +58,23 @@ class FusedOptimizer {
   template <class G>
     requires(std::same_as<G, float> || std::same_as<G, half> || std::same_as<G, bfloat16>)
   void step(std::span<float> params, std::span<const G> grads, float grad_scale = 1.0f) {
-    POLYSHARD_CHECK(params.size() == numel_ && grads.size() == numel_, "FusedOptimizer::step: built for ", numel_,
-                    " elements, got params of ", params.size(), " and grads of ", grads.size());
-    const std::int64_t next = step_ + 1;
-    const cudaStream_t stream = current_stream();
-    std::visit(
-        [&](const auto& c) {
-          using C = std::decay_t<decltype(c)>;
-          // No compute copy (G's own type as its placeholder): the engine casts the masters after.
-          if constexpr (std::is_same_v<C, SgdConfig>) {
-            float* momentum = state_.empty() ? nullptr : state_[0].second.data();
-            fused_sgd_step<G, G>(params.data(), grads.data(), momentum, nullptr, numel_, c, next, grad_scale, stream);
-          } else {
-            fused_adam_step<G, G>(params.data(), grads.data(), state_[0].second.data(), state_[1].second.data(),
-                                  nullptr, numel_, static_cast<AdamConfig>(c), next,
-                                  std::is_same_v<C, AdamWConfig>, grad_scale, stream);
-          }
-        },
-        config_);
-    step_ = next;
+    // No compute copy: G's own type stands in for its type, as the kernels are instantiated.
+    launch<G, G>(params, grads, nullptr, grad_scale);
   }
   template <class G>
   void step(std::span<float> params, std::span<G> grads, float grad_scale = 1.0f) {
     step(params, std::span<const G>(grads), grad_scale);
+  }
+  /// step(), also writing the updated weights rounded to P (nearest even) into `compute`
+  /// (device memory, as long as params) in the same pass: the compute-type copy a strategy
+  /// would otherwise cast from the masters after the step. (G, P): (float, bfloat16),
+  /// (float, half), (bfloat16, bfloat16), (half, half), as the precision policies compose them.
+  template <class G, class P>
+    requires(std::same_as<P, half> || std::same_as<P, bfloat16>)
+  void step(std::span<float> params, std::span<const G> grads, std::span<P> compute, float grad_scale = 1.0f) {
+    POLYSHARD_CHECK(compute.size() == params.size(), "FusedOptimizer::step: the compute copy has ", compute.size(),
+                    " elements, the parameters ", params.size());
+    launch<G, P>(params, grads, compute.data(), grad_scale);
   }
 
   std::int64_t step_count() const { return step_; }
@@ -107,6 +101,28 @@ class FusedOptimizer {
   std::vector<std::pair<std::string, Tensor<float, Cuda>>> state() const { return state_; }
 
  private:
+  template <class G, class P>
+  void launch(std::span<float> params, std::span<const G> grads, P* compute, float grad_scale) {
+    POLYSHARD_CHECK(params.size() == numel_ && grads.size() == numel_, "FusedOptimizer::step: built for ", numel_,
+                    " elements, got params of ", params.size(), " and grads of ", grads.size());
+    const std::int64_t next = step_ + 1;
+    const cudaStream_t stream = current_stream();
+    std::visit(
+        [&](const auto& c) {
+          using C = std::decay_t<decltype(c)>;
+          if constexpr (std::is_same_v<C, SgdConfig>) {
+            float* momentum = state_.empty() ? nullptr : state_[0].second.data();
+            fused_sgd_step<G, P>(params.data(), grads.data(), momentum, compute, numel_, c, next, grad_scale, stream);
+          } else {
+            fused_adam_step<G, P>(params.data(), grads.data(), state_[0].second.data(), state_[1].second.data(),
+                                  compute, numel_, static_cast<AdamConfig>(c), next, std::is_same_v<C, AdamWConfig>,
+                                  grad_scale, stream);
+          }
+        },
+        config_);
+    step_ = next;
+  }
+
   static Tensor<float, Cuda> zeros(std::int64_t n) {
     return Tensor<float, Cuda>::zeros({n}, MemoryCategory::OptimizerState);
   }
