@@ -224,8 +224,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       for (State& u : units_) squares += squared_norm(step_grads(u));
       if constexpr (sharding::shards_optimizer_state) all_reduce_scalar(squares);
       last_grad_norm_ = std::sqrt(squares);
-      // torch.nn.utils.clip_grad_norm_'s coefficient, applied only when it shrinks.
-      const double coefficient = max_grad_norm / (last_grad_norm_ + 1e-6);
+      const double coefficient = clip_coefficient(last_grad_norm_, max_grad_norm);  // applied when it shrinks
       if (std::isfinite(max_grad_norm) && coefficient < 1.0)
         for (State& u : units_) scale_gradients(step_grads(u), coefficient);
     }

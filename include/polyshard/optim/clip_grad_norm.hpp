@@ -27,11 +27,15 @@ void scale_span(std::span<G> grads, double factor) {
   for (G& g : grads) g = static_cast<G>(static_cast<compute_t<G>>(g) * f);
 }
 
-/// Scales `grads` by max_norm / (norm + 1e-6) when their norm exceeds `max_norm`, given the
-/// norm of the whole gradient (which may span ranks). Returns the clip coefficient applied.
+/// torch.nn.utils.clip_grad_norm_'s coefficient for a gradient of norm `total_norm`: what it is
+/// scaled by to clip it to `max_norm`, applied only when below 1.
+inline double clip_coefficient(double total_norm, double max_norm) { return max_norm / (total_norm + 1e-6); }
+
+/// Scales `grads` by clip_coefficient() when their norm exceeds `max_norm`, given the norm of
+/// the whole gradient (which may span ranks). Returns the clip coefficient applied.
 template <FloatElement G>
 double scale_to_norm(std::span<G> grads, double total_norm, double max_norm) {
-  const double coefficient = max_norm / (total_norm + 1e-6);
+  const double coefficient = clip_coefficient(total_norm, max_norm);
   if (coefficient >= 1.0) return 1.0;
   scale_span(grads, coefficient);
   return coefficient;

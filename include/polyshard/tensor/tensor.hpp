@@ -222,20 +222,6 @@ class Tensor {
   Shape strides_;
 };
 
-/// `host` on device D: the tensor itself for the host, else a contiguous copy in D's memory.
-/// (Device code includes D's storage header, polyshard/tensor/cuda/storage.hpp for Cuda.)
-template <Device D, Element T>
-Tensor<T, D> on_device(const Tensor<T, Cpu>& host, MemoryCategory category = current_memory_category()) {
-  if constexpr (std::same_as<D, Cpu>) {
-    return host;
-  } else {
-    const Tensor<T, Cpu> c = host.contiguous();
-    auto out = Tensor<T, D>::empty(c.shape(), category);
-    Storage<T, D>::copy_from_host(out.data(), c.data(), c.numel());
-    return out;
-  }
-}
-
 /// Throws an error naming `op` and both shapes unless they are equal.
 inline void check_same_shape(const char* op, const Shape& a, const Shape& b) {
   POLYSHARD_CHECK(a == b, op, ": shape mismatch between ", a, " and ", b);
@@ -243,7 +229,7 @@ inline void check_same_shape(const char* op, const Shape& a, const Shape& b) {
 
 /// dst := src, `src` and `dst` in the memory of any two devices (one of them the host when
 /// they differ); dst contiguous, of src's shape. A transfer waits until it is done.
-/// (Device code includes the device's storage header, as for on_device.)
+/// (Device code includes the device's storage header: polyshard/tensor/cuda/storage.hpp for Cuda.)
 template <Element T, Device From, Device To>
 void copy_across(const Tensor<T, From>& src, const Tensor<T, To>& dst) {
   if constexpr (std::same_as<From, To>) {
@@ -255,6 +241,19 @@ void copy_across(const Tensor<T, From>& src, const Tensor<T, To>& dst) {
     const Tensor<T, From> c = src.contiguous();
     if constexpr (std::same_as<From, Cpu>) Storage<T, To>::copy_from_host(dst.data(), c.data(), c.numel());
     else Storage<T, From>::copy_to_host(dst.data(), c.data(), c.numel());
+  }
+}
+
+/// `host` on device D: the tensor itself for the host, else a contiguous copy in D's memory.
+/// (Device code includes D's storage header, polyshard/tensor/cuda/storage.hpp for Cuda.)
+template <Device D, Element T>
+Tensor<T, D> on_device(const Tensor<T, Cpu>& host, MemoryCategory category = current_memory_category()) {
+  if constexpr (std::same_as<D, Cpu>) {
+    return host;
+  } else {
+    auto out = Tensor<T, D>::empty(host.shape(), category);
+    copy_across(host, out);
+    return out;
   }
 }
 
