@@ -131,6 +131,58 @@ TEMPLATE_TEST_CASE("matmul on device tensors takes the same views as the host ma
   check_tensor("accumulate", c, scale(matmul(a, b), 2.0), 2);
 }
 
+TEMPLATE_TEST_CASE("linear forward and backward on device tensors match the host twins, with the bias folded into "
+                   "the products or not",
+                   "[cuda][tensor]", float, bfloat16) {
+  const std::int64_t rows = 37, in = 40, out = 24;  // rows not a multiple of 8
+  const auto x = rounded<TestType>(test::random_floats(Shape{rows, in}, 21));
+  const auto w = rounded<TestType>(test::random_floats(Shape{out, in}, 22));
+  const auto b = rounded<TestType>(test::random_floats(Shape{out}, 23));
+  const auto dy = rounded<TestType>(test::random_floats(Shape{rows, out}, 24));
+  const auto gx = to_device(cast<TestType>(x)), gw = to_device(cast<TestType>(w)), gdy = to_device(cast<TestType>(dy));
+  // The bias (and its gradient) where a pool block starts, 16-byte aligned: the epilogues take
+  // them; one element further in: the separate passes do. Both must give the same sums.
+  const bool aligned = GENERATE(true, false);
+  CAPTURE(aligned);
+  const std::int64_t at = aligned ? 0 : 1;
+  auto bias_block = Tensor<TestType, Cuda>::zeros(Shape{out + 1});
+  const auto gb = bias_block.flat_view(at, out);
+  copy_across(cast<TestType>(b), gb);
+
+  auto y = Tensor<float>::empty(Shape{rows, out});
+  linear_forward(x, w, b, y);
+  auto gy = poisoned<TestType>(y.shape());
+  linear_forward(gx, gw, gb, gy);
+  check_tensor("y", gy, y, 2);
+
+  // Every gradient overwritten: the weight gradient's product also sums the bias gradient.
+  auto dx = Tensor<float>::empty(x.shape()), dw = Tensor<float>::empty(w.shape()), db = Tensor<float>::empty(b.shape());
+  linear_backward(x, w, dy, GradOut<float>{dx}, GradOut<float>{dw}, GradOut<float>{db});
+  auto gdx = poisoned<TestType>(x.shape()), gdw = poisoned<TestType>(w.shape());
+  auto db_block = poisoned<TestType>(Shape{out + 1});
+  const auto gdb = db_block.flat_view(at, out);
+  linear_backward(gx, gw, gdy, GradOut<TestType, Cuda>{gdx}, GradOut<TestType, Cuda>{gdw}, GradOut<TestType, Cuda>{gdb});
+  check_tensor("dx", gdx, dx, 2);
+  check_tensor("dweight", gdw, dw, 4);
+  check_tensor("dbias", gdb, db, 4);
+
+  // Accumulating (a second micro-batch): the bias gradient takes its own pass, adding.
+  linear_backward(x, w, dy, GradOut<float>{}, GradOut<float>{dw, true}, GradOut<float>{db, true});
+  linear_backward(gx, gw, gdy, GradOut<TestType, Cuda>{}, GradOut<TestType, Cuda>{gdw, true},
+                  GradOut<TestType, Cuda>{gdb, true});
+  check_tensor("dweight, accumulated", gdw, dw, 4);
+  check_tensor("dbias, accumulated", gdb, db, 4);
+
+  // Without a bias, and with only the bias gradient wanted.
+  linear_forward(x, w, Tensor<float>(), y);
+  linear_forward(gx, gw, Tensor<TestType, Cuda>(), gy);
+  check_tensor("y without bias", gy, y, 2);
+  auto only_db = poisoned<TestType>(Shape{out});
+  linear_backward(gx, gw, gdy, GradOut<TestType, Cuda>{}, GradOut<TestType, Cuda>{}, GradOut<TestType, Cuda>{only_db});
+  linear_backward(x, w, dy, GradOut<float>{}, GradOut<float>{}, GradOut<float>{db});
+  check_tensor("dbias alone", only_db, db, 4);
+}
+
 TEMPLATE_TEST_CASE("causal self-attention on device tensors matches the host op, forward and backward",
                    "[cuda][tensor]", float, bfloat16) {
   const int n_head = 4;

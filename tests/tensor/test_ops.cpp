@@ -257,3 +257,49 @@ TEST_CASE("causal_self_attention rejects a qkv that does not split into heads", 
   CHECK_THROWS_WITH(causal_self_attention_forward(Tensor<float>::zeros({1, 2, 9}), 2, out, att),
                     Catch::Contains("causal_self_attention") && Catch::Contains("(1, 2, 9)"));
 }
+
+TEMPLATE_TEST_CASE("linear_forward and linear_backward match the sums they stand for", "[tensor][ops]", float, double) {
+  const std::int64_t rows = 7, in = 5, out = 3;
+  const auto x = random_as<TestType>({rows, in}, 1), w = random_as<TestType>({out, in}, 2);
+  const auto b = random_as<TestType>({out}, 3), dy = random_as<TestType>({rows, out}, 4);
+  const bool with_bias = GENERATE(true, false);
+  CAPTURE(with_bias);
+
+  auto y = Tensor<TestType>::full({rows, out}, TestType(NAN));
+  linear_forward(x, w, with_bias ? b : Tensor<TestType>(), y);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t o = 0; o < out; ++o) {
+      double s = with_bias ? double(b.at(o)) : 0.0;
+      for (std::int64_t i = 0; i < in; ++i) s += double(x.at(r, i)) * double(w.at(o, i));
+      CHECK(double(y.at(r, o)) == Approx(s).epsilon(tol<TestType>()));
+    }
+
+  // dx overwritten, dweight and dbias added to what they hold (as under gradient accumulation).
+  auto dx = Tensor<TestType>::full({rows, in}, TestType(NAN));
+  auto dw = Tensor<TestType>::full({out, in}, TestType(1)), db = Tensor<TestType>::full({out}, TestType(2));
+  linear_backward(x, w, dy, GradOut<TestType>{dx}, GradOut<TestType>{dw, true}, GradOut<TestType>{db, true});
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t i = 0; i < in; ++i) {
+      double s = 0;
+      for (std::int64_t o = 0; o < out; ++o) s += double(dy.at(r, o)) * double(w.at(o, i));
+      CHECK(double(dx.at(r, i)) == Approx(s).epsilon(tol<TestType>()));
+    }
+  for (std::int64_t o = 0; o < out; ++o) {
+    double sb = 2;
+    for (std::int64_t r = 0; r < rows; ++r) sb += double(dy.at(r, o));
+    CHECK(double(db.at(o)) == Approx(sb).epsilon(tol<TestType>()));
+    for (std::int64_t i = 0; i < in; ++i) {
+      double s = 1;
+      for (std::int64_t r = 0; r < rows; ++r) s += double(dy.at(r, o)) * double(x.at(r, i));
+      CHECK(double(dw.at(o, i)) == Approx(s).epsilon(tol<TestType>()));
+    }
+  }
+}
+
+TEST_CASE("linear_forward names the op and the shapes that do not fit", "[tensor][ops]") {
+  const auto x = Tensor<float>::zeros({4, 5}), w = Tensor<float>::zeros({3, 6}), y = Tensor<float>::zeros({4, 3});
+  CHECK_THROWS_WITH(linear_forward(x, w, Tensor<float>(), y),
+                    Catch::Contains("linear") && Catch::Contains("(4, 5)") && Catch::Contains("(3, 6)"));
+  const auto w2 = Tensor<float>::zeros({3, 5}), bad_bias = Tensor<float>::zeros({4});
+  CHECK_THROWS_WITH(linear_forward(x, w2, bad_bias, y), Catch::Contains("bias of shape"));
+}

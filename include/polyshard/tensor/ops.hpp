@@ -9,6 +9,7 @@
 #include "polyshard/tensor/ops/gelu.hpp"
 #include "polyshard/tensor/ops/grad_out.hpp"
 #include "polyshard/tensor/ops/layer_norm.hpp"
+#include "polyshard/tensor/ops/linear.hpp"
 #include "polyshard/tensor/ops/matmul.hpp"
 #include "polyshard/tensor/ops/reduce.hpp"
 #include "polyshard/tensor/ops/softmax.hpp"

@@ -14,6 +14,7 @@
 #include "polyshard/tensor/cuda/transformer_kernels.hpp"
 #include "polyshard/tensor/ops/cross_entropy.hpp"  // detail::row_shape
 #include "polyshard/tensor/ops/grad_out.hpp"
+#include "polyshard/tensor/ops/linear.hpp"  // detail::check_linear
 #include "polyshard/tensor/ops/matmul.hpp"
 #include "polyshard/tensor/tensor.hpp"
 
@@ -330,6 +331,39 @@ Operand<T> operand(const Tensor<T, Cuda>& t) {
   if (o.view.rank() > 2) o.batch_stride = o.view.strides()[o.view.rank() - 3];
   return o;
 }
+
+/// Whether a bias (or bias gradient) vector is aligned as cuBLASLt's epilogue kernels are sure
+/// to take it: 16 bytes. Parameters packed into a flat unit buffer need not be; they take the
+/// separate pass instead.
+inline bool vector_aligned(const void* p) { return cuda::detail::alignment_of(p) >= 16; }
+
+/// The cuBLASLt arguments of C = alpha * A B + beta * C (shapes checked, k > 0), with the
+/// operands they point into: keep it alive until the product is enqueued.
+template <class T>
+struct Product {
+  Operand<T> a, b;
+  cuda::MatmulArgs<T> args;
+
+  Product(const Tensor<T, Cuda>& ta, const Tensor<T, Cuda>& tb, const Tensor<T, Cuda>& c, float alpha, float beta)
+      : a(operand(ta)), b(operand(tb)) {
+    const std::int64_t m = ta.size(-2), n = tb.size(-1);
+    const bool shared_b = tb.rank() == 2;
+    const std::int64_t batch = ta.shape().leading(2);
+    args.k = ta.size(-1);
+    args.a = a.view.data(), args.lda = a.layout.ld, args.trans_a = a.layout.transposed;
+    args.b = b.view.data(), args.ldb = b.layout.ld, args.trans_b = b.layout.transposed;
+    args.c = c.data(), args.ldc = n;
+    args.alpha = alpha, args.beta = beta;
+    if (shared_b && !a.layout.transposed && (batch == 1 || a.view.is_contiguous())) {
+      // A plain A times a shared B is one tall product over every batch row.
+      args.m = batch * m, args.n = n;
+    } else {
+      args.m = m, args.n = n;
+      args.batch_count = batch;
+      args.stride_a = a.batch_stride, args.stride_b = shared_b ? 0 : b.batch_stride, args.stride_c = m * n;
+    }
+  }
+};
 }  // namespace detail::cuda_ops
 
 /// C = alpha * A B + beta * C through cuBLASLt (fp32 accumulation; TF32 off, so fp32 products
@@ -339,39 +373,71 @@ template <CudaFloatElement T>
 void matmul_into(const Tensor<T, Cuda>& a, const Tensor<T, Cuda>& b, const Tensor<T, Cuda>& c, float alpha = 1.0f,
                  float beta = 0.0f) {
   detail::check_matmul_output(a, b, c);
-  const std::int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
-  const bool shared_b = b.rank() == 2;
-  const std::int64_t batch = a.shape().leading(2);
   if (c.numel() == 0) return;
-  if (k == 0) {  // an empty sum: C = beta C, and beta = 0 never reads C (it may hold NaN)
+  if (a.size(-1) == 0) {  // an empty sum: C = beta C, and beta = 0 never reads C (it may hold NaN)
     if (beta == 0.0f)
       c.fill(T(0.0f));
     else
       scale_into(c, beta, c);
     return;
   }
-  const auto oa = detail::cuda_ops::operand(a), ob = detail::cuda_ops::operand(b);
-  cuda::MatmulArgs<T> args;
-  args.k = k;
-  args.a = oa.view.data(), args.lda = oa.layout.ld, args.trans_a = oa.layout.transposed;
-  args.b = ob.view.data(), args.ldb = ob.layout.ld, args.trans_b = ob.layout.transposed;
-  args.c = c.data(), args.ldc = n;
-  args.alpha = alpha, args.beta = beta;
-  if (shared_b && !oa.layout.transposed && (batch == 1 || oa.view.is_contiguous())) {
-    // A plain A times a shared B is one tall product over every batch row.
-    args.m = batch * m, args.n = n;
-  } else {
-    args.m = m, args.n = n;
-    args.batch_count = batch;
-    args.stride_a = oa.batch_stride, args.stride_b = shared_b ? 0 : ob.batch_stride, args.stride_c = m * n;
-  }
-  cuda::matmul(args, cuda::current_stream());
+  const detail::cuda_ops::Product<T> p(a, b, c, alpha, beta);
+  cuda::matmul(p.args, cuda::current_stream());
 }
 template <CudaFloatElement T>
 Tensor<T, Cuda> matmul(const Tensor<T, Cuda>& a, const Tensor<T, Cuda>& b) {
   auto c = Tensor<T, Cuda>::empty(detail::matmul_output_shape(a, b));
   matmul_into(a, b, c);
   return c;
+}
+
+/// y = x weight^T (+ bias): the device's twin of the host's linear_forward. One cuBLASLt
+/// product whose epilogue adds the bias, so y is written once. x: (R, in); weight: (out, in);
+/// bias: (out) or undefined; y: (R, out), contiguous.
+template <CudaFloatElement T>
+void linear_forward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& weight, const Tensor<T, Cuda>& bias,
+                    const Tensor<T, Cuda>& y) {
+  detail::check_linear("linear", x, weight, bias, y);
+  const Tensor<T, Cuda> b = bias.defined() ? bias.contiguous() : bias;
+  if (!b.defined() || y.numel() == 0 || x.size(1) == 0 || !detail::cuda_ops::vector_aligned(b.data())) {
+    matmul_into(x, weight.transpose(), y);
+    if (b.defined()) add_bias_into(y, b);
+    return;
+  }
+  detail::cuda_ops::Product<T> p(x, weight.transpose(), y, 1.0f, 0.0f);
+  p.args.epilogue = cuda::Epilogue::Bias;
+  p.args.bias = b.data();
+  cuda::matmul(p.args, cuda::current_stream());
+}
+
+/// The gradients of linear_forward: the device's twin of the host's linear_backward. Where the
+/// bias gradient is overwritten (not accumulated) alongside the weight's, the weight gradient's
+/// product dy^T x sums dy's columns into it in its epilogue, instead of a pass of its own.
+template <CudaFloatElement T>
+void linear_backward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& weight, const Tensor<T, Cuda>& dy,
+                     const GradOut<T, Cuda>& dx, const GradOut<T, Cuda>& dweight, const GradOut<T, Cuda>& dbias) {
+  check_same_shape("linear backward", dy.shape(), Shape{x.size(0), weight.size(0)});
+  const auto beta = [](bool accumulate) { return accumulate ? 1.0f : 0.0f; };
+  if (dx.wanted()) matmul_into(dy, weight, dx.tensor, 1.0f, beta(dx.accumulate));
+  bool bias_done = false;
+  if (dweight.wanted()) {
+    const bool fold_bias = dbias.wanted() && !dbias.accumulate && x.numel() > 0 && dy.numel() > 0 &&
+                           detail::cuda_ops::vector_aligned(dbias.tensor.data());
+    if (!fold_bias) {
+      matmul_into(dy.transpose(), x, dweight.tensor, 1.0f, beta(dweight.accumulate));
+    } else {
+      detail::check_matmul_output(dy.transpose(), x, dweight.tensor);
+      detail::check_output("linear backward", "dbias", dbias.tensor, Shape{weight.size(0)});
+      detail::cuda_ops::Product<T> p(dy.transpose(), x, dweight.tensor, 1.0f, beta(dweight.accumulate));
+      if (p.args.trans_a) {  // cuBLASLt sums A into a bias only from a transposed view
+        p.args.epilogue = cuda::Epilogue::BiasGradA;
+        p.args.bias_grad = dbias.tensor.data();
+        bias_done = true;
+      }
+      cuda::matmul(p.args, cuda::current_stream());
+    }
+  }
+  if (dbias.wanted() && !bias_done) column_sum(dy, dbias);
 }
 
 /// Causal self-attention of GPT-2's fused projections, as the CPU op computes it: per head,
