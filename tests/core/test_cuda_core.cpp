@@ -9,6 +9,8 @@
 #include "polyshard/core/cuda/runtime.hpp"
 #include "polyshard/core/cuda/stream.hpp"
 #include "polyshard/core/memory_tracker.hpp"
+#include "polyshard/tensor/cuda/storage.hpp"
+#include "polyshard/tensor/tensor.hpp"
 
 using namespace polyshard;
 
@@ -53,17 +55,36 @@ TEST_CASE("an event orders a copy on one stream before a read on another", "[cud
   producer.synchronize();
 }
 
-TEST_CASE("pinned host memory is counted and moves without copying", "[cuda][core]") {
+TEST_CASE("host tensors made in a scope of the pinned allocator are page-locked, counted and reused", "[cuda][core]") {
   MemoryTracker tracker;
-  TrackerScope scope(tracker);
-  cuda::PinnedHostBlock block(1 << 16, MemoryCategory::OptimizerState);
-  CHECK(tracker.current(MemoryCategory::OptimizerState) == (1 << 16));
-  void* p = block.data();
-  cuda::PinnedHostBlock moved(std::move(block));
-  CHECK(moved.data() == p);
-  CHECK(block.data() == nullptr);
-  moved.reset();
+  TrackerScope tracking(tracker);
+  auto& pinned = cuda::pinned_host_allocator();
+  const auto pinned_before = pinned.system_allocations();
+  const auto is_pinned = [](const void* p) {
+    cudaPointerAttributes attributes{};
+    REQUIRE(cudaPointerGetAttributes(&attributes, p) == cudaSuccess);
+    return attributes.type == cudaMemoryTypeHost;
+  };
+  void* first = nullptr;
+  {
+    HostAllocatorScope scope(pinned);
+    auto t = Tensor<float>::empty({1 << 16}, MemoryCategory::OptimizerState);
+    CHECK(tracker.current(MemoryCategory::OptimizerState) == (4 << 16));
+    CHECK(is_pinned(t.data()));
+    first = t.data();
+  }
   CHECK(tracker.current(MemoryCategory::OptimizerState) == 0);
+  {
+    HostAllocatorScope scope(pinned);
+    auto again = Tensor<float>::empty({1 << 16});
+    CHECK(again.data() == first);  // the cached block, not a second pinning
+  }
+  CHECK(pinned.system_allocations() - pinned_before <= 1);
+  auto pageable = Tensor<float>::empty({1 << 16});
+  CHECK_FALSE(is_pinned(pageable.data()));
+  // The staging allocator of device storage is this one; the host's is the pageable one.
+  CHECK(&Storage<float, Cuda>::staging_allocator() == &pinned);
+  CHECK(&Storage<float, Cpu>::staging_allocator() == &CachingHostAllocator::instance());
 }
 
 TEST_CASE("a failing CUDA call names itself", "[cuda][core]") {

@@ -178,3 +178,26 @@ TEMPLATE_TEST_CASE("the compute copy the fused step writes is the masters rounde
     CHECK(differing == 0);
   }
 }
+
+TEMPLATE_TEST_CASE("offloaded state of a device engine lives in pinned host memory, given back with the engine",
+                   "[cuda][engine]", FsdpCpuOffload, ZeRO3ParamOffload) {
+  auto& pinned = cuda::pinned_host_allocator();
+  const std::size_t before = pinned.in_use_bytes();
+  std::int64_t parameters = 0;
+  {
+    NcclCommunicator comm = one_gpu();
+    Gpt<float, Cuda> model(test::tiny_gpt());
+    Engine<TestType, Gpt<float, Cuda>, NcclCommunicator, Sgd<float>> engine(model, comm, test::momentum_sgd(), {}, 42);
+    for (const auto& [name, values] : engine.full_parameters()) parameters += std::int64_t(values.size());
+    // The master weights at least (world size 1: every shard is the whole unit), fp32.
+    CHECK(pinned.in_use_bytes() - before >= std::size_t(parameters) * sizeof(float));
+    BatchSampler sampler(test::tiny_data(), 8, 6, 7);
+    const Batch b = sampler.batch(0, 0, 1);
+    auto loss = engine.forward([&] { return model.loss(to_device(b.inputs), to_device(b.targets)); });
+    engine.backward(loss, 1.0);
+    loss = {};
+    engine.step(0.1);  // gradients come down into pinned buffers too
+    CHECK(pinned.in_use_bytes() - before >= 2 * std::size_t(parameters) * sizeof(float));
+  }
+  CHECK(pinned.in_use_bytes() == before);
+}

@@ -370,8 +370,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   void stage_step_grads(State& u) {
     if constexpr (!std::same_as<typename State::step_device, device>) {
       const auto g = Behaviour::optimizer_grads(u);
-      if (!u.step_grads.defined())
-        u.step_grads = Tensor<RT, typename State::step_device>::empty(g.shape(), MemoryCategory::Gradients);
+      if (!u.step_grads.defined()) u.step_grads = detail::buffer<RT, typename State::step_device>(u, g.numel(), MemoryCategory::Gradients);
       copy_across(g, u.step_grads);
     }
   }

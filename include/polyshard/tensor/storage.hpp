@@ -19,26 +19,28 @@ namespace polyshard {
 template <Element T, Device D>
 class Storage;  // primary template: specialized per device
 
-/// Host storage from the caching allocator. Elements are left uninitialized.
+/// Host storage from the thread's current caching allocator (current_host_allocator(): pageable
+/// memory unless a HostAllocatorScope names another). Elements are left uninitialized.
 template <Element T>
 class Storage<T, Cpu> {
  public:
   Storage(std::size_t numel, MemoryCategory category)
-      : numel_(numel), category_(category), tracker_(&current_memory_tracker()) {
-    data_ = static_cast<T*>(CachingHostAllocator::instance().allocate(bytes()));
+      : numel_(numel), category_(category), tracker_(&current_memory_tracker()), allocator_(&current_host_allocator()) {
+    data_ = static_cast<T*>(allocator_->allocate(bytes()));
     tracker_->add(category_, static_cast<std::int64_t>(bytes()));
   }
-  /// No elements yet: as after release(), until materialize() allocates them. A sharded
-  /// strategy builds a unit's whole buffers this way, so that no rank ever holds them at start-up.
+  /// No elements yet: as after release(), until materialize() allocates them (from the
+  /// allocator current now). A sharded strategy builds a unit's whole buffers this way, so
+  /// that no rank ever holds them at start-up.
   Storage(std::size_t numel, MemoryCategory category, std::nullptr_t)
-      : numel_(numel), category_(category), tracker_(&current_memory_tracker()) {}
+      : numel_(numel), category_(category), tracker_(&current_memory_tracker()), allocator_(&current_host_allocator()) {}
   /// Wraps memory the caller owns; nothing is counted or freed.
   Storage(T* external, std::size_t numel)
       : data_(external), numel_(numel), category_(MemoryCategory::Other), tracker_(nullptr), owned_(false) {}
 
   ~Storage() {
     if (!owned_ || !data_) return;
-    CachingHostAllocator::instance().deallocate(data_, bytes());
+    allocator_->deallocate(data_, bytes());
     tracker_->sub(category_, static_cast<std::int64_t>(bytes()));
   }
   Storage(const Storage&) = delete;
@@ -52,15 +54,16 @@ class Storage<T, Cpu> {
   /// an object: how a sharded strategy frees a gathered unit without unbinding its parameters.
   void release() {
     if (!owned_ || !data_) return;
-    CachingHostAllocator::instance().deallocate(data_, bytes());
+    allocator_->deallocate(data_, bytes());
     tracker_->sub(category_, static_cast<std::int64_t>(bytes()));
     data_ = nullptr;
   }
-  /// Allocates the elements again (uninitialized) after release(); counted in the current tracker.
+  /// Allocates the elements again (uninitialized) after release(), from the allocator they
+  /// came from at construction; counted in the current tracker.
   void materialize() {
     if (!owned_ || data_ || numel_ == 0) return;
     tracker_ = &current_memory_tracker();
-    data_ = static_cast<T*>(CachingHostAllocator::instance().allocate(bytes()));
+    data_ = static_cast<T*>(allocator_->allocate(bytes()));
     tracker_->add(category_, static_cast<std::int64_t>(bytes()));
   }
   std::size_t numel() const { return numel_; }
@@ -87,6 +90,9 @@ class Storage<T, Cpu> {
     }
   }
   static void fill(T* out, std::int64_t n, T value) { std::fill_n(out, n, value); }
+  /// The host allocator whose memory this device copies fastest to and from: for the host
+  /// itself, the pageable one.
+  static CachingHostAllocator& staging_allocator() { return CachingHostAllocator::instance(); }
   /// Copies `n` elements from this device's memory to host memory.
   static void copy_to_host(T* host, const T* src, std::int64_t n) { std::copy_n(src, n, host); }
   /// Copies `n` elements from host memory into this device's memory.
@@ -97,6 +103,7 @@ class Storage<T, Cpu> {
   std::size_t numel_;
   MemoryCategory category_;
   MemoryTracker* tracker_;
+  CachingHostAllocator* allocator_ = nullptr;
   bool owned_ = true;
 };
 

@@ -1,58 +1,33 @@
-// Page-locked host memory for offload transfers: copies from it run asynchronously at full
-// PCIe/NVLink-C2C speed, where pageable memory would be staged by the driver.
+// Page-locked host memory for offload transfers: copies from it run at full PCIe/NVLink-C2C
+// speed and may run asynchronously, where pageable memory would be staged by the driver.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
-#include <utility>
 
 #include "polyshard/core/cuda/error.hpp"
-#include "polyshard/core/memory_tracker.hpp"
+#include "polyshard/core/host_allocator.hpp"
 
 namespace polyshard::cuda {
 
-/// Pinned host memory counted under a category in the current tracker, as host memory is.
-class PinnedHostBlock {
- public:
-  PinnedHostBlock() = default;
-  PinnedHostBlock(std::size_t bytes, MemoryCategory category)
-      : bytes_(bytes), category_(category), tracker_(&current_memory_tracker()) {
-    if (bytes_ == 0) return;
-    POLYSHARD_CUDA_CHECK(cudaHostAlloc(&data_, bytes_, cudaHostAllocPortable));
-    tracker_->add(category_, static_cast<std::int64_t>(bytes_));
-  }
-  ~PinnedHostBlock() { reset(); }
-  PinnedHostBlock(PinnedHostBlock&& o) noexcept { swap(o); }
-  PinnedHostBlock& operator=(PinnedHostBlock&& o) noexcept {
-    PinnedHostBlock tmp(std::move(o));
-    swap(tmp);
-    return *this;
-  }
-  PinnedHostBlock(const PinnedHostBlock&) = delete;
-  PinnedHostBlock& operator=(const PinnedHostBlock&) = delete;
+namespace detail {
+inline void* pinned_allocate(std::size_t bytes) {
+  void* p = nullptr;
+  // Portable: pinned for every device of the process, as a rank's thread may use any of them.
+  POLYSHARD_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocPortable));
+  return p;  // page-aligned, more than CachingHostAllocator::alignment
+}
+inline void pinned_free(void* p) { cudaFreeHost(p); }  // at exit the runtime may be gone: unchecked
+}  // namespace detail
 
-  void* data() const { return data_; }
-  std::size_t bytes() const { return bytes_; }
-
-  void reset() {
-    if (!data_) return;
-    cudaFreeHost(data_);
-    tracker_->sub(category_, static_cast<std::int64_t>(bytes_));
-    data_ = nullptr;
-  }
-
- private:
-  void swap(PinnedHostBlock& o) noexcept {
-    std::swap(data_, o.data_);
-    std::swap(bytes_, o.bytes_);
-    std::swap(category_, o.category_);
-    std::swap(tracker_, o.tracker_);
-  }
-  void* data_ = nullptr;
-  std::size_t bytes_ = 0;
-  MemoryCategory category_ = MemoryCategory::Other;
-  MemoryTracker* tracker_ = nullptr;
-};
+/// The process's caching allocator of pinned host memory. Pinning is slow (a system call and
+/// page-table work per block), so freed blocks are kept and handed out again, as pageable ones
+/// are. Host tensors take their memory from it inside a HostAllocatorScope naming it; they are
+/// counted under their category as any host tensor.
+inline CachingHostAllocator& pinned_host_allocator() {
+  static CachingHostAllocator* allocator = new CachingHostAllocator({detail::pinned_allocate, detail::pinned_free});
+  return *allocator;
+}
 
 }  // namespace polyshard::cuda

@@ -21,11 +21,18 @@ struct ShardingBehaviour {
 
 namespace detail {
 /// A tensor of `n` elements in the memory of device Where (by default unit state U's device),
-/// counted under `category`.
+/// counted under `category`. A host buffer of a device unit (offloaded state, whose every step
+/// moves to or from the device) comes from the device's staging allocator: pinned for CUDA.
 template <class X, class Where = void, class U>
 auto buffer(const U&, std::int64_t n, MemoryCategory category) {
-  using E = std::conditional_t<std::is_void_v<Where>, typename U::device, Where>;
-  return Tensor<X, E>::empty({n}, category);
+  using D = typename U::device;
+  using E = std::conditional_t<std::is_void_v<Where>, D, Where>;
+  if constexpr (std::same_as<E, Cpu> && !std::same_as<D, Cpu>) {
+    HostAllocatorScope staging(Storage<X, D>::staging_allocator());
+    return Tensor<X, E>::empty({n}, category);
+  } else {
+    return Tensor<X, E>::empty({n}, category);
+  }
 }
 
 /// The compute-dtype parameters and the view the modules bind to (a float copy on the host

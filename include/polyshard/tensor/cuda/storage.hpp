@@ -10,6 +10,7 @@
 #include "polyshard/core/cuda/current_stream.hpp"
 #include "polyshard/core/cuda/device_memory_pool.hpp"
 #include "polyshard/core/cuda/error.hpp"
+#include "polyshard/core/cuda/pinned_allocator.hpp"
 #include "polyshard/tensor/cuda/tensor_kernels.hpp"
 #include "polyshard/tensor/storage.hpp"
 
@@ -74,6 +75,8 @@ class Storage<T, Cuda> {
     std::memcpy(&bits, &value, sizeof(T));
     cuda::fill_bits(out, n, bits, cuda::current_stream());
   }
+  /// The host allocator whose memory this device copies fastest to and from: pinned memory.
+  static CachingHostAllocator& staging_allocator() { return cuda::pinned_host_allocator(); }
   /// Copies `n` device elements to host memory and waits for them.
   static void copy_to_host(T* host, const T* src, std::int64_t n) {
     const cudaStream_t stream = cuda::current_stream();

@@ -28,7 +28,8 @@ Tensor<To> cast(const Tensor<From>& x, MemoryCategory category = current_memory_
 }
 
 /// out = x converted to To, x and out in the memory of any two devices: the conversion runs
-/// where x is, then the result moves (one transfer, of To's elements).
+/// where x is, then the result moves (one transfer, of To's elements; from the host, out of
+/// the memory the device copies fastest from).
 template <Element To, Element From, Device D1, Device D2>
 void cast_across(const Tensor<From, D1>& x, const Tensor<To, D2>& out) {
   if constexpr (std::same_as<D1, D2>) {
@@ -36,6 +37,7 @@ void cast_across(const Tensor<From, D1>& x, const Tensor<To, D2>& out) {
   } else if constexpr (std::same_as<From, To>) {
     copy_across(x, out);
   } else {
+    HostAllocatorScope staging(Storage<To, D2>::staging_allocator());  // used only when D1 is the host
     const auto converted = Tensor<To, D1>::empty(x.shape(), MemoryCategory::Communication);
     cast_into(x, converted);
     copy_across(converted, out);
