@@ -16,10 +16,11 @@ prefix=()
 nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null || true)
 [ -n "$nccl" ] && prefix+=(-DPOLYSHARD_NCCL_INCLUDE_DIR="$nccl/include" -DPOLYSHARD_NCCL_LIBRARY="$(ls "$nccl"/lib/libnccl.so* | head -1)")
 cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-  -DPOLYSHARD_ENABLE_CUDA=ON -DPOLYSHARD_ENABLE_MPI=OFF -DPOLYSHARD_BUILD_EXAMPLES=OFF "${prefix[@]}" \
+  -DPOLYSHARD_ENABLE_CUDA=ON -DPOLYSHARD_ENABLE_MPI=OFF -DPOLYSHARD_BUILD_EXAMPLES=ON "${prefix[@]}" \
   > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-gpu_tests="test_cuda_core test_cuda_tensor test_cuda_matmul test_cuda_transformer test_cuda_optimizers test_cuda_unit_kernels test_cuda_autograd test_cuda_gpt"
-ninja -C build/gpu -t query test_comm_nccl >/dev/null 2>&1 && gpu_tests+=" test_comm_nccl test_cuda_engine"  # where NCCL was found
+gpu_tests="test_cuda_core test_cuda_tensor test_cuda_matmul test_cuda_transformer test_cuda_optimizers test_cuda_unit_kernels test_cuda_autograd test_cuda_gpt polyshard-cuda-tensors"
+# Where NCCL was found: the device engines, and polyshard-train --device cuda (its checkpoints).
+ninja -C build/gpu -t query test_comm_nccl >/dev/null 2>&1 && gpu_tests+=" test_comm_nccl test_cuda_engine polyshard-train"
 cmake --build build/gpu --target $gpu_tests bench_matmul_cuda bench_adamw_cuda bench_train_cuda > "$out/build.log" 2>&1 ||
   { grep -E 'error' -A3 "$out/build.log" | head -60; exit 1; }
 status=0

@@ -3,22 +3,7 @@
 # ZeRO-Infinity; resumed instead as DDP on 1 rank it follows within rounding; full weights
 # exported by one run start another.
 set(common --layers 2 --heads 2 --embd 32 --seq 32 --batch 8 --log-every 100)
-function(train name)
-  execute_process(COMMAND ${PROGRAM} ${common} ${ARGN} --metrics ${WORK_DIR}/${name}.jsonl
-                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "polyshard-train ${ARGN} failed (${rc}):\n${out}\n${err}")
-  endif()
-  file(STRINGS ${WORK_DIR}/${name}.jsonl lines)
-  set(losses "")
-  foreach(line IN LISTS lines)
-    string(JSON step GET "${line}" step)
-    string(JSON loss GET "${line}" loss)
-    list(APPEND losses "${step}:${loss}")
-  endforeach()
-  set(${name} "${losses}" PARENT_SCOPE)
-  set(${name}_out "${out}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/train_losses.cmake)
 
 file(REMOVE_RECURSE ${WORK_DIR}/resume-ckpt)
 train(whole --strategy zero3 --world-size 2 --steps 6)

@@ -52,35 +52,6 @@ struct RankFigures {
                                                    "reduce"};
 };
 
-/// comm.all_gather of host values, staged through the memory of device D when the
-/// communicator moves device buffers (NCCL).
-template <class D, class Comm>
-void all_gather_host(Comm& comm, std::span<const double> mine, std::span<double> all) {
-  if constexpr (requires { requires Comm::device_buffers; }) {
-    auto in = on_device<D>(Tensor<double>::from({static_cast<std::int64_t>(mine.size())}, mine));
-    auto out = Tensor<double, D>::empty({static_cast<std::int64_t>(all.size())});
-    comm.all_gather(std::span<const double>(in.span()), out.span());
-    const std::vector<double> host = out.to_vector();
-    std::copy(host.begin(), host.end(), all.begin());
-  } else {
-    comm.all_gather(mine, all);
-  }
-}
-/// The sum of `value` over the ranks of `comm` (staged as all_gather_host is).
-template <class D, class Comm>
-double sum_over_ranks(Comm& comm, double value) {
-  if constexpr (requires { requires Comm::device_buffers; }) {
-    std::vector<double> all(static_cast<std::size_t>(comm.size()));
-    all_gather_host<D>(comm, std::span<const double>(&value, 1), std::span<double>(all));
-    double sum = 0;
-    for (double x : all) sum += x;
-    return sum;
-  } else {
-    comm.all_reduce(std::span<double>(&value, 1), ReduceOp::Sum);
-    return value;
-  }
-}
-
 /// Trains on one rank of `comm` under strategy S, computing on device D (a device needs
 /// polyshard/engine/cuda/engine.hpp included first). Rank 0 prints progress and writes metrics.
 template <class S, class D = Cpu, class Comm>
@@ -88,9 +59,6 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
   constexpr bool on_host = std::same_as<D, Cpu>;
   // A host model computes in float; a device model in the precision policy's compute type.
   using Model = Gpt<std::conditional_t<on_host, float, typename S::compute_type>, D>;
-  POLYSHARD_CHECK(on_host || (o.save.empty() && o.resume.empty() && o.init.empty() && o.export_weights.empty()),
-                  "polyshard-train: --save, --resume, --init and --export are not built for --device ", D::name,
-                  " yet: train on the host (--device cpu) to read or write weights");
   MemoryTracker memory;
   TrackerScope scope(memory);
   const int world = comm.size(), rank = comm.rank();
@@ -114,7 +82,6 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
   std::int64_t first_step = 0;
   std::uint64_t seed = o.seed;
   const auto tied = tied_parameters<Model>::of(model);
-  if constexpr (on_host) {
   if (!o.init.empty()) load_full_weights(engine, o.init, tied);
   if (!o.resume.empty()) {
     const TrainingState state = load_checkpoint(engine, o.resume);
@@ -129,13 +96,9 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
       std::printf("resuming from %s at step %lld (seed %llu)\n", o.resume.c_str(), static_cast<long long>(first_step),
                   static_cast<unsigned long long>(seed));
   }
-  }
   auto save = [&](std::int64_t steps_done) {
-    if constexpr (on_host) {
-      save_checkpoint(engine, o.save, {.step = steps_done, .seed = seed, .extra = run_values});
-      if (rank == 0)
-        std::printf("saved checkpoint %s at step %lld\n", o.save.c_str(), static_cast<long long>(steps_done));
-    }
+    save_checkpoint(engine, o.save, {.step = steps_done, .seed = seed, .extra = run_values});
+    if (rank == 0) std::printf("saved checkpoint %s at step %lld\n", o.save.c_str(), static_cast<long long>(steps_done));
   };
 
   const std::int64_t micro_rows = o.batch / o.accum;
@@ -195,7 +158,8 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
       mine[RankFigures::kinds + 1 + c] = static_cast<double>(memory.peak(static_cast<MemoryCategory>(c)));
     std::vector<double> all(mine.size() * static_cast<std::size_t>(world));
     all_gather_host<D>(comm, std::span<const double>(mine), std::span<double>(all));
-    const double loss_sum = sum_over_ranks<D>(comm, local_loss);
+    double loss_sum = local_loss;
+    all_reduce_host<D>(comm, std::span<double>(&loss_sum, 1), ReduceOp::Sum);
     if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < o.steps) save(step + 1);
     if (rank != 0) continue;
 
@@ -237,11 +201,9 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
     }
   }
   if (!o.save.empty()) save(std::max(first_step, o.steps));
-  if constexpr (on_host) {
-    if (!o.export_weights.empty()) {
-      save_full_weights(engine, o.export_weights, tied);
-      if (rank == 0) std::printf("exported full weights to %s\n", o.export_weights.c_str());
-    }
+  if (!o.export_weights.empty()) {
+    save_full_weights(engine, o.export_weights, tied);
+    if (rank == 0) std::printf("exported full weights to %s\n", o.export_weights.c_str());
   }
   if (rank == 0)
     std::printf("done: loss %.4f -> %.4f in %lld steps\n", first_loss, last_loss,

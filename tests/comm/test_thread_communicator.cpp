@@ -14,6 +14,7 @@
 
 #include "comm/collective_checks.hpp"
 #include "polyshard/comm/comm.hpp"
+#include "polyshard/comm/host_values.hpp"
 
 using namespace polyshard;
 using namespace std::chrono_literals;
@@ -285,4 +286,24 @@ TEST_CASE("scratch buffers are counted as communication memory", "[comm][thread]
     comm.all_reduce(std::span<polyshard::half>(x));  // half partial sums live in a float scratch buffer
   });
   CHECK(tracker.peak(MemoryCategory::Communication) >= static_cast<std::int64_t>(1000 * sizeof(float)));
+}
+
+TEST_CASE("all_reduce_host, all_gather_host and broadcast_host move host values on a host communicator", "[comm]") {
+  static_assert(!moves_device_buffers<ThreadCommunicator>);
+  const int world = 3;
+  run_ranks(world, [](ThreadCommunicator& comm) {
+    std::vector<double> values{double(comm.rank()), 1.5};
+    all_reduce_host<Cpu>(comm, std::span<double>(values));
+    CHECK(values == std::vector<double>{0.0 + 1.0 + 2.0, 4.5});
+    float largest = float(comm.rank()) * 2.0f;
+    all_reduce_host<Cpu>(comm, std::span<float>(&largest, 1), ReduceOp::Avg);
+    CHECK(largest == 2.0f);
+    const std::vector<double> mine{double(comm.rank()), -double(comm.rank())};
+    std::vector<double> all(2 * world);
+    all_gather_host<Cpu>(comm, std::span<const double>(mine), std::span<double>(all));
+    CHECK(all == std::vector<double>{0, -0.0, 1, -1, 2, -2});
+    std::vector<float> from_root{float(comm.rank()), 7.0f};
+    broadcast_host<Cpu>(comm, std::span<float>(from_root), 2);
+    CHECK(from_root == std::vector<float>{2.0f, 7.0f});
+  }, test_options());
 }

@@ -12,6 +12,8 @@
 
 #include "polyshard/engine/cuda/engine.hpp"
 #include "engine_fixture.hpp"
+#include "io/temp_dir.hpp"
+#include "polyshard/io/io.hpp"
 
 using namespace polyshard;
 
@@ -21,6 +23,23 @@ NcclCommunicator one_gpu() {
   ncclUniqueId id;
   REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
   return NcclCommunicator(0, 1, id, 0);
+}
+
+/// One training step of tiny_gpt() (global batch 6, world size 1) on batch `step` of the tiny
+/// data, on the host or the device the model is on; returns its loss.
+template <class E, class T, class D>
+double train_one_step(E& engine, Gpt<T, D>& model, int step, double lr = 1e-2,
+                      double clip = std::numeric_limits<double>::infinity()) {
+  const Batch b = BatchSampler(test::tiny_data(), 8, 6, 7).batch(step, 0, 1);
+  auto loss = engine.forward([&] {
+    if constexpr (std::same_as<D, Cuda>) return model.loss(to_device(b.inputs), to_device(b.targets));
+    else return model.loss(b.inputs, b.targets);
+  });
+  const double value = double(float(loss.value().to_vector()[0]));
+  engine.backward(loss, 1.0);
+  loss = {};
+  engine.step(lr, clip);
+  return value;
 }
 
 /// test::train_rank on the GPU: tiny_gpt() computing in S's compute type, world size 1.
@@ -33,16 +52,7 @@ test::RunResult train_on_gpu(int steps, typename Opt::config_type opt = test::mo
   NcclCommunicator comm = one_gpu();
   Gpt<CT, Cuda> model(test::tiny_gpt());
   Engine<S, Gpt<CT, Cuda>, NcclCommunicator, Opt> engine(model, comm, opt, config, 42);
-  const std::int64_t batch = 6;
-  BatchSampler sampler(test::tiny_data(), 8, batch, 7);
-  for (int step = 0; step < steps; ++step) {
-    const Batch b = sampler.batch(step, 0, 1);
-    auto loss = engine.forward([&] { return model.loss(to_device(b.inputs), to_device(b.targets)); });
-    result.losses.push_back(double(float(loss.value().to_vector()[0])));
-    engine.backward(loss, 1.0);
-    loss = {};
-    engine.step(opt.lr, clip);
-  }
+  for (int step = 0; step < steps; ++step) result.losses.push_back(train_one_step(engine, model, step, opt.lr, clip));
   if (final_scale) *final_scale = engine.loss_scaler().scale();
   result.parameters = engine.full_parameters();
   return result;
@@ -101,15 +111,7 @@ TEST_CASE("fp16 with dynamic loss scaling on the GPU skips and rescales as the h
   run_ranks(1, [&](ThreadCommunicator& comm) {
     Gpt<float> model(test::tiny_gpt());
     Engine<S, Gpt<float>, ThreadCommunicator, Sgd<float>> engine(model, comm, test::momentum_sgd(), {}, 42);
-    BatchSampler sampler(test::tiny_data(), 8, 6, 7);
-    for (int step = 0; step < 8; ++step) {
-      const Batch b = sampler.batch(step, 0, 1);
-      Var<float> loss = engine.forward([&] { return model.loss(b.inputs, b.targets); });
-      host.losses.push_back(loss.value().data()[0]);
-      engine.backward(loss, 1.0);
-      loss = Var<float>();
-      engine.step(test::momentum_sgd().lr);
-    }
+    for (int step = 0; step < 8; ++step) host.losses.push_back(train_one_step(engine, model, step, test::momentum_sgd().lr));
     host_scale = engine.loss_scaler().scale();
     host.parameters = engine.full_parameters();
   });
@@ -128,14 +130,7 @@ TEMPLATE_TEST_CASE("a frozen parameter keeps its bits on the GPU while the other
   const auto before = engine.full_parameters();
   model.transformer.wpe.weight.set_requires_grad(false);
   engine.refresh_trainable();
-  BatchSampler sampler(test::tiny_data(), 8, 6, 7);
-  for (int step = 0; step < 2; ++step) {
-    const Batch b = sampler.batch(step, 0, 1);
-    auto loss = engine.forward([&] { return model.loss(to_device(b.inputs), to_device(b.targets)); });
-    engine.backward(loss, 1.0);
-    loss = {};
-    engine.step(1e-2);
-  }
+  for (int step = 0; step < 2; ++step) train_one_step(engine, model, step);
   const auto after = engine.full_parameters();
   REQUIRE(after.size() == before.size());
   for (std::size_t i = 0; i < after.size(); ++i) {
@@ -191,13 +186,52 @@ TEMPLATE_TEST_CASE("offloaded state of a device engine lives in pinned host memo
     for (const auto& [name, values] : engine.full_parameters()) parameters += std::int64_t(values.size());
     // The master weights at least (world size 1: every shard is the whole unit), fp32.
     CHECK(pinned.in_use_bytes() - before >= std::size_t(parameters) * sizeof(float));
-    BatchSampler sampler(test::tiny_data(), 8, 6, 7);
-    const Batch b = sampler.batch(0, 0, 1);
-    auto loss = engine.forward([&] { return model.loss(to_device(b.inputs), to_device(b.targets)); });
-    engine.backward(loss, 1.0);
-    loss = {};
-    engine.step(0.1);  // gradients come down into pinned buffers too
+    train_one_step(engine, model, 0);  // gradients come down into pinned buffers too
     CHECK(pinned.in_use_bytes() - before >= 2 * std::size_t(parameters) * sizeof(float));
   }
   CHECK(pinned.in_use_bytes() == before);
+}
+
+TEMPLATE_TEST_CASE("a device engine's checkpoint resumes on the host, and the host's on the device, bit for bit",
+                   "[cuda][engine][io]", ZeRO2PerBlock, FsdpPerBlock, FsdpCpuOffload) {
+  using S = TestType;
+  using Opt = AdamW<float>;
+  const AdamWConfig adamw{.lr = 1e-2};
+  TempDir dir;
+  NcclCommunicator comm = one_gpu();
+  Gpt<float, Cuda> gpu_model(test::tiny_gpt());
+  Engine<S, Gpt<float, Cuda>, NcclCommunicator, Opt> gpu(gpu_model, comm, adamw, {}, 42);
+  for (int step = 0; step < 2; ++step) train_one_step(gpu, gpu_model, step);
+  save_checkpoint(gpu, dir / "from-gpu", {.step = 2});
+  save_full_weights(gpu, dir / "gpu-weights.safetensors");
+  const auto gpu_parameters = gpu.full_parameters();
+
+  // The host resumes where the device stopped: the same masters, state and step count, so the
+  // same next steps (within the products' rounding).
+  test::Parameters host_parameters, host_from_weights;
+  std::vector<double> host_losses;
+  run_ranks(1, [&](ThreadCommunicator& host_comm) {
+    Gpt<float> model(test::tiny_gpt());
+    Engine<S, Gpt<float>, ThreadCommunicator, Opt> host(model, host_comm, adamw, {}, 7);  // another seed
+    const TrainingState state = load_checkpoint(host, dir / "from-gpu");
+    POLYSHARD_CHECK(state.step == 2, "step ", state.step);
+    host_parameters = host.full_parameters();
+    for (int step = 2; step < 4; ++step) host_losses.push_back(train_one_step(host, model, step));
+    save_checkpoint(host, dir / "from-host", {.step = 4});
+    Engine<S, Gpt<float>, ThreadCommunicator, Opt> fresh(model, host_comm, adamw, {}, 9);
+    load_full_weights(fresh, dir / "gpu-weights.safetensors");
+    host_from_weights = fresh.full_parameters();
+  });
+  CHECK(test::max_difference(host_parameters, gpu_parameters) == 0.0);
+  CHECK(test::max_difference(host_from_weights, gpu_parameters) == 0.0);
+
+  std::vector<double> gpu_losses;
+  for (int step = 2; step < 4; ++step) gpu_losses.push_back(train_one_step(gpu, gpu_model, step));
+  check_losses(gpu_losses, host_losses, 1e-5);
+
+  // And back: a fresh device engine loads the host's checkpoint and holds the host's parameters.
+  Gpt<float, Cuda> resumed_model(test::tiny_gpt());
+  Engine<S, Gpt<float, Cuda>, NcclCommunicator, Opt> resumed(resumed_model, comm, adamw, {}, 11);
+  CHECK(load_checkpoint(resumed, dir / "from-host").step == 4);
+  CHECK(test::max_difference(resumed.full_parameters(), gpu.full_parameters()) <= 2e-5);
 }

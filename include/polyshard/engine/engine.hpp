@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "polyshard/autograd/checkpoint.hpp"
+#include "polyshard/comm/host_values.hpp"
 #include "polyshard/engine/gradient_ops.hpp"
+#include "polyshard/engine/host_optimizer_view.hpp"
 #include "polyshard/engine/loss_scaler.hpp"
 #include "polyshard/engine/offload.hpp"
 #include "polyshard/engine/sharding/no_shard.hpp"
@@ -210,7 +212,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       float overflow = 0;
       for (State& u : units_)
         if (unscale_and_check(step_grads(u), inv_scale)) overflow = 1;
-      all_reduce_scalar(overflow);
+      all_reduce_host<device>(shard_comm(), std::span<float>(&overflow, 1));
       if (!scaler_.update(overflow > 0)) {
         last_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
         zero_grad();
@@ -222,7 +224,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     if (std::isfinite(max_grad_norm) || track_grad_norm_) {
       double squares = 0;
       for (State& u : units_) squares += squared_norm(step_grads(u));
-      if constexpr (sharding::shards_optimizer_state) all_reduce_scalar(squares);
+      if constexpr (sharding::shards_optimizer_state) all_reduce_host<device>(shard_comm(), std::span<double>(&squares, 1));
       last_grad_norm_ = std::sqrt(squares);
       const double coefficient = clip_coefficient(last_grad_norm_, max_grad_norm);  // applied when it shrinks
       if (std::isfinite(max_grad_norm) && coefficient < 1.0)
@@ -306,6 +308,31 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     return placement_.with_resident(
         unit, [&]() -> decltype(auto) { return f(optimizers_[unit], Behaviour::optimizer_params(units_[unit]).span()); });
   }
+  /// Whether the master weights and optimizer state live in host memory (a host engine, or an
+  /// offloaded device engine): access_optimizer_on_host then hands out the engine's own memory.
+  static constexpr bool masters_on_host = std::same_as<typename State::step_device, Cpu>;
+  /// access_optimizer with the master weights and optimizer state in host memory, where io
+  /// reads and writes them: f(opt, params) with `params` a host span and opt.state() host
+  /// tensors. State a device keeps is copied down first and, with `write_back`, up again after
+  /// f; host state (a host engine's, or a device engine's offloaded state) is handed over as it is.
+  template <class F>
+  void access_optimizer_on_host(std::size_t unit, bool write_back, F&& f) {
+    if constexpr (masters_on_host) {
+      access_optimizer(unit, std::forward<F>(f));
+    } else {
+      POLYSHARD_CHECK(unit < units_.size(), "Engine::access_optimizer_on_host: unit ", unit, " of ", units_.size());
+      const auto params = Behaviour::optimizer_params(units_[unit]);
+      HostAllocatorScope staging(Storage<MT, device>::staging_allocator());
+      const Tensor<MT> host = Tensor<MT>::empty(params.shape(), MemoryCategory::Other);
+      copy_across(params, host);
+      HostOptimizerView<UnitOptimizer, device> view(optimizers_[unit]);
+      f(view, host.span());
+      if (write_back) {
+        copy_across(host, params);
+        view.write_back();
+      }
+    }
+  }
   /// False when the offload policy keeps optimizer state outside memory between steps (NVMe):
   /// state() tensors are then valid only inside access_optimizer.
   static constexpr bool optimizer_state_resident = !S::offload::to_nvme;
@@ -351,19 +378,6 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
 
  private:
   using Activation = Var<work_type, device>;
-
-  /// Sums one host scalar over the shards' ranks (through device memory where the
-  /// communicator moves device buffers).
-  template <class X>
-  void all_reduce_scalar(X& value) {
-    if constexpr (std::same_as<device, Cpu>) {
-      shard_comm().all_reduce(std::span<X>(&value, 1), ReduceOp::Sum);
-    } else {
-      auto buffer = on_device<device>(Tensor<X>::full({1}, value), MemoryCategory::Communication);
-      shard_comm().all_reduce(buffer.span(), ReduceOp::Sum);
-      value = buffer.to_vector()[0];
-    }
-  }
 
   /// Copies unit u's reduced gradients to where its optimizer steps, when that is not where
   /// they were reduced (optimizer state offloaded to the host).

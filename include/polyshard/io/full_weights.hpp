@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "polyshard/comm/host_values.hpp"
 #include "polyshard/io/sharded_checkpoint.hpp"
 
 namespace polyshard {
@@ -25,12 +26,14 @@ void save_full_weights(E& engine, const std::filesystem::path& path, const std::
   std::vector<Tensor<MT>> whole;
   for (std::size_t u = 0; u < engine.units().units.size(); ++u) {
     const std::int64_t padded = engine.units().units[u].padded;
-    engine.access_optimizer(u, [&](auto&, auto params) {
+    engine.access_optimizer_on_host(u, false, [&](auto&, auto params) {
       if (static_cast<std::int64_t>(params.size()) == padded) {
-        whole.push_back(Tensor<MT>::wrap(params.data(), Shape{padded}));
+        // The span outlives this call only where the engine keeps its masters on the host.
+        if constexpr (E::masters_on_host) whole.push_back(Tensor<MT>::wrap(params.data(), Shape{padded}));
+        else whole.push_back(Tensor<MT>::from({padded}, std::span<const MT>(params), MemoryCategory::Communication));
       } else {
         whole.push_back(Tensor<MT>::empty({padded}, MemoryCategory::Communication));
-        engine.shard_comm().all_gather(std::span<const MT>(params), whole.back().span());
+        all_gather_host<typename E::device>(engine.shard_comm(), std::span<const MT>(params), whole.back().span());
       }
     });
   }
@@ -43,7 +46,7 @@ void save_full_weights(E& engine, const std::filesystem::path& path, const std::
         detail::add_with_aliases(writer, e.name, whole[u].flat_view(e.offset, e.numel()).reshape(e.shape), tied, dtype);
     writer.write(path);
   });
-  detail::agree_or_throw(comm, error, "save_full_weights", path);
+  detail::agree_or_throw<typename E::device>(comm, error, "save_full_weights", path);
 }
 
 /// Loads a full state dict (save_full_weights', save_state_dict's, or PyTorch's in nn.Linear
@@ -78,12 +81,12 @@ void load_full_weights(E& engine, const std::filesystem::path& path, const std::
         !msg.empty())
       throw Error(msg);
   });
-  detail::agree_or_throw(comm, error, "load_full_weights", path);
+  detail::agree_or_throw<typename E::device>(comm, error, "load_full_weights", path);
 
   error = detail::attempt([&] {
     for (std::size_t u = 0; u < engine.units().units.size(); ++u) {
       const auto& unit = engine.units().units[u];
-      engine.access_optimizer(u, [&](auto&, auto params) {
+      engine.access_optimizer_on_host(u, true, [&](auto&, auto params) {
         std::fill(params.begin(), params.end(), MT(0));
         for (const detail::SpanSlice& s : detail::span_slices(unit, engine.optimizer_offset(u), std::int64_t(params.size())))
           file->read_elements(unit.entries[s.entry].name, static_cast<std::uint64_t>(s.begin),
@@ -92,7 +95,7 @@ void load_full_weights(E& engine, const std::filesystem::path& path, const std::
       });
     }
   });
-  detail::agree_or_throw(comm, error, "load_full_weights", path);
+  detail::agree_or_throw<typename E::device>(comm, error, "load_full_weights", path);
   engine.refresh_parameters_from_master();
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "polyshard/comm/communicator.hpp"
+#include "polyshard/comm/host_values.hpp"
 #include "polyshard/io/atomic_directory.hpp"
 #include "polyshard/io/checkpoint_metadata.hpp"
 #include "polyshard/io/safetensors_reader.hpp"
@@ -56,11 +57,12 @@ std::vector<SpanSlice> span_slices(const Layout& unit, std::int64_t span_begin, 
 
 /// Whether every rank agrees that its part succeeded: each reports `ok`, all learn whether all
 /// did. A rank whose part failed must still call this, so that no rank waits in a later
-/// collective for one that gave up.
-template <Communicator Comm>
+/// collective for one that gave up. D: the device the communicator's buffers live on (the
+/// engine's; see all_reduce_host).
+template <Device D, Communicator Comm>
 bool all_ranks_succeeded(Comm& comm, bool ok) {
   double failures = ok ? 0 : 1;
-  comm.all_reduce(std::span<double>(&failures, 1), ReduceOp::Sum);
+  all_reduce_host<D>(comm, std::span<double>(&failures, 1), ReduceOp::Sum);
   return failures == 0;
 }
 
@@ -77,22 +79,22 @@ std::string attempt(F&& part) {
 
 /// Throws on every rank when any rank's part failed: the failing ranks with their own message,
 /// the others saying that another rank failed.
-template <Communicator Comm>
+template <Device D, Communicator Comm>
 void agree_or_throw(Comm& comm, const std::string& error, const char* what, const std::filesystem::path& dir) {
-  if (all_ranks_succeeded(comm, error.empty())) return;
+  if (all_ranks_succeeded<D>(comm, error.empty())) return;
   if (!error.empty()) throw Error(error);
   throw_error(what, ": another rank failed on '", dir.string(), "' (its error says why); nothing was changed here");
 }
 
 /// `s` as rank `root` holds it, on every rank (a checkpoint's temporary directory name).
-template <Communicator Comm>
+template <Device D, Communicator Comm>
 std::string broadcast_string(Comm& comm, const std::string& s, int root) {
   double n = static_cast<double>(s.size());
-  comm.broadcast(std::span<double>(&n, 1), root);
+  broadcast_host<D>(comm, std::span<double>(&n, 1), root);
   std::vector<double> chars(static_cast<std::size_t>(n));
   if (comm.rank() == root)
     for (std::size_t i = 0; i < chars.size(); ++i) chars[i] = static_cast<unsigned char>(s[i]);
-  comm.broadcast(std::span<double>(chars), root);
+  broadcast_host<D>(comm, std::span<double>(chars), root);
   std::string out(chars.size(), '\0');
   for (std::size_t i = 0; i < chars.size(); ++i) out[i] = static_cast<char>(static_cast<unsigned char>(chars[i]));
   return out;
@@ -175,7 +177,7 @@ void write_checkpoint_file(E& engine, const std::filesystem::path& path) {
   for (std::size_t u = 0; u < engine.units().units.size(); ++u) {
     const auto& unit = engine.units().units[u];
     const std::int64_t offset = engine.optimizer_offset(u);
-    engine.access_optimizer(u, [&](auto& opt, auto params) {
+    engine.access_optimizer_on_host(u, false, [&](auto& opt, auto params) {
       const Tensor<MT> master = Tensor<MT>::wrap(params.data(), Shape{static_cast<std::int64_t>(params.size())});
       const auto state = opt.state();
       auto keep = [](const auto& t) { return E::optimizer_state_resident ? t : t.clone(MemoryCategory::Other); };
@@ -285,14 +287,14 @@ void save_checkpoint(E& engine, const std::filesystem::path& dir, const Training
   std::string error = detail::attempt([&] {
     if (comm.rank() == 0) tmp = begin_directory_write(dir);
   });
-  detail::agree_or_throw(comm, error, "save_checkpoint", dir);
-  tmp = detail::broadcast_string(comm, tmp.string(), 0);
+  detail::agree_or_throw<typename E::device>(comm, error, "save_checkpoint", dir);
+  tmp = detail::broadcast_string<typename E::device>(comm, tmp.string(), 0);
 
   const detail::CheckpointFiles<E> files(engine);
   error = detail::attempt([&] {
     if (files.writes) detail::write_checkpoint_file(engine, tmp / checkpoint_file_name(files.mine, files.count));
   });
-  if (!detail::all_ranks_succeeded(comm, error.empty())) {
+  if (!detail::all_ranks_succeeded<typename E::device>(comm, error.empty())) {
     if (comm.rank() == 0) abort_directory_write(tmp);
     if (!error.empty()) throw Error(error);
     detail::throw_error("save_checkpoint: another rank failed to write its file of '", dir.string(),
@@ -304,7 +306,7 @@ void save_checkpoint(E& engine, const std::filesystem::path& dir, const Training
       write_file_atomically(tmp / "metadata.json", [&](FileSink& sink) { sink.write(std::as_bytes(std::span(json))); });
       commit_directory_write(tmp, dir);
     });
-  detail::agree_or_throw(comm, error, "save_checkpoint", dir);
+  detail::agree_or_throw<typename E::device>(comm, error, "save_checkpoint", dir);
 }
 
 /// Loads checkpoint directory `dir` into `engine`, whatever world size, sharding or wrap policy
@@ -341,11 +343,11 @@ TrainingState load_checkpoint(E& engine, const std::filesystem::path& dir) {
       }
     }
   });
-  detail::agree_or_throw(comm, error, "load_checkpoint", dir);
+  detail::agree_or_throw<typename E::device>(comm, error, "load_checkpoint", dir);
 
   error = detail::attempt([&] {
     for (std::size_t u = 0; u < engine.units().units.size(); ++u) {
-      engine.access_optimizer(u, [&](auto& opt, auto params) {
+      engine.access_optimizer_on_host(u, true, [&](auto& opt, auto params) {
         using P = typename std::remove_cvref_t<decltype(opt)>::param_type;
         auto state = opt.state();
         // Padding holds no parameter: zero, as a fresh engine has it.
@@ -370,7 +372,7 @@ TrainingState load_checkpoint(E& engine, const std::filesystem::path& dir) {
       });
     }
   });
-  detail::agree_or_throw(comm, error, "load_checkpoint", dir);
+  detail::agree_or_throw<typename E::device>(comm, error, "load_checkpoint", dir);
 
   auto& scaler = engine.loss_scaler();
   if (scaler.scaled() && m.loss_scaled)

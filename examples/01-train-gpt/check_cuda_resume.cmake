@@ -1,0 +1,31 @@
+# Checkpoints of polyshard-train --device cuda: ZeRO-3 in bf16 on one GPU saved at step 3 and
+# resumed on the GPU to step 6 logs the same losses, digit for digit, as 6 uninterrupted steps;
+# the same checkpoint resumes on the host, and weights exported on the GPU start a host run.
+# Prints "SKIPPED: no CUDA device" (CTest's skip) where no GPU is usable.
+set(common --layers 2 --heads 2 --embd 32 --seq 32 --batch 8 --log-every 100 --strategy zero3
+           --precision bf16-mixed --world-size 1)
+include(${CMAKE_CURRENT_LIST_DIR}/train_losses.cmake)
+
+file(REMOVE_RECURSE ${WORK_DIR}/cuda-ckpt)
+train(whole --device cuda --steps 6)
+if(whole_skipped)
+  return()
+endif()
+train(first --device cuda --steps 3 --save ${WORK_DIR}/cuda-ckpt)
+train(second --device cuda --steps 6 --resume ${WORK_DIR}/cuda-ckpt)
+list(SUBLIST whole 3 3 expected)
+if(NOT second STREQUAL expected)
+  message(FATAL_ERROR "resumed on the GPU: losses ${second} differ from the uninterrupted run's ${expected}")
+endif()
+train(on_host --device cpu --steps 6 --resume ${WORK_DIR}/cuda-ckpt)
+list(LENGTH on_host resumed_steps)
+if(NOT resumed_steps EQUAL 3)
+  message(FATAL_ERROR "the GPU's checkpoint resumed on the host logged ${on_host}, not steps 3 to 5")
+endif()
+train(exported --device cuda --steps 3 --export ${WORK_DIR}/cuda-weights.safetensors)
+train(started --device cpu --steps 1 --lr 1e-12 --init ${WORK_DIR}/cuda-weights.safetensors)
+train(fresh --device cpu --steps 1 --lr 1e-12)
+if(started STREQUAL fresh)
+  message(FATAL_ERROR "--init of the GPU's weights changed nothing: ${started}")
+endif()
+message(STATUS "GPU resumed ${second} = ${expected}; on the host ${on_host}; init ${started} vs fresh ${fresh}")
