@@ -98,7 +98,8 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
   }
   auto save = [&](std::int64_t steps_done) {
     save_checkpoint(engine, o.save, {.step = steps_done, .seed = seed, .extra = run_values});
-    if (rank == 0) std::printf("saved checkpoint %s at step %lld\n", o.save.c_str(), static_cast<long long>(steps_done));
+    if (rank == 0)
+      std::printf("saved checkpoint %s at step %lld\n", o.save.c_str(), static_cast<long long>(steps_done));
   };
 
   const std::int64_t micro_rows = o.batch / o.accum;

@@ -42,7 +42,8 @@ class CachingHostAllocator {
   /// blocks must still have somewhere to go. (The same holds for every other source's
   /// allocator: make them as this one, with `new`, and never delete them.)
   static CachingHostAllocator& instance() {
-    static CachingHostAllocator* allocator = new CachingHostAllocator({detail::pageable_allocate, detail::pageable_free});
+    static CachingHostAllocator* allocator =
+        new CachingHostAllocator({detail::pageable_allocate, detail::pageable_free});
     return *allocator;
   }
 

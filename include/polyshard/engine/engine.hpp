@@ -224,7 +224,8 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     if (std::isfinite(max_grad_norm) || track_grad_norm_) {
       double squares = 0;
       for (State& u : units_) squares += squared_norm(step_grads(u));
-      if constexpr (sharding::shards_optimizer_state) all_reduce_host<device>(shard_comm(), std::span<double>(&squares, 1));
+      if constexpr (sharding::shards_optimizer_state)
+        all_reduce_host<device>(shard_comm(), std::span<double>(&squares, 1));
       last_grad_norm_ = std::sqrt(squares);
       const double coefficient = clip_coefficient(last_grad_norm_, max_grad_norm);  // applied when it shrinks
       if (std::isfinite(max_grad_norm) && coefficient < 1.0)
@@ -384,7 +385,8 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   void stage_step_grads(State& u) {
     if constexpr (!std::same_as<typename State::step_device, device>) {
       const auto g = Behaviour::optimizer_grads(u);
-      if (!u.step_grads.defined()) u.step_grads = detail::buffer<RT, typename State::step_device>(u, g.numel(), MemoryCategory::Gradients);
+      if (!u.step_grads.defined())
+        u.step_grads = detail::buffer<RT, typename State::step_device>(u, g.numel(), MemoryCategory::Gradients);
       copy_across(g, u.step_grads);
     }
   }

@@ -25,7 +25,10 @@ template <Element T>
 class Storage<T, Cpu> {
  public:
   Storage(std::size_t numel, MemoryCategory category)
-      : numel_(numel), category_(category), tracker_(&current_memory_tracker()), allocator_(&current_host_allocator()) {
+      : numel_(numel),
+        category_(category),
+        tracker_(&current_memory_tracker()),
+        allocator_(&current_host_allocator()) {
     data_ = static_cast<T*>(allocator_->allocate(bytes()));
     tracker_->add(category_, static_cast<std::int64_t>(bytes()));
   }
@@ -33,7 +36,10 @@ class Storage<T, Cpu> {
   /// allocator current now). A sharded strategy builds a unit's whole buffers this way, so
   /// that no rank ever holds them at start-up.
   Storage(std::size_t numel, MemoryCategory category, std::nullptr_t)
-      : numel_(numel), category_(category), tracker_(&current_memory_tracker()), allocator_(&current_host_allocator()) {}
+      : numel_(numel),
+        category_(category),
+        tracker_(&current_memory_tracker()),
+        allocator_(&current_host_allocator()) {}
   /// Wraps memory the caller owns; nothing is counted or freed.
   Storage(T* external, std::size_t numel)
       : data_(external), numel_(numel), category_(MemoryCategory::Other), tracker_(nullptr), owned_(false) {}

@@ -12,6 +12,7 @@
 #include "polyshard/core/cuda/device_math.cuh"
 #include "polyshard/core/cuda/error.hpp"
 #include "polyshard/core/error.hpp"
+#include "polyshard/optim/detail/adam_constants.hpp"
 
 namespace polyshard::cuda {
 namespace {
@@ -30,41 +31,8 @@ constexpr int lanes_for() {
 
 // ---- Adam / AdamW --------------------------------------------------------------------------------
 
-// polyshard::detail::AdamConstants<float>, by value into the kernel.
-struct AdamScalars {
-  float lerp_weight;             // 1 - beta1
-  float lerp_weight_complement;  // 1 - (1 - beta1), for lerp's upper branch
-  float beta2, one_minus_beta2;
-  float coupled_decay;           // Adam: grad += wd * param
-  float decoupled_scale;         // AdamW: param *= 1 - lr * wd
-  float neg_step_size;           // -lr / (1 - beta1^step)
-  float bias_correction2_sqrt;   // sqrt(1 - beta2^step)
-  float eps;
-  bool lerp_low;                 // lerp's branch: |weight| < 0.5
-  bool coupled, decoupled;
-};
-
-// polyshard::detail::adam_constants<float>, value for value: computed in double as PyTorch
-// computes them in Python floats, then rounded to float.
-AdamScalars adam_scalars(const AdamConfig& c, std::int64_t step, bool decoupled_weight_decay) {
-  const double s = static_cast<double>(step);
-  const double bias_correction1 = 1 - std::pow(c.beta1, s);
-  const double bias_correction2 = 1 - std::pow(c.beta2, s);
-  AdamScalars k{};
-  k.lerp_weight = static_cast<float>(1 - c.beta1);
-  k.lerp_weight_complement = 1.0f - k.lerp_weight;
-  k.lerp_low = std::abs(k.lerp_weight) < 0.5f;
-  k.beta2 = static_cast<float>(c.beta2);
-  k.one_minus_beta2 = static_cast<float>(1 - c.beta2);
-  k.coupled = !decoupled_weight_decay && c.weight_decay != 0;
-  k.decoupled = decoupled_weight_decay && c.weight_decay != 0;
-  k.coupled_decay = static_cast<float>(c.weight_decay);
-  k.decoupled_scale = static_cast<float>(1 - c.lr * c.weight_decay);
-  k.neg_step_size = static_cast<float>(-(c.lr / bias_correction1));
-  k.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
-  k.eps = static_cast<float>(c.eps);
-  return k;
-}
+// The host kernels' constants (computed in double, rounded to float), by value into the kernel.
+using AdamScalars = polyshard::detail::AdamConstants<float>;
 
 // One element, in AdamPacket's order (torch/optim/adam.py, _single_tensor_adam):
 //   g = g + wd * p                         (Adam with weight decay)
@@ -216,7 +184,7 @@ void fused_adam_step(float* master, const G* grad, float* exp_avg, float* exp_av
                   ": the compute copy is the master array itself (pass nullptr when there is no copy)");
   using DG = device_t<G>;
   using DP = device_t<P>;
-  const AdamScalars k = adam_scalars(config, step, decoupled_weight_decay);
+  const AdamScalars k = polyshard::detail::adam_constants<float>(config, step, decoupled_weight_decay);
   const auto g = device_ptr(grad);
   const auto c = device_ptr(compute);
   const bool packs = aligned16(master) && aligned16(g) && aligned16(exp_avg) && aligned16(exp_avg_sq) &&

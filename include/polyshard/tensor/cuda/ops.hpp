@@ -13,6 +13,7 @@
 #include "polyshard/tensor/cuda/storage.hpp"
 #include "polyshard/tensor/cuda/transformer_kernels.hpp"
 #include "polyshard/tensor/ops/cross_entropy.hpp"  // detail::row_shape
+#include "polyshard/tensor/ops/embedding.hpp"      // detail::check_embedding_backward
 #include "polyshard/tensor/ops/grad_out.hpp"
 #include "polyshard/tensor/ops/linear.hpp"  // detail::check_linear
 #include "polyshard/tensor/ops/matmul.hpp"
@@ -227,13 +228,8 @@ template <CudaFloatElement T>
 void embedding_backward(const Tensor<std::int32_t, Cuda>& ids, const Tensor<T, Cuda>& dout,
                         const GradOut<T, Cuda>& dtable) {
   if (!dtable.wanted()) return;
-  POLYSHARD_CHECK(dtable.tensor.rank() == 2, "embedding backward: dtable must be (V, C), got shape ",
-                  dtable.tensor.shape());
+  detail::check_embedding_backward(ids, dout, dtable.tensor);
   const std::int64_t v = dtable.tensor.size(0), c = dtable.tensor.size(1);
-  Shape dout_shape = ids.shape();
-  dout_shape.push_back(c);
-  check_same_shape("embedding backward", dout.shape(), dout_shape);
-  detail::check_output("embedding backward", "dtable", dtable.tensor, Shape{v, c});
   const std::size_t bytes = cuda::embedding_backward_workspace_bytes(ids.numel(), v);
   const auto workspace = detail::cuda_ops::scratch_floats((bytes + sizeof(float) - 1) / sizeof(float));
   cuda::embedding_backward(detail::cuda_ops::input("embedding backward", "ids", ids),

@@ -37,18 +37,28 @@ void embedding_forward(const Tensor<std::int32_t>& ids, const Tensor<T>& table, 
     std::copy_n(tc.data() + std::int64_t(idc.data()[i]) * c, c, out.data() + i * c);
 }
 
+namespace detail {
+/// The shapes embedding_backward needs on every device: dtable (V, C) contiguous, dout the ids'
+/// shape followed by C.
+template <class T, class D>
+void check_embedding_backward(const Tensor<std::int32_t, D>& ids, const Tensor<T, D>& dout,
+                              const Tensor<T, D>& dtable) {
+  POLYSHARD_CHECK(dtable.rank() == 2, "embedding backward: table gradient must be (V, C), got shape ",
+                  dtable.shape());
+  Shape dout_shape = ids.shape();
+  dout_shape.push_back(dtable.size(1));
+  check_same_shape("embedding backward", dout.shape(), dout_shape);
+  check_output("embedding backward", "dtable", dtable, Shape{dtable.size(0), dtable.size(1)});
+}
+}  // namespace detail
+
 /// dtable[ids[...], :] += dout[..., :] (a scatter-add: repeated ids add up). ids: (...), checked
 /// by the forward pass; dout: (..., C); dtable: (V, C), zeroed first unless it accumulates.
 template <FloatElement T>
 void embedding_backward(const Tensor<std::int32_t>& ids, const Tensor<T>& dout, const GradOut<T>& dtable) {
   if (!dtable.wanted()) return;
-  POLYSHARD_CHECK(dtable.tensor.rank() == 2, "embedding backward: table gradient must be (V, C), got shape ",
-                  dtable.tensor.shape());
+  detail::check_embedding_backward(ids, dout, dtable.tensor);
   const std::int64_t v = dtable.tensor.size(0), c = dtable.tensor.size(1);
-  Shape dout_shape = ids.shape();
-  dout_shape.push_back(c);
-  check_same_shape("embedding backward", dout.shape(), dout_shape);
-  detail::check_output("embedding backward", "dtable", dtable.tensor, Shape{v, c});
   detail::check_ids("embedding backward", ids, v);
   if (!dtable.accumulate) dtable.tensor.fill(T(0));
   const Tensor<std::int32_t> idc = ids.contiguous();
