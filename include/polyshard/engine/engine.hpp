@@ -105,7 +105,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
                 "Engine<S, Model, ...>: the model's element type does not fit the strategy: a host model computes in "
                 "float (Gpt<float>; the precision policy's 16-bit types are storage there), a device model in the "
                 "precision policy's compute type (Gpt<bfloat16, Cuda> for a bf16 policy)");
-  static_assert(std::same_as<device, Cpu> || requires { requires Comm::device_buffers; },
+  static_assert(std::same_as<device, Cpu> || moves_device_buffers<Comm>,
                 "Engine<S, Model, Comm, ...>: a model on a device needs a communicator of device buffers "
                 "(NcclCommunicator, one GPU per rank): ThreadCommunicator and MpiCommunicator move host memory");
 
@@ -323,8 +323,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     } else {
       POLYSHARD_CHECK(unit < units_.size(), "Engine::access_optimizer_on_host: unit ", unit, " of ", units_.size());
       const auto params = Behaviour::optimizer_params(units_[unit]);
-      HostAllocatorScope staging(Storage<MT, device>::staging_allocator());
-      const Tensor<MT> host = Tensor<MT>::empty(params.shape(), MemoryCategory::Other);
+      const Tensor<MT> host = host_staging_tensor<MT, device>(params.shape(), MemoryCategory::Other);
       copy_across(params, host);
       HostOptimizerView<UnitOptimizer, device> view(optimizers_[unit]);
       f(view, host.span());

@@ -20,9 +20,8 @@ class HostOptimizerView {
   using param_type = typename Opt::param_type;
 
   explicit HostOptimizerView(Opt& opt) : opt_(opt) {
-    HostAllocatorScope staging(Storage<param_type, D>::staging_allocator());
     for (const auto& [name, tensor] : opt.state()) {
-      Tensor<param_type> host = Tensor<param_type>::empty(tensor.shape(), MemoryCategory::Other);
+      Tensor<param_type> host = host_staging_tensor<param_type, D>(tensor.shape(), MemoryCategory::Other);
       copy_across(tensor, host);
       state_.emplace_back(name, std::move(host));
     }

@@ -244,6 +244,14 @@ void copy_across(const Tensor<T, From>& src, const Tensor<T, To>& dst) {
   }
 }
 
+/// An uninitialized host tensor whose elements will move to or from device D: from D's staging
+/// allocator (pinned memory for CUDA), so that its transfers run at the link's full speed.
+template <Element T, Device D>
+Tensor<T, Cpu> host_staging_tensor(const Shape& shape, MemoryCategory category = current_memory_category()) {
+  HostAllocatorScope staging(Storage<T, D>::staging_allocator());
+  return Tensor<T, Cpu>::empty(shape, category);
+}
+
 /// `host` on device D: the tensor itself for the host, else a contiguous copy in D's memory.
 /// (Device code includes D's storage header, polyshard/tensor/cuda/storage.hpp for Cuda.)
 template <Device D, Element T>

@@ -27,12 +27,8 @@ template <class X, class Where = void, class U>
 auto buffer(const U&, std::int64_t n, MemoryCategory category) {
   using D = typename U::device;
   using E = std::conditional_t<std::is_void_v<Where>, D, Where>;
-  if constexpr (std::same_as<E, Cpu> && !std::same_as<D, Cpu>) {
-    HostAllocatorScope staging(Storage<X, D>::staging_allocator());
-    return Tensor<X, E>::empty({n}, category);
-  } else {
-    return Tensor<X, E>::empty({n}, category);
-  }
+  if constexpr (std::same_as<E, Cpu> && !std::same_as<D, Cpu>) return host_staging_tensor<X, D>({n}, category);
+  else return Tensor<X, E>::empty({n}, category);
 }
 
 /// The compute-dtype parameters and the view the modules bind to (a float copy on the host

@@ -37,8 +37,11 @@ void cast_across(const Tensor<From, D1>& x, const Tensor<To, D2>& out) {
   } else if constexpr (std::same_as<From, To>) {
     copy_across(x, out);
   } else {
-    HostAllocatorScope staging(Storage<To, D2>::staging_allocator());  // used only when D1 is the host
-    const auto converted = Tensor<To, D1>::empty(x.shape(), MemoryCategory::Communication);
+    Tensor<To, D1> converted;
+    if constexpr (std::same_as<D1, Cpu>)
+      converted = host_staging_tensor<To, D2>(x.shape(), MemoryCategory::Communication);
+    else
+      converted = Tensor<To, D1>::empty(x.shape(), MemoryCategory::Communication);
     cast_into(x, converted);
     copy_across(converted, out);
   }
