@@ -4,6 +4,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "polyshard/core/precompiled.hpp"
 #include "polyshard/autograd/ops/accumulate.hpp"
 #include "polyshard/autograd/variable.hpp"
 
@@ -64,5 +65,11 @@ void backward(const Var<T, D>& loss) {
                   loss.shape());
   backward(loss, Tensor<T, D>::full(loss.shape(), T(1)));
 }
+
+/// The float and double host instances compiled once in a precompiled library (core/precompiled.hpp).
+#define POLYSHARD_AUTOGRAD_BACKWARD_INSTANCES(EXTERN, T) \
+  EXTERN template void backward<T, Cpu>(const Var<T, Cpu>&, const Tensor<T, Cpu>&); \
+  EXTERN template void backward<T, Cpu>(const Var<T, Cpu>&);
+POLYSHARD_DECLARE_PRECOMPILED(POLYSHARD_AUTOGRAD_BACKWARD_INSTANCES)
 
 }  // namespace polyshard

@@ -2,6 +2,7 @@
 // on flat parameters, and prints what the strategy type predicts for it.
 #include <iostream>
 
+#include <polyshard/autograd/backward.hpp>
 #include <polyshard/nn/nn.hpp>
 #include <polyshard/policy/policy.hpp>
 
@@ -17,7 +18,16 @@ int main() {
   FlatParameters<float> flat(model, /*pad_to=*/4);
   flat.initialize(/*seed=*/0);
   const std::int64_t n = flat.numel();
+  // A forward and backward through the CPU kernels (the precompiled ones, in precompiled_consumer).
+  Tensor<std::int32_t> ids = Tensor<std::int32_t>::empty({2, 16}), targets = Tensor<std::int32_t>::empty({2, 16});
+  for (std::int64_t i = 0; i < 32; ++i) {
+    ids.data()[i] = std::int32_t((7 * i) % 64);
+    targets.data()[i] = std::int32_t((7 * i + 1) % 64);
+  }
+  const Var<float> loss = model.loss(ids, targets);
+  backward(loss);
   std::cout << "parameters: " << n << "\n"
+            << "loss: " << loss.value().data()[0] << "\n"
             << "model-state bytes per rank at 4 ranks (Adam): " << model_state_bytes<MyStrategy>(flat.padded_numel(), 4)
             << "\n";
   return n == count_parameters(model) ? 0 : 1;

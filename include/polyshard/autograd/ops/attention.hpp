@@ -1,6 +1,7 @@
 // Differentiable causal multi-head self-attention over GPT-2's fused qkv projection.
 #pragma once
 
+#include "polyshard/core/precompiled.hpp"
 #include "polyshard/autograd/ops/grad_out.hpp"
 #include "polyshard/tensor/ops/attention.hpp"
 
@@ -20,5 +21,10 @@ Var<T, D> causal_self_attention(const Var<T, D>& qkv, int n_head) {
     causal_self_attention_backward(self.inputs[0]->value, att, self.grad, n_head, detail::grad_out(self, 0));
   });
 }
+
+/// The float and double host instances compiled once in a precompiled library (core/precompiled.hpp).
+#define POLYSHARD_AUTOGRAD_ATTENTION_INSTANCES(EXTERN, T) \
+  EXTERN template Var<T, Cpu> causal_self_attention<T, Cpu>(const Var<T, Cpu>&, int);
+POLYSHARD_DECLARE_PRECOMPILED(POLYSHARD_AUTOGRAD_ATTENTION_INSTANCES)
 
 }  // namespace polyshard

@@ -1,6 +1,7 @@
 // Differentiable cross-entropy loss of logits against integer targets, fused with its softmax.
 #pragma once
 
+#include "polyshard/core/precompiled.hpp"
 #include "polyshard/autograd/ops/grad_out.hpp"
 #include "polyshard/tensor/ops/cross_entropy.hpp"
 #include "polyshard/tensor/ops/reduce.hpp"
@@ -27,5 +28,10 @@ Var<T, D> cross_entropy(const Var<T, D>& logits, const Tensor<std::int32_t, D>& 
     cross_entropy_backward(self.inputs[0]->value, targets, lse, dlosses, detail::grad_out(self, 0));
   });
 }
+
+/// The float and double host instances compiled once in a precompiled library (core/precompiled.hpp).
+#define POLYSHARD_AUTOGRAD_CROSS_ENTROPY_INSTANCES(EXTERN, T) \
+  EXTERN template Var<T, Cpu> cross_entropy<T, Cpu>(const Var<T, Cpu>&, const Tensor<std::int32_t, Cpu>&);
+POLYSHARD_DECLARE_PRECOMPILED(POLYSHARD_AUTOGRAD_CROSS_ENTROPY_INSTANCES)
 
 }  // namespace polyshard

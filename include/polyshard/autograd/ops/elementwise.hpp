@@ -1,6 +1,7 @@
 // Differentiable elementwise arithmetic: add (and operator+), mul, scale.
 #pragma once
 
+#include "polyshard/core/precompiled.hpp"
 #include "polyshard/autograd/ops/accumulate.hpp"
 #include "polyshard/autograd/ops/grad_out.hpp"
 #include "polyshard/tensor/ops/elementwise.hpp"
@@ -53,5 +54,12 @@ Var<T, D> scale(const Var<T, D>& x, double s) {
     }
   });
 }
+
+/// The float and double host instances compiled once in a precompiled library (core/precompiled.hpp).
+#define POLYSHARD_AUTOGRAD_ELEMENTWISE_INSTANCES(EXTERN, T) \
+  EXTERN template Var<T, Cpu> add<T, Cpu>(const Var<T, Cpu>&, const Var<T, Cpu>&); \
+  EXTERN template Var<T, Cpu> mul<T, Cpu>(const Var<T, Cpu>&, const Var<T, Cpu>&); \
+  EXTERN template Var<T, Cpu> scale<T, Cpu>(const Var<T, Cpu>&, double);
+POLYSHARD_DECLARE_PRECOMPILED(POLYSHARD_AUTOGRAD_ELEMENTWISE_INSTANCES)
 
 }  // namespace polyshard

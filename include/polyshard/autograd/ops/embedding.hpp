@@ -1,6 +1,7 @@
 // Differentiable embedding lookup: rows of a table gathered by integer ids.
 #pragma once
 
+#include "polyshard/core/precompiled.hpp"
 #include "polyshard/autograd/ops/grad_out.hpp"
 #include "polyshard/tensor/ops/embedding.hpp"
 
@@ -19,5 +20,10 @@ Var<T, D> embedding(const Tensor<std::int32_t, D>& ids, const Var<T, D>& table) 
     embedding_backward(ids, self.grad, detail::grad_out(self, 0));
   });
 }
+
+/// The float and double host instances compiled once in a precompiled library (core/precompiled.hpp).
+#define POLYSHARD_AUTOGRAD_EMBEDDING_INSTANCES(EXTERN, T) \
+  EXTERN template Var<T, Cpu> embedding<T, Cpu>(const Tensor<std::int32_t, Cpu>&, const Var<T, Cpu>&);
+POLYSHARD_DECLARE_PRECOMPILED(POLYSHARD_AUTOGRAD_EMBEDDING_INSTANCES)
 
 }  // namespace polyshard

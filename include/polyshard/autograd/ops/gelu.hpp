@@ -1,6 +1,7 @@
 // Differentiable GELU (tanh approximation, as in GPT-2's MLP).
 #pragma once
 
+#include "polyshard/core/precompiled.hpp"
 #include "polyshard/autograd/ops/grad_out.hpp"
 #include "polyshard/tensor/ops/gelu.hpp"
 
@@ -16,5 +17,10 @@ Var<T, D> gelu(const Var<T, D>& x) {
     gelu_backward(self.inputs[0]->value, self.grad, detail::grad_out(self, 0));
   });
 }
+
+/// The float and double host instances compiled once in a precompiled library (core/precompiled.hpp).
+#define POLYSHARD_AUTOGRAD_GELU_INSTANCES(EXTERN, T) \
+  EXTERN template Var<T, Cpu> gelu<T, Cpu>(const Var<T, Cpu>&);
+POLYSHARD_DECLARE_PRECOMPILED(POLYSHARD_AUTOGRAD_GELU_INSTANCES)
 
 }  // namespace polyshard

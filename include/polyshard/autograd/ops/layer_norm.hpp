@@ -1,6 +1,7 @@
 // Differentiable layer normalization over the last dimension.
 #pragma once
 
+#include "polyshard/core/precompiled.hpp"
 #include "polyshard/autograd/ops/grad_out.hpp"
 #include "polyshard/tensor/ops/layer_norm.hpp"
 
@@ -25,5 +26,10 @@ Var<T, D> layer_norm(const Var<T, D>& x, const Var<T, D>& weight, const Var<T, D
                         detail::grad_out(self, 0), detail::grad_out(self, 1), detail::grad_out(self, 2));
   });
 }
+
+/// The float and double host instances compiled once in a precompiled library (core/precompiled.hpp).
+#define POLYSHARD_AUTOGRAD_LAYER_NORM_INSTANCES(EXTERN, T) \
+  EXTERN template Var<T, Cpu> layer_norm<T, Cpu>(const Var<T, Cpu>&, const Var<T, Cpu>&, const Var<T, Cpu>&, double);
+POLYSHARD_DECLARE_PRECOMPILED(POLYSHARD_AUTOGRAD_LAYER_NORM_INSTANCES)
 
 }  // namespace polyshard

@@ -1,6 +1,7 @@
 // Differentiable affine maps: linear(x, W, b) = x W^T + b, and batched matmul.
 #pragma once
 
+#include "polyshard/core/precompiled.hpp"
 #include "polyshard/autograd/ops/accumulate.hpp"
 #include "polyshard/autograd/ops/grad_out.hpp"
 #include "polyshard/tensor/ops/linear.hpp"
@@ -69,5 +70,11 @@ Var<T, D> matmul(const Var<T, D>& a, const Var<T, D>& b) {
     }
   });
 }
+
+/// The float and double host instances compiled once in a precompiled library (core/precompiled.hpp).
+#define POLYSHARD_AUTOGRAD_LINEAR_INSTANCES(EXTERN, T) \
+  EXTERN template Var<T, Cpu> linear<T, Cpu>(const Var<T, Cpu>&, const Var<T, Cpu>&, const Var<T, Cpu>&); \
+  EXTERN template Var<T, Cpu> matmul<T, Cpu>(const Var<T, Cpu>&, const Var<T, Cpu>&);
+POLYSHARD_DECLARE_PRECOMPILED(POLYSHARD_AUTOGRAD_LINEAR_INSTANCES)
 
 }  // namespace polyshard

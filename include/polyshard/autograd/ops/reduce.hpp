@@ -1,6 +1,7 @@
 // Differentiable whole-tensor reductions to a scalar: sum and mean.
 #pragma once
 
+#include "polyshard/core/precompiled.hpp"
 #include "polyshard/autograd/ops/grad_out.hpp"
 #include "polyshard/tensor/ops/reduce.hpp"
 
@@ -42,5 +43,11 @@ Var<T, D> mean(const Var<T, D>& x) {
     detail::broadcast_scalar_grad(detail::grad_out(self, 0), T(double(detail::scalar_value(self.grad)) * inv_n));
   });
 }
+
+/// The float and double host instances compiled once in a precompiled library (core/precompiled.hpp).
+#define POLYSHARD_AUTOGRAD_REDUCE_INSTANCES(EXTERN, T) \
+  EXTERN template Var<T, Cpu> sum<T, Cpu>(const Var<T, Cpu>&); \
+  EXTERN template Var<T, Cpu> mean<T, Cpu>(const Var<T, Cpu>&);
+POLYSHARD_DECLARE_PRECOMPILED(POLYSHARD_AUTOGRAD_REDUCE_INSTANCES)
 
 }  // namespace polyshard

@@ -1,6 +1,7 @@
 // Differentiable softmax and log-softmax over the last dimension.
 #pragma once
 
+#include "polyshard/core/precompiled.hpp"
 #include "polyshard/autograd/ops/grad_out.hpp"
 #include "polyshard/tensor/ops/softmax.hpp"
 
@@ -26,5 +27,11 @@ Var<T, D> log_softmax(const Var<T, D>& x) {
     log_softmax_backward(self.value, self.grad, detail::grad_out(self, 0));
   });
 }
+
+/// The float and double host instances compiled once in a precompiled library (core/precompiled.hpp).
+#define POLYSHARD_AUTOGRAD_SOFTMAX_INSTANCES(EXTERN, T) \
+  EXTERN template Var<T, Cpu> softmax<T, Cpu>(const Var<T, Cpu>&); \
+  EXTERN template Var<T, Cpu> log_softmax<T, Cpu>(const Var<T, Cpu>&);
+POLYSHARD_DECLARE_PRECOMPILED(POLYSHARD_AUTOGRAD_SOFTMAX_INSTANCES)
 
 }  // namespace polyshard

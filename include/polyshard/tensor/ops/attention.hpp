@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "polyshard/core/precompiled.hpp"
 #include "polyshard/tensor/ops/grad_out.hpp"
 #include "polyshard/tensor/ops/matmul.hpp"
 
@@ -125,5 +126,12 @@ void causal_self_attention_backward(const Tensor<T>& qkv, const Tensor<T>& att, 
     }
   }
 }
+
+/// The float and double instances compiled once in a precompiled library (core/precompiled.hpp).
+#define POLYSHARD_ATTENTION_INSTANCES(EXTERN, T) \
+  EXTERN template void causal_self_attention_forward<T>(const Tensor<T>&, int, const Tensor<T>&, const Tensor<T>&); \
+  EXTERN template void causal_self_attention_backward<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, \
+                                                         int, const GradOut<T>&);
+POLYSHARD_DECLARE_PRECOMPILED(POLYSHARD_ATTENTION_INSTANCES)
 
 }  // namespace polyshard

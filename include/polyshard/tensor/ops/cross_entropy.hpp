@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "polyshard/core/precompiled.hpp"
 #include "polyshard/tensor/ops/embedding.hpp"
 #include "polyshard/tensor/ops/grad_out.hpp"
 
@@ -86,5 +87,13 @@ void cross_entropy_backward(const Tensor<T>& logits, const Tensor<std::int32_t>&
     dr[tc.data()[r]] -= g;
   }
 }
+
+/// The float and double instances compiled once in a precompiled library (core/precompiled.hpp).
+#define POLYSHARD_CROSS_ENTROPY_INSTANCES(EXTERN, T) \
+  EXTERN template void cross_entropy_forward<T>(const Tensor<T>&, const Tensor<std::int32_t>&, const Tensor<T>&, \
+                                                const Tensor<T>&); \
+  EXTERN template void cross_entropy_backward<T>(const Tensor<T>&, const Tensor<std::int32_t>&, const Tensor<T>&, \
+                                                 const Tensor<T>&, const GradOut<T>&);
+POLYSHARD_DECLARE_PRECOMPILED(POLYSHARD_CROSS_ENTROPY_INSTANCES)
 
 }  // namespace polyshard

@@ -2,6 +2,7 @@
 // compute in float.
 #pragma once
 
+#include "polyshard/core/precompiled.hpp"
 #include "polyshard/tensor/ops/grad_out.hpp"
 
 namespace polyshard {
@@ -81,5 +82,16 @@ void add_scaled_into(const Tensor<T>& x, double s, const Tensor<T>& y) {
   ym = (ym.template cast<C>() + detail::array_map(xc.data(), n).template cast<C>() * static_cast<C>(s))
            .template cast<T>();
 }
+
+/// The float and double instances compiled once in a precompiled library (core/precompiled.hpp).
+#define POLYSHARD_ELEMENTWISE_INSTANCES(EXTERN, T) \
+  EXTERN template void add_into<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&); \
+  EXTERN template Tensor<T> add<T>(const Tensor<T>&, const Tensor<T>&); \
+  EXTERN template void mul_into<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&); \
+  EXTERN template Tensor<T> mul<T>(const Tensor<T>&, const Tensor<T>&); \
+  EXTERN template void scale_into<T>(const Tensor<T>&, double, const Tensor<T>&); \
+  EXTERN template Tensor<T> scale<T>(const Tensor<T>&, double); \
+  EXTERN template void add_scaled_into<T>(const Tensor<T>&, double, const Tensor<T>&);
+POLYSHARD_DECLARE_PRECOMPILED(POLYSHARD_ELEMENTWISE_INSTANCES)
 
 }  // namespace polyshard

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "polyshard/core/precompiled.hpp"
 #include "polyshard/tensor/ops/grad_out.hpp"
 
 namespace polyshard {
@@ -68,5 +69,11 @@ void embedding_backward(const Tensor<std::int32_t>& ids, const Tensor<T>& dout, 
     detail::array_map(dtable.tensor.data() + std::int64_t(idc.data()[i]) * c, c) +=
         detail::array_map(dc.data() + i * c, c);
 }
+
+/// The float and double instances compiled once in a precompiled library (core/precompiled.hpp).
+#define POLYSHARD_EMBEDDING_INSTANCES(EXTERN, T) \
+  EXTERN template void embedding_forward<T>(const Tensor<std::int32_t>&, const Tensor<T>&, const Tensor<T>&); \
+  EXTERN template void embedding_backward<T>(const Tensor<std::int32_t>&, const Tensor<T>&, const GradOut<T>&);
+POLYSHARD_DECLARE_PRECOMPILED(POLYSHARD_EMBEDDING_INSTANCES)
 
 }  // namespace polyshard

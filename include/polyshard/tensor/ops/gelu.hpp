@@ -3,6 +3,7 @@
 
 #include <numbers>
 
+#include "polyshard/core/precompiled.hpp"
 #include "polyshard/tensor/ops/grad_out.hpp"
 
 namespace polyshard {
@@ -50,5 +51,11 @@ void gelu_backward(const Tensor<T>& x, const Tensor<T>& dy, const GradOut<T>& dx
     detail::assign_or_add(detail::array_map(dx.tensor.data() + s, m), grad, dx.accumulate);
   }
 }
+
+/// The float and double instances compiled once in a precompiled library (core/precompiled.hpp).
+#define POLYSHARD_GELU_INSTANCES(EXTERN, T) \
+  EXTERN template void gelu_forward<T>(const Tensor<T>&, const Tensor<T>&); \
+  EXTERN template void gelu_backward<T>(const Tensor<T>&, const Tensor<T>&, const GradOut<T>&);
+POLYSHARD_DECLARE_PRECOMPILED(POLYSHARD_GELU_INSTANCES)
 
 }  // namespace polyshard

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "polyshard/core/precompiled.hpp"
 #include "polyshard/tensor/ops/grad_out.hpp"
 
 namespace polyshard {
@@ -83,5 +84,14 @@ void layer_norm_backward(const Tensor<T>& x, const Tensor<T>& weight, const Tens
     }
   }
 }
+
+/// The float and double instances compiled once in a precompiled library (core/precompiled.hpp).
+#define POLYSHARD_LAYER_NORM_INSTANCES(EXTERN, T) \
+  EXTERN template void layer_norm_forward<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, double, \
+                                             const Tensor<T>&, const Tensor<T>&, const Tensor<T>&); \
+  EXTERN template void layer_norm_backward<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, \
+                                              const Tensor<T>&, const Tensor<T>&, const GradOut<T>&, \
+                                              const GradOut<T>&, const GradOut<T>&);
+POLYSHARD_DECLARE_PRECOMPILED(POLYSHARD_LAYER_NORM_INSTANCES)
 
 }  // namespace polyshard

@@ -3,6 +3,7 @@
 // (tensor/cuda/ops.hpp) fold the bias and its gradient into the products' epilogues.
 #pragma once
 
+#include "polyshard/core/precompiled.hpp"
 #include "polyshard/tensor/ops/grad_out.hpp"
 #include "polyshard/tensor/ops/matmul.hpp"
 
@@ -58,5 +59,12 @@ void linear_backward(const Tensor<T>& x, const Tensor<T>& weight, const Tensor<T
   for (std::int64_t r = 0; r < rows; ++r, pg += n)
     for (std::int64_t j = 0; j < n; ++j) po[j] += pg[j];
 }
+
+/// The float and double instances compiled once in a precompiled library (core/precompiled.hpp).
+#define POLYSHARD_LINEAR_INSTANCES(EXTERN, T) \
+  EXTERN template void linear_forward<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>&); \
+  EXTERN template void linear_backward<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, \
+                                          const GradOut<T>&, const GradOut<T>&, const GradOut<T>&);
+POLYSHARD_DECLARE_PRECOMPILED(POLYSHARD_LINEAR_INSTANCES)
 
 }  // namespace polyshard

@@ -5,6 +5,7 @@
 #include <Eigen/Core>
 #include <type_traits>
 
+#include "polyshard/core/precompiled.hpp"
 #include "polyshard/tensor/cpu/blas.hpp"
 #include "polyshard/tensor/tensor.hpp"
 
@@ -148,5 +149,13 @@ Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b) {
   matmul_into(a, b, c);
   return c;
 }
+
+/// The float and double instances compiled once in a precompiled library (core/precompiled.hpp).
+#define POLYSHARD_MATMUL_INSTANCES(EXTERN, T) \
+  EXTERN template void detail::gemm_2d<T>(bool, bool, std::int64_t, std::int64_t, std::int64_t, T, const T*, \
+                                          std::int64_t, const T*, std::int64_t, T, T*, std::int64_t); \
+  EXTERN template void matmul_into<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, T, T); \
+  EXTERN template Tensor<T> matmul<T>(const Tensor<T>&, const Tensor<T>&);
+POLYSHARD_DECLARE_PRECOMPILED(POLYSHARD_MATMUL_INSTANCES)
 
 }  // namespace polyshard

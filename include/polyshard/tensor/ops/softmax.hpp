@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "polyshard/core/precompiled.hpp"
 #include "polyshard/tensor/ops/grad_out.hpp"
 
 namespace polyshard {
@@ -87,5 +88,13 @@ void log_softmax_backward(const Tensor<T>& y, const Tensor<T>& dy, const GradOut
     }
   }
 }
+
+/// The float and double instances compiled once in a precompiled library (core/precompiled.hpp).
+#define POLYSHARD_SOFTMAX_INSTANCES(EXTERN, T) \
+  EXTERN template void softmax_forward<T>(const Tensor<T>&, const Tensor<T>&); \
+  EXTERN template void softmax_backward<T>(const Tensor<T>&, const Tensor<T>&, const GradOut<T>&); \
+  EXTERN template void log_softmax_forward<T>(const Tensor<T>&, const Tensor<T>&); \
+  EXTERN template void log_softmax_backward<T>(const Tensor<T>&, const Tensor<T>&, const GradOut<T>&);
+POLYSHARD_DECLARE_PRECOMPILED(POLYSHARD_SOFTMAX_INSTANCES)
 
 }  // namespace polyshard

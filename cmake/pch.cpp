@@ -1,0 +1,1 @@
+// The translation unit that builds the precompiled header the project's programs reuse.
