@@ -4,9 +4,13 @@
 #include <deque>
 #include <thread>
 
+#include "families.hpp"
 #include "options.hpp"
+#include "polyshard/comm/any_communicator.hpp"
 #include "polyshard/comm/thread_communicator.hpp"
-#include "trainer.hpp"
+#include "polyshard/data/builtin_corpus.hpp"
+#include "polyshard/optim/detail/elementwise.hpp"
+#include "polyshard/tensor/cpu/blas.hpp"
 #ifdef POLYSHARD_WITH_MPI
 #include "polyshard/comm/mpi_communicator.hpp"
 #endif
@@ -51,7 +55,10 @@ int run(int argc, char** argv) {
                              [&](std::span<float> id) { comm.broadcast(id, 0); }, o.trace.empty() ? nullptr : &trace);
 #endif
       } else {
-        train::with_strategy(o, [&]<class S>() { train::train_rank<S>(o, comm, data, o.trace.empty() ? nullptr : &trace); });
+        AnyCommunicator ranks = AnyCommunicator::borrow(comm);
+        train::with_family(o, [&]<train::Family F>() {
+          train::train_family<F, Cpu>(o, ranks, data, o.trace.empty() ? nullptr : &trace);
+        });
       }
     } catch (const polyshard::Error& e) {
       // An error of this rank alone (a file it cannot write) would leave the others waiting in
@@ -78,9 +85,10 @@ int run(int argc, char** argv) {
                            o.trace.empty() ? nullptr : &traces[static_cast<std::size_t>(boot.rank())]);
     });
 #endif
-  } else train::with_strategy(o, [&]<class S>() {
+  } else train::with_family(o, [&]<train::Family F>() {
     run_ranks(world, [&](ThreadCommunicator& comm) {
-      train::train_rank<S>(o, comm, data, o.trace.empty() ? nullptr : &traces[static_cast<std::size_t>(comm.rank())]);
+      AnyCommunicator ranks = AnyCommunicator::borrow(comm);
+      train::train_family<F, Cpu>(o, ranks, data, o.trace.empty() ? nullptr : &traces[static_cast<std::size_t>(comm.rank())]);
     });
   });
   if (!o.trace.empty()) {

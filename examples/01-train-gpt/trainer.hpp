@@ -1,5 +1,5 @@
-// One rank's training loop under a strategy type, and the dispatch from command-line names to
-// strategy types.
+// One rank's training loop under a strategy type, and each family's dispatch from the
+// command line's precision and wrap to strategy types (family.cpp instantiates it).
 #pragma once
 
 #include <chrono>
@@ -8,6 +8,7 @@
 #include <fstream>
 #include <thread>
 
+#include "families.hpp"
 #include "options.hpp"
 #include "polyshard/data/data.hpp"
 #include "polyshard/engine/engine.hpp"
@@ -211,30 +212,36 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
                 static_cast<long long>(std::max<std::int64_t>(o.steps - first_step, 0)));
 }
 
-/// Calls f.template operator()<S>() with the strategy type the options name.
-template <class F>
-void with_strategy(const Options& o, F&& f) {
-  auto with_precision = [&]<class Sharding, class Offload>() {
-    auto with_wrap = [&]<class Precision>() {
-      if (o.wrap == "block") f.template operator()<Strategy<Sharding, Offload, Precision, WrapByType<Block>>>();
-      else f.template operator()<Strategy<Sharding, Offload, Precision, WrapBySize<1>>>();
-    };
-    if (o.precision == "fp32") with_wrap.template operator()<Fp32>();
-    else if (o.precision == "bf16-mixed") with_wrap.template operator()<Bf16Mixed>();
-    else with_wrap.template operator()<Fp16Mixed>();
+/// The sharding and offload policies of each family.
+template <Family F>
+struct FamilyPolicies;
+template <> struct FamilyPolicies<Family::ddp> { using sharding = NoShard; using offload = NoOffload; };
+template <> struct FamilyPolicies<Family::zero1> { using sharding = ShardOptimizerState; using offload = NoOffload; };
+template <> struct FamilyPolicies<Family::zero2> { using sharding = ShardGradients; using offload = NoOffload; };
+template <> struct FamilyPolicies<Family::zero3> { using sharding = ShardParameters<true>; using offload = NoOffload; };
+template <> struct FamilyPolicies<Family::fsdp_grad_op> { using sharding = ShardParameters<false>; using offload = NoOffload; };
+template <> struct FamilyPolicies<Family::zero_offload> { using sharding = ShardGradients; using offload = OffloadOptimizer<Cpu>; };
+template <> struct FamilyPolicies<Family::zero3_offload> {
+  using sharding = ShardParameters<true>;
+  using offload = OffloadParameters<Cpu>;
+};
+template <> struct FamilyPolicies<Family::hybrid> { using sharding = HybridShard<ShardParameters<true>>; using offload = NoOffload; };
+template <> struct FamilyPolicies<Family::zero_infinity> {
+  using sharding = ShardParameters<true>;
+  using offload = OffloadOptimizer<Nvme>;
+};
+
+template <Family F, class D, class Comm>
+void train_family(const Options& o, Comm& comm, const TextDataset& data, Trace* trace) {
+  using Sharding = typename FamilyPolicies<F>::sharding;
+  using Offload = typename FamilyPolicies<F>::offload;
+  auto with_wrap = [&]<class Precision>() {
+    if (o.wrap == "block") train_rank<Strategy<Sharding, Offload, Precision, WrapByType<Block>>, D>(o, comm, data, trace);
+    else train_rank<Strategy<Sharding, Offload, Precision, WrapBySize<1>>, D>(o, comm, data, trace);
   };
-  const std::string& s = o.strategy;
-  if (s == "ddp") with_precision.template operator()<NoShard, NoOffload>();
-  else if (s == "zero1") with_precision.template operator()<ShardOptimizerState, NoOffload>();
-  else if (s == "zero2" || s == "sharded_ddp") with_precision.template operator()<ShardGradients, NoOffload>();
-  else if (s == "zero3" || s == "fsdp") with_precision.template operator()<ShardParameters<true>, NoOffload>();
-  else if (s == "fsdp_grad_op") with_precision.template operator()<ShardParameters<false>, NoOffload>();
-  else if (s == "zero_offload") with_precision.template operator()<ShardGradients, OffloadOptimizer<Cpu>>();
-  else if (s == "zero3_offload") with_precision.template operator()<ShardParameters<true>, OffloadParameters<Cpu>>();
-  else if (s == "hybrid") with_precision.template operator()<HybridShard<ShardParameters<true>>, NoOffload>();
-  else if (s == "zero_infinity") with_precision.template operator()<ShardParameters<true>, OffloadOptimizer<Nvme>>();
-  else
-    polyshard::detail::throw_error("polyshard-train: unknown --strategy '", s, "' (see --help)");
+  if (o.precision == "fp32") with_wrap.template operator()<Fp32>();
+  else if (o.precision == "bf16-mixed") with_wrap.template operator()<Bf16Mixed>();
+  else with_wrap.template operator()<Fp16Mixed>();
 }
 
 }  // namespace train
