@@ -1,0 +1,75 @@
+// Shared set-up of the device engine tests (test_cuda_engine*.cpp): one GPU over NCCL, one
+// training step on either device, test::train_rank's twin on the GPU, and the strategies.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <nccl.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "polyshard/engine/cuda/engine.hpp"
+#include "engine_fixture.hpp"
+
+namespace polyshard::test {
+
+inline NcclCommunicator one_gpu() {
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  return NcclCommunicator(0, 1, id, 0);
+}
+
+/// One training step of tiny_gpt() (global batch 6, world size 1) on batch `step` of the tiny
+/// data, on the host or the device the model is on; returns its loss.
+template <class E, class T, class D>
+double train_one_step(E& engine, Gpt<T, D>& model, int step, double lr = 1e-2,
+                      double clip = std::numeric_limits<double>::infinity()) {
+  const Batch b = BatchSampler(test::tiny_data(), 8, 6, 7).batch(step, 0, 1);
+  auto loss = engine.forward([&] {
+    if constexpr (std::same_as<D, Cuda>) return model.loss(to_device(b.inputs), to_device(b.targets));
+    else return model.loss(b.inputs, b.targets);
+  });
+  const double value = double(float(loss.value().to_vector()[0]));
+  engine.backward(loss, 1.0);
+  loss = {};
+  engine.step(lr, clip);
+  return value;
+}
+
+/// test::train_rank on the GPU: tiny_gpt() computing in S's compute type, world size 1.
+template <class S, class Opt = Sgd<float>>
+test::RunResult train_on_gpu(int steps, typename Opt::config_type opt = test::momentum_sgd(),
+                             double clip = std::numeric_limits<double>::infinity(), StrategyConfig config = {},
+                             double* final_scale = nullptr) {
+  using CT = typename S::compute_type;
+  test::RunResult result;
+  NcclCommunicator comm = one_gpu();
+  Gpt<CT, Cuda> model(test::tiny_gpt());
+  Engine<S, Gpt<CT, Cuda>, NcclCommunicator, Opt> engine(model, comm, opt, config, 42);
+  for (int step = 0; step < steps; ++step) result.losses.push_back(train_one_step(engine, model, step, opt.lr, clip));
+  if (final_scale) *final_scale = engine.loss_scaler().scale();
+  result.parameters = engine.full_parameters();
+  return result;
+}
+
+inline void check_losses(const std::vector<double>& got, const std::vector<double>& want, double tolerance) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("step " << i << ": GPU " << got[i] << ", host " << want[i]);
+    CHECK(std::isfinite(got[i]));
+    CHECK(got[i] == Approx(want[i]).epsilon(tolerance));
+  }
+}
+
+using DdpPerBlock = Strategy<NoShard, WrapByType<Block>>;
+using ZeRO2PerBlock = Strategy<ShardGradients, WrapByType<Block>>;
+using FsdpPerBlock = Strategy<ShardParameters<true>, WrapByType<Block>>;
+using GradOpPerBlock = Strategy<ShardParameters<false>, WrapByType<Block>>;
+using ZeRO3Checkpointed = Strategy<ShardParameters<true>, WrapByType<Block>, ActivationCheckpointing<Block>>;
+// Offloaded from the GPU: master weights and optimizer state (and parameter shards) on the host.
+using FsdpCpuOffload = Strategy<ShardParameters<true>, WrapByType<Block>, OffloadOptimizer<Cpu>>;
+using ZeRO3ParamOffload = Strategy<ShardParameters<true>, WrapByType<Block>, OffloadParameters<Cpu>>;
+
+}  // namespace polyshard::test

@@ -1,0 +1,70 @@
+// The engine on one GPU: offloaded state in pinned host memory, and checkpoints and full weights
+// that move between a device engine and a host engine bit for bit.
+#include "cuda_engine_fixture.hpp"
+#include "io/temp_dir.hpp"
+#include "polyshard/io/io.hpp"
+
+using namespace polyshard;
+using namespace polyshard::test;
+
+TEMPLATE_TEST_CASE("offloaded state of a device engine lives in pinned host memory, given back with the engine",
+                   "[cuda][engine]", FsdpCpuOffload, ZeRO3ParamOffload) {
+  auto& pinned = cuda::pinned_host_allocator();
+  const std::size_t before = pinned.in_use_bytes();
+  std::int64_t parameters = 0;
+  {
+    NcclCommunicator comm = one_gpu();
+    Gpt<float, Cuda> model(test::tiny_gpt());
+    Engine<TestType, Gpt<float, Cuda>, NcclCommunicator, Sgd<float>> engine(model, comm, test::momentum_sgd(), {}, 42);
+    for (const auto& [name, values] : engine.full_parameters()) parameters += std::int64_t(values.size());
+    // The master weights at least (world size 1: every shard is the whole unit), fp32.
+    CHECK(pinned.in_use_bytes() - before >= std::size_t(parameters) * sizeof(float));
+    train_one_step(engine, model, 0);  // gradients come down into pinned buffers too
+    CHECK(pinned.in_use_bytes() - before >= 2 * std::size_t(parameters) * sizeof(float));
+  }
+  CHECK(pinned.in_use_bytes() == before);
+}
+
+TEMPLATE_TEST_CASE("a device engine's checkpoint resumes on the host, and the host's on the device, bit for bit",
+                   "[cuda][engine][io]", ZeRO2PerBlock, FsdpPerBlock, FsdpCpuOffload) {
+  using S = TestType;
+  using Opt = AdamW<float>;
+  const AdamWConfig adamw{.lr = 1e-2};
+  TempDir dir;
+  NcclCommunicator comm = one_gpu();
+  Gpt<float, Cuda> gpu_model(test::tiny_gpt());
+  Engine<S, Gpt<float, Cuda>, NcclCommunicator, Opt> gpu(gpu_model, comm, adamw, {}, 42);
+  for (int step = 0; step < 2; ++step) train_one_step(gpu, gpu_model, step);
+  save_checkpoint(gpu, dir / "from-gpu", {.step = 2});
+  save_full_weights(gpu, dir / "gpu-weights.safetensors");
+  const auto gpu_parameters = gpu.full_parameters();
+
+  // The host resumes where the device stopped: the same masters, state and step count, so the
+  // same next steps (within the products' rounding).
+  test::Parameters host_parameters, host_from_weights;
+  std::vector<double> host_losses;
+  run_ranks(1, [&](ThreadCommunicator& host_comm) {
+    Gpt<float> model(test::tiny_gpt());
+    Engine<S, Gpt<float>, ThreadCommunicator, Opt> host(model, host_comm, adamw, {}, 7);  // another seed
+    const TrainingState state = load_checkpoint(host, dir / "from-gpu");
+    POLYSHARD_CHECK(state.step == 2, "step ", state.step);
+    host_parameters = host.full_parameters();
+    for (int step = 2; step < 4; ++step) host_losses.push_back(train_one_step(host, model, step));
+    save_checkpoint(host, dir / "from-host", {.step = 4});
+    Engine<S, Gpt<float>, ThreadCommunicator, Opt> fresh(model, host_comm, adamw, {}, 9);
+    load_full_weights(fresh, dir / "gpu-weights.safetensors");
+    host_from_weights = fresh.full_parameters();
+  });
+  CHECK(test::max_difference(host_parameters, gpu_parameters) == 0.0);
+  CHECK(test::max_difference(host_from_weights, gpu_parameters) == 0.0);
+
+  std::vector<double> gpu_losses;
+  for (int step = 2; step < 4; ++step) gpu_losses.push_back(train_one_step(gpu, gpu_model, step));
+  check_losses(gpu_losses, host_losses, 1e-5);
+
+  // And back: a fresh device engine loads the host's checkpoint and holds the host's parameters.
+  Gpt<float, Cuda> resumed_model(test::tiny_gpt());
+  Engine<S, Gpt<float, Cuda>, NcclCommunicator, Opt> resumed(resumed_model, comm, adamw, {}, 11);
+  CHECK(load_checkpoint(resumed, dir / "from-host").step == 4);
+  CHECK(test::max_difference(resumed.full_parameters(), gpu.full_parameters()) <= 2e-5);
+}

@@ -1,0 +1,90 @@
+// The engine on one GPU against the host in 16-bit compute: bf16 with fp32 masters, fp16 with a
+// dynamic loss scale, frozen parameters, and the compute copy the fused step writes.
+#include "cuda_engine_fixture.hpp"
+
+using namespace polyshard;
+using namespace polyshard::test;
+
+TEMPLATE_TEST_CASE("bf16 compute with fp32 masters on the GPU tracks the host's bf16 policy", "[cuda][engine]",
+                   (Strategy<ShardParameters<true>, WrapByType<Block>, Bf16Mixed>),
+                   (Strategy<ShardGradients, OffloadOptimizer<Cpu>, Bf16Mixed>)) {
+  using S = TestType;
+  const auto host = test::train<S>(1, 4);
+  const auto gpu = train_on_gpu<S>(4);
+  // The host computes in float from bf16 parameters; the GPU keeps bf16 activations too.
+  check_losses(gpu.losses, host.losses, 2e-2);
+  CHECK(test::max_difference(gpu.parameters, host.parameters) <= 1.6e-2);  // about one bf16 ulp at 1.0
+}
+
+TEST_CASE("fp16 with dynamic loss scaling on the GPU skips and rescales as the host does", "[cuda][engine]") {
+  // 2^22 overflows fp16 gradients at first: the first steps are skipped and the scale halves.
+  using S = Strategy<ShardGradients, MixedPrecision<half, half, float, DynamicLossScale<22, 1000, 1>>>;
+  double gpu_scale = 0;
+  const auto gpu = train_on_gpu<S>(8, test::momentum_sgd(), std::numeric_limits<double>::infinity(), {}, &gpu_scale);
+  double host_scale = 0;
+  test::RunResult host;
+  run_ranks(1, [&](ThreadCommunicator& comm) {
+    Gpt<float> model(test::tiny_gpt());
+    Engine<S, Gpt<float>, ThreadCommunicator, Sgd<float>> engine(model, comm, test::momentum_sgd(), {}, 42);
+    for (int step = 0; step < 8; ++step) host.losses.push_back(train_one_step(engine, model, step, test::momentum_sgd().lr));
+    host_scale = engine.loss_scaler().scale();
+    host.parameters = engine.full_parameters();
+  });
+  CHECK(gpu_scale == host_scale);
+  CHECK(gpu_scale < std::ldexp(1.0, 22));  // some step overflowed and was skipped
+  check_losses(gpu.losses, host.losses, 2e-2);
+  CHECK(test::max_difference(gpu.parameters, host.parameters) <= 1e-2);
+}
+
+TEMPLATE_TEST_CASE("a frozen parameter keeps its bits on the GPU while the others train", "[cuda][engine]", ZeRO<1>,
+                   (Strategy<ShardOptimizerState, Bf16Mixed>)) {
+  using CT = typename TestType::compute_type;
+  NcclCommunicator comm = one_gpu();
+  Gpt<CT, Cuda> model(test::tiny_gpt());
+  Engine<TestType, Gpt<CT, Cuda>, NcclCommunicator, AdamW<float>> engine(model, comm, AdamWConfig{.lr = 1e-2}, {}, 42);
+  const auto before = engine.full_parameters();
+  model.transformer.wpe.weight.set_requires_grad(false);
+  engine.refresh_trainable();
+  for (int step = 0; step < 2; ++step) train_one_step(engine, model, step);
+  const auto after = engine.full_parameters();
+  REQUIRE(after.size() == before.size());
+  for (std::size_t i = 0; i < after.size(); ++i) {
+    INFO(after[i].first);
+    if (after[i].first == "transformer.wpe.weight") CHECK(after[i].second == before[i].second);
+    else CHECK(after[i].second != before[i].second);
+  }
+}
+
+TEMPLATE_TEST_CASE("the compute copy the fused step writes is the masters rounded to the compute type",
+                   "[cuda][engine]", (Strategy<ShardGradients, WrapByType<Block>, Bf16Mixed>),
+                   (Strategy<ShardParameters<true>, WrapByType<Block>, Bf16Mixed>),
+                   (Strategy<NoShard, Fp16Mixed>)) {
+  using S = TestType;
+  using CT = typename S::compute_type;
+  NcclCommunicator comm = one_gpu();
+  Gpt<CT, Cuda> model(test::tiny_gpt());
+  Engine<S, Gpt<CT, Cuda>, NcclCommunicator, AdamW<float>> engine(model, comm, AdamWConfig{.lr = 1e-2}, {}, 42);
+  STATIC_REQUIRE(decltype(engine)::fuses_compute_copy);
+  BatchSampler sampler(test::tiny_data(), 8, 6, 7);
+  int applied = 0;
+  for (int step = 0; step < 3; ++step) {
+    const Batch b = sampler.batch(step, 0, 1);
+    auto loss = engine.forward([&] { return model.loss(to_device(b.inputs), to_device(b.targets)); });
+    engine.backward(loss, 1.0);
+    loss = {};
+    applied += engine.step(1e-2) ? 1 : 0;
+  }
+  CHECK(applied > 0);
+  for (const auto& u : engine.unit_states()) {
+    Tensor<CT, Cuda> copy;
+    if constexpr (S::sharding::shards_parameters) copy = u.param_shard;
+    else if constexpr (S::sharding::shards_optimizer_state) copy = u.full.flat_view(u.shard_begin(), u.shard);
+    else copy = u.full;
+    const auto want = cast<CT>(to_host(u.master)).to_vector();  // Eigen's round to nearest even
+    const auto got = copy.to_vector();
+    REQUIRE(got.size() == want.size());
+    std::size_t differing = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) differing += got[i] == want[i] ? 0 : 1;
+    CHECK(differing == 0);
+  }
+}
