@@ -13,6 +13,58 @@
 
 namespace polyshard {
 
+namespace detail {
+/// Writes units laid out as `units`, whole (`whole[u]` the padded flat masters of unit u), as one
+/// safetensors file with PyTorch names and shapes and the `tied` aliases.
+template <class Plan, class MT>
+void write_full_weights(const std::filesystem::path& path, const Plan& units, const std::vector<Tensor<MT>>& whole,
+                        const std::vector<TiedParameter>& tied, const std::optional<DType>& dtype) {
+  SafetensorsWriter writer;
+  writer.add_metadata("format", "pt");
+  for (std::size_t u = 0; u < units.units.size(); ++u)
+    for (const auto& e : units.units[u].entries)
+      add_with_aliases(writer, e.name, whole[u].flat_view(e.offset, e.numel()).reshape(e.shape), tied, dtype);
+  writer.write(path);
+}
+
+/// Checks that `file` holds exactly the parameters of units laid out as `units`, with their
+/// shapes (and perhaps `tied` aliases); throws naming every difference.
+template <class Plan>
+void check_full_weights(const SafetensorsFile& file, const Plan& units, const std::vector<TiedParameter>& tied,
+                        const std::filesystem::path& path) {
+  std::vector<std::string> missing, unexpected, misshaped;
+  std::set<std::string> names;
+  for (const auto& unit : units.units)
+    for (const auto& e : unit.entries) {
+      names.insert(e.name);
+      const SafetensorsTensorInfo* t = file.find(e.name);
+      if (!t) missing.push_back(e.name);
+      else if (!std::equal(t->shape.begin(), t->shape.end(), e.shape.begin(), e.shape.end()))
+        misshaped.push_back(e.name + " (file " + shape_string(t->shape) + ", model " +
+                            shape_string(std::vector<std::int64_t>(e.shape.begin(), e.shape.end())) + ")");
+    }
+  for (const SafetensorsTensorInfo& t : file.tensors()) {
+    const bool alias = std::any_of(tied.begin(), tied.end(), [&](const TiedParameter& tie) { return tie.alias == t.name; });
+    if (!names.count(t.name) && !alias) unexpected.push_back(t.name);
+  }
+  if (std::string msg = mismatch_message("load_full_weights: '" + path.string() + "' does not match the model:",
+                                         "tensors", missing, unexpected, misshaped);
+      !msg.empty())
+    throw Error(msg);
+}
+
+/// Reads the master weights `params` of `unit` (the rank's span from element `offset`) from
+/// `file`; padding is zeroed.
+template <class Layout, class MT>
+void read_full_unit(const SafetensorsFile& file, const Layout& unit, std::int64_t offset, std::span<MT> params) {
+  std::fill(params.begin(), params.end(), MT(0));
+  for (const SpanSlice& s : span_slices(unit, offset, std::int64_t(params.size())))
+    file.read_elements(unit.entries[s.entry].name, static_cast<std::uint64_t>(s.begin),
+                       params.subspan(static_cast<std::size_t>(s.span_offset), static_cast<std::size_t>(s.end - s.begin)),
+                       DTypeConversion::convert);
+}
+}  // namespace detail
+
 /// Gathers the master weights of `engine`'s model (a collective: every rank calls it) and writes
 /// them from rank 0 as one safetensors file with PyTorch names and shapes, atomically: a
 /// PyTorch state_dict (FSDP's full state dict with rank0_only and state_dict_to_cpu). `tied`
@@ -38,13 +90,7 @@ void save_full_weights(E& engine, const std::filesystem::path& path, const std::
     });
   }
   std::string error = detail::attempt([&] {
-    if (comm.rank() != 0) return;
-    SafetensorsWriter writer;
-    writer.add_metadata("format", "pt");
-    for (std::size_t u = 0; u < engine.units().units.size(); ++u)
-      for (const auto& e : engine.units().units[u].entries)
-        detail::add_with_aliases(writer, e.name, whole[u].flat_view(e.offset, e.numel()).reshape(e.shape), tied, dtype);
-    writer.write(path);
+    if (comm.rank() == 0) detail::write_full_weights(path, engine.units(), whole, tied, dtype);
   });
   detail::agree_or_throw<typename E::device>(comm, error, "save_full_weights", path);
 }
@@ -56,43 +102,19 @@ void save_full_weights(E& engine, const std::filesystem::path& path, const std::
 /// load_full_weights). A collective; an error on one rank is an error on all.
 template <class E>
 void load_full_weights(E& engine, const std::filesystem::path& path, const std::vector<TiedParameter>& tied = {}) {
-  using MT = typename E::MT;
   auto& comm = engine.communicator();
   std::optional<SafetensorsFile> file;
   std::string error = detail::attempt([&] {
     file.emplace(SafetensorsFile::open(path));
-    std::vector<std::string> missing, unexpected, misshaped;
-    std::set<std::string> names;
-    for (const auto& unit : engine.units().units)
-      for (const auto& e : unit.entries) {
-        names.insert(e.name);
-        const SafetensorsTensorInfo* t = file->find(e.name);
-        if (!t) missing.push_back(e.name);
-        else if (!std::equal(t->shape.begin(), t->shape.end(), e.shape.begin(), e.shape.end()))
-          misshaped.push_back(e.name + " (file " + detail::shape_string(t->shape) + ", model " +
-                              detail::shape_string(std::vector<std::int64_t>(e.shape.begin(), e.shape.end())) + ")");
-      }
-    for (const SafetensorsTensorInfo& t : file->tensors()) {
-      const bool alias = std::any_of(tied.begin(), tied.end(), [&](const TiedParameter& tie) { return tie.alias == t.name; });
-      if (!names.count(t.name) && !alias) unexpected.push_back(t.name);
-    }
-    if (std::string msg = detail::mismatch_message("load_full_weights: '" + path.string() + "' does not match the model:",
-                                                   "tensors", missing, unexpected, misshaped);
-        !msg.empty())
-      throw Error(msg);
+    detail::check_full_weights(*file, engine.units(), tied, path);
   });
   detail::agree_or_throw<typename E::device>(comm, error, "load_full_weights", path);
 
   error = detail::attempt([&] {
     for (std::size_t u = 0; u < engine.units().units.size(); ++u) {
       const auto& unit = engine.units().units[u];
-      engine.access_optimizer_on_host(u, true, [&](auto&, auto params) {
-        std::fill(params.begin(), params.end(), MT(0));
-        for (const detail::SpanSlice& s : detail::span_slices(unit, engine.optimizer_offset(u), std::int64_t(params.size())))
-          file->read_elements(unit.entries[s.entry].name, static_cast<std::uint64_t>(s.begin),
-                              params.subspan(static_cast<std::size_t>(s.span_offset), static_cast<std::size_t>(s.end - s.begin)),
-                              DTypeConversion::convert);
-      });
+      engine.access_optimizer_on_host(
+          u, true, [&](auto&, auto params) { detail::read_full_unit(*file, unit, engine.optimizer_offset(u), params); });
     }
   });
   detail::agree_or_throw<typename E::device>(comm, error, "load_full_weights", path);

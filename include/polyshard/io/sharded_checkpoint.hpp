@@ -130,6 +130,24 @@ std::vector<std::string> optimizer_state_names(const E& engine) {
   return names;
 }
 
+/// The parameters of checkpoint `m` and where their pieces go, for units laid out as `units`
+/// (an engine's UnitPlan) saved into `files` files. A function of the layout alone, so that
+/// every strategy over the same model shares its one instance.
+template <class Plan>
+void describe_layout(CheckpointMetadata& m, const Plan& units, std::size_t files) {
+  for (const auto& unit : units.units) {
+    std::vector<std::size_t> index;
+    for (const auto& e : unit.entries) {
+      index.push_back(m.parameters.size());
+      m.parameters.push_back({e.name, std::vector<std::int64_t>(e.shape.begin(), e.shape.end()), {}});
+    }
+    const std::int64_t span = files == 1 ? unit.padded : unit.padded / static_cast<std::int64_t>(files);
+    for (std::size_t f = 0; f < files; ++f)
+      for (const SpanSlice& s : span_slices(unit, static_cast<std::int64_t>(f) * span, span))
+        m.parameters[index[s.entry]].pieces.push_back({f, s.begin, s.end});
+  }
+}
+
 /// The metadata of `engine`'s checkpoint: a pure function of its unit layout and strategy.
 template <class E>
 CheckpointMetadata describe_checkpoint(E& engine, const TrainingState& training) {
@@ -153,53 +171,51 @@ CheckpointMetadata describe_checkpoint(E& engine, const TrainingState& training)
   m.hysteresis_left = scaler.hysteresis_left();
   m.skipped_steps = scaler.skipped_steps();
   m.training = training;
-  for (const auto& unit : engine.units().units) {
-    std::vector<std::size_t> index;
-    for (const auto& e : unit.entries) {
-      index.push_back(m.parameters.size());
-      m.parameters.push_back({e.name, std::vector<std::int64_t>(e.shape.begin(), e.shape.end()), {}});
-    }
-    const std::int64_t span = files.count == 1 ? unit.padded : unit.padded / static_cast<std::int64_t>(files.count);
-    for (std::size_t f = 0; f < files.count; ++f)
-      for (const SpanSlice& s : span_slices(unit, static_cast<std::int64_t>(f) * span, span))
-        m.parameters[index[s.entry]].pieces.push_back({f, s.begin, s.end});
-  }
+  describe_layout(m, engine.units(), files.count);
   return m;
+}
+
+/// Adds one unit's master weights `params` and the state of `opt` (the rank's span of the unit,
+/// starting at element `offset` of its flat buffer) to `writer`, one tensor per parameter piece;
+/// copies them where they will not stay in memory (`resident` false: NVMe) until written.
+template <class Layout, class Opt, class MT>
+void add_unit_state(SafetensorsWriter& writer, const Layout& unit, std::int64_t offset, Opt& opt, std::span<MT> params,
+                    bool resident) {
+  const Tensor<MT> master = Tensor<MT>::wrap(params.data(), Shape{static_cast<std::int64_t>(params.size())});
+  const auto state = opt.state();
+  auto keep = [&](const auto& t) { return resident ? t : t.clone(MemoryCategory::Other); };
+  for (const SpanSlice& s : span_slices(unit, offset, static_cast<std::int64_t>(params.size()))) {
+    const std::string& name = unit.entries[s.entry].name;
+    const std::int64_t n = s.end - s.begin;
+    writer.add(checkpoint_tensor_name("master", name, s.begin), keep(master.flat_view(s.span_offset, n)));
+    for (const auto& [kind, tensor] : state)
+      writer.add(checkpoint_tensor_name(kind, name, s.begin), keep(tensor.flat_view(s.span_offset, n)));
+  }
 }
 
 /// Writes this rank's file: its master weights and optimizer state, one tensor per parameter
 /// piece. State kept off memory between steps (NVMe) is copied out while it is resident.
 template <class E>
 void write_checkpoint_file(E& engine, const std::filesystem::path& path) {
-  using MT = typename E::MT;
   SafetensorsWriter writer;
   writer.add_metadata("format", "polyshard-shard");
-  for (std::size_t u = 0; u < engine.units().units.size(); ++u) {
-    const auto& unit = engine.units().units[u];
-    const std::int64_t offset = engine.optimizer_offset(u);
+  for (std::size_t u = 0; u < engine.units().units.size(); ++u)
     engine.access_optimizer_on_host(u, false, [&](auto& opt, auto params) {
-      const Tensor<MT> master = Tensor<MT>::wrap(params.data(), Shape{static_cast<std::int64_t>(params.size())});
-      const auto state = opt.state();
-      auto keep = [](const auto& t) { return E::optimizer_state_resident ? t : t.clone(MemoryCategory::Other); };
-      for (const SpanSlice& s : span_slices(unit, offset, static_cast<std::int64_t>(params.size()))) {
-        const std::string& name = unit.entries[s.entry].name;
-        const std::int64_t n = s.end - s.begin;
-        writer.add(checkpoint_tensor_name("master", name, s.begin), keep(master.flat_view(s.span_offset, n)));
-        for (const auto& [kind, tensor] : state)
-          writer.add(checkpoint_tensor_name(kind, name, s.begin), keep(tensor.flat_view(s.span_offset, n)));
-      }
+      add_unit_state(writer, engine.units().units[u], engine.optimizer_offset(u), opt, params,
+                     E::optimizer_state_resident);
     });
-  }
   writer.write(path);
 }
 
-/// Checks that checkpoint `m` fits `engine`: the same parameters with the same shapes, and
-/// optimizer state of the same names. Throws naming every difference.
-template <class E>
-void check_checkpoint_fits(E& engine, const CheckpointMetadata& m, const std::filesystem::path& dir) {
+/// Checks that checkpoint `m` fits an engine whose units are laid out as `units` and whose
+/// optimizer keeps state `mine`: the same parameters with the same shapes, and optimizer state
+/// of the same names. Throws naming every difference.
+template <class Plan>
+void check_checkpoint_fits(const Plan& units, std::vector<std::string> mine, const CheckpointMetadata& m,
+                           const std::filesystem::path& dir) {
   std::vector<std::string> missing, unexpected, misshaped;
   std::set<std::string> engine_names;
-  for (const auto& unit : engine.units().units)
+  for (const auto& unit : units.units)
     for (const auto& e : unit.entries) {
       engine_names.insert(e.name);
       const CheckpointParameter* p = m.find(e.name);
@@ -214,7 +230,7 @@ void check_checkpoint_fits(E& engine, const CheckpointMetadata& m, const std::fi
                                          "parameters", missing, unexpected, misshaped);
       !msg.empty())
     throw Error(msg);
-  std::vector<std::string> mine = optimizer_state_names(engine), theirs = m.optimizer_state;
+  std::vector<std::string> theirs = m.optimizer_state;
   std::sort(mine.begin(), mine.end());
   std::sort(theirs.begin(), theirs.end());
   if (mine != theirs) {
@@ -271,6 +287,61 @@ struct PlannedSlice {
   std::vector<CheckpointRead> reads;
 };
 
+/// What a rank reads of checkpoint `m`: the slices of its optimizer spans (unit u's span starts
+/// at element offsets[u] and holds sizes[u] elements), every read checked against the files'
+/// headers before anything is written.
+struct CheckpointLoadPlan {
+  std::unique_ptr<CheckpointFileSet> files;
+  std::vector<PlannedSlice> slices;
+};
+
+template <class Plan>
+CheckpointLoadPlan plan_checkpoint_load(const Plan& units, const std::vector<std::int64_t>& offsets,
+                                        const std::vector<std::int64_t>& sizes, const CheckpointMetadata& m,
+                                        const std::filesystem::path& dir) {
+  CheckpointLoadPlan plan{std::make_unique<CheckpointFileSet>(dir, m), {}};
+  std::vector<std::string> kinds{"master"};
+  for (const std::string& s : m.optimizer_state) kinds.push_back(s);
+  for (std::size_t u = 0; u < units.units.size(); ++u) {
+    const auto& unit = units.units[u];
+    for (const SpanSlice& s : span_slices(unit, offsets[u], sizes[u])) {
+      const CheckpointParameter* p = m.find(unit.entries[s.entry].name);
+      PlannedSlice planned{u, s, p, plan_checkpoint_reads(*p, s.begin, s.end)};
+      for (const CheckpointRead& r : planned.reads)
+        for (const std::string& kind : kinds)
+          plan.files->check(r.file, checkpoint_tensor_name(kind, p->name, r.piece_begin), r.piece_size);
+      plan.slices.push_back(std::move(planned));
+    }
+  }
+  return plan;
+}
+
+/// Fills unit `u`'s master weights `params` and the state of `opt` from the planned reads, and
+/// sets the optimizer's step count; padding is zeroed, as a fresh engine has it.
+template <class Opt, class MT>
+void read_unit_state(CheckpointLoadPlan& plan, std::size_t u, Opt& opt, std::span<MT> params, std::int64_t step) {
+  using P = typename Opt::param_type;
+  auto state = opt.state();
+  std::fill(params.begin(), params.end(), MT(0));
+  for (auto& [name, tensor] : state) tensor.fill(P(0));
+  for (const PlannedSlice& ps : plan.slices) {
+    if (ps.unit != u) continue;
+    for (const CheckpointRead& r : ps.reads) {
+      const std::int64_t at = ps.slice.span_offset + r.into;
+      const SafetensorsFile& f = plan.files->file(r.file);
+      f.read_elements(checkpoint_tensor_name("master", ps.parameter->name, r.piece_begin),
+                      static_cast<std::uint64_t>(r.offset),
+                      params.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(r.count)),
+                      DTypeConversion::convert);
+      for (auto& [name, tensor] : state)
+        f.read_elements(checkpoint_tensor_name(name, ps.parameter->name, r.piece_begin),
+                        static_cast<std::uint64_t>(r.offset), tensor.flat_view(at, r.count).span(),
+                        DTypeConversion::convert);
+    }
+  }
+  opt.set_step_count(step);
+}
+
 }  // namespace detail
 
 /// Saves `engine`'s training state into checkpoint directory `dir`: master weights and optimizer
@@ -318,59 +389,25 @@ void save_checkpoint(E& engine, const std::filesystem::path& dir, const Training
 /// is written; an error on one rank is an error on all. A collective.
 template <class E>
 TrainingState load_checkpoint(E& engine, const std::filesystem::path& dir) {
-  using MT = typename E::MT;
   auto& comm = engine.communicator();
   CheckpointMetadata m;
-  std::unique_ptr<detail::CheckpointFileSet> files;
-  std::vector<detail::PlannedSlice> plan;
-  std::vector<std::string> kinds;
+  detail::CheckpointLoadPlan plan;
   std::string error = detail::attempt([&] {
     m = read_checkpoint_metadata(dir);
-    detail::check_checkpoint_fits(engine, m, dir);
-    files = std::make_unique<detail::CheckpointFileSet>(dir, m);
-    kinds.push_back("master");
-    for (const std::string& s : m.optimizer_state) kinds.push_back(s);
+    detail::check_checkpoint_fits(engine.units(), detail::optimizer_state_names(engine), m, dir);
+    std::vector<std::int64_t> offsets, sizes;
     for (std::size_t u = 0; u < engine.units().units.size(); ++u) {
-      const auto& unit = engine.units().units[u];
-      const std::int64_t size = static_cast<std::int64_t>(engine.optimizers()[u].numel());
-      for (const detail::SpanSlice& s : detail::span_slices(unit, engine.optimizer_offset(u), size)) {
-        const CheckpointParameter* p = m.find(unit.entries[s.entry].name);
-        detail::PlannedSlice planned{u, s, p, plan_checkpoint_reads(*p, s.begin, s.end)};
-        for (const CheckpointRead& r : planned.reads)
-          for (const std::string& kind : kinds)
-            files->check(r.file, checkpoint_tensor_name(kind, p->name, r.piece_begin), r.piece_size);
-        plan.push_back(std::move(planned));
-      }
+      offsets.push_back(engine.optimizer_offset(u));
+      sizes.push_back(static_cast<std::int64_t>(engine.optimizers()[u].numel()));
     }
+    plan = detail::plan_checkpoint_load(engine.units(), offsets, sizes, m, dir);
   });
   detail::agree_or_throw<typename E::device>(comm, error, "load_checkpoint", dir);
 
   error = detail::attempt([&] {
-    for (std::size_t u = 0; u < engine.units().units.size(); ++u) {
-      engine.access_optimizer_on_host(u, true, [&](auto& opt, auto params) {
-        using P = typename std::remove_cvref_t<decltype(opt)>::param_type;
-        auto state = opt.state();
-        // Padding holds no parameter: zero, as a fresh engine has it.
-        std::fill(params.begin(), params.end(), MT(0));
-        for (auto& [name, tensor] : state) tensor.fill(P(0));
-        for (const detail::PlannedSlice& ps : plan) {
-          if (ps.unit != u) continue;
-          for (const CheckpointRead& r : ps.reads) {
-            const std::int64_t at = ps.slice.span_offset + r.into;
-            const SafetensorsFile& f = files->file(r.file);
-            f.read_elements(checkpoint_tensor_name("master", ps.parameter->name, r.piece_begin),
-                            static_cast<std::uint64_t>(r.offset),
-                            params.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(r.count)),
-                            DTypeConversion::convert);
-            for (auto& [name, tensor] : state)
-              f.read_elements(checkpoint_tensor_name(name, ps.parameter->name, r.piece_begin),
-                              static_cast<std::uint64_t>(r.offset), tensor.flat_view(at, r.count).span(),
-                              DTypeConversion::convert);
-          }
-        }
-        opt.set_step_count(m.optimizer_step);
-      });
-    }
+    for (std::size_t u = 0; u < engine.units().units.size(); ++u)
+      engine.access_optimizer_on_host(
+          u, true, [&](auto& opt, auto params) { detail::read_unit_state(plan, u, opt, params, m.optimizer_step); });
   });
   detail::agree_or_throw<typename E::device>(comm, error, "load_checkpoint", dir);
 
