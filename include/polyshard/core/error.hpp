@@ -4,6 +4,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace polyshard {
 
@@ -15,11 +16,26 @@ class Error : public std::runtime_error {
 };
 
 namespace detail {
+/// Streams one part of a message: one out-of-line instance per part type, shared by every
+/// message, so that a check costs its caller a call per part rather than an inlined stream
+/// expression per distinct message (a large share of the code of every translation unit).
+template <class Part>
+[[gnu::cold, gnu::noinline]] void append_part(std::ostringstream& out, const Part& part) {
+  out << part;
+}
+
+/// The message's parts with arrays decayed (every string literal a const char*), so that
+/// messages of the same part types share one instance.
 template <class... Parts>
-[[noreturn]] void throw_error(const Parts&... parts) {
+[[noreturn, gnu::cold, gnu::noinline]] void throw_parts(const Parts&... parts) {
   std::ostringstream out;
-  (out << ... << parts);
+  (append_part<Parts>(out, parts), ...);
   throw Error(out.str());
+}
+
+template <class... Parts>
+[[noreturn]] inline void throw_error(const Parts&... parts) {
+  throw_parts<std::decay_t<const Parts>...>(parts...);
 }
 }  // namespace detail
 
