@@ -3,8 +3,9 @@
 
 1. A researcher's translation unit: one_engine.cpp (one strategy's engine over Gpt<float>, with a
    forward, a backward and a step), compiled as a user would (no precompiled header, no ccache)
-   with the release flags, the sanitizer stage's flags, and the front end alone; the median of
-   --repeat runs, wall seconds and the compiler's peak memory.
+   with the release flags, the same with the precompiled CPU kernels opted in (the unit alone:
+   the kernel library is compiled once, see docs/building.md), the sanitizer stage's flags, and
+   the front end alone; the median of --repeat runs, wall seconds and the compiler's peak memory.
 2. With --build DIR (a configured and built tree, e.g. build/release): the total compile CPU time
    of that build from its .ninja_log, and its --top slowest translation units compiled again
    (their commands from compile_commands.json, without the launcher) for their peak memory.
@@ -56,6 +57,8 @@ def researcher_tu(cxx, repeat):
     obj = os.path.join(tempfile.mkdtemp(), "one_engine.o")
     variants = [
         ("release: -O3 -march=native", ["-O3", "-march=native", "-fno-math-errno", "-c", source, "-o", obj]),
+        ("release, precompiled kernels (opt-in)",
+         ["-O3", "-march=native", "-fno-math-errno", "-DPOLYSHARD_PRECOMPILED", "-c", source, "-o", obj]),
         ("sanitizers: -O1 -g1 ASan+UBSan", ["-O1", "-g1", "-fsanitize=address,undefined", "-c", source, "-o", obj]),
         ("front end only: -fsyntax-only", ["-fsyntax-only", source]),
     ]
