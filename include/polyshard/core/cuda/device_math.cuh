@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "polyshard/core/cuda/launch.hpp"  // launch<kernel>(...), and the emulated device's built-ins
 #include "polyshard/core/element_fwd.hpp"
 
 namespace polyshard::cuda {

@@ -195,8 +195,8 @@ void pack_unit(const UnitEntry<T>* table, std::size_t entries, std::size_t total
   POLYSHARD_CHECK(table != nullptr && flat != nullptr, "pack_unit: null pointer for ", entries, " entries (table ",
                   static_cast<const void*>(table), ", flat ", static_cast<const void*>(flat), ")");
   using D = device_t<T>;
-  unit_copy_kernel<true, T><<<blocks_for(total_numel, Pack<D>::size, max_unit_copy_blocks), threads_per_block, 0,
-                              stream>>>(table, entries, device_ptr(flat), nullptr);
+  launch<unit_copy_kernel<true, T>>(blocks_for(total_numel, Pack<D>::size, max_unit_copy_blocks), threads_per_block, 0,
+                                    stream, table, entries, device_ptr(flat), nullptr);
   POLYSHARD_CUDA_CHECK_LAUNCH("pack_unit");
 }
 
@@ -207,8 +207,8 @@ void unpack_unit(const UnitEntry<T>* table, std::size_t entries, std::size_t tot
   POLYSHARD_CHECK(table != nullptr && flat != nullptr, "unpack_unit: null pointer for ", entries, " entries (table ",
                   static_cast<const void*>(table), ", flat ", static_cast<const void*>(flat), ")");
   using D = device_t<T>;
-  unit_copy_kernel<false, T><<<blocks_for(total_numel, Pack<D>::size, max_unit_copy_blocks), threads_per_block, 0,
-                               stream>>>(table, entries, nullptr, device_ptr(flat));
+  launch<unit_copy_kernel<false, T>>(blocks_for(total_numel, Pack<D>::size, max_unit_copy_blocks), threads_per_block, 0,
+                                     stream, table, entries, nullptr, device_ptr(flat));
   POLYSHARD_CUDA_CHECK_LAUNCH("unpack_unit");
 }
 
@@ -223,9 +223,9 @@ void cast_span(const From* src, To* dst, std::size_t numel, cudaStream_t stream)
   const auto d = device_ptr(dst);
   if (aligned16(s) && aligned16(d)) {
     constexpr int V = static_cast<int>(16 / std::min(sizeof(DF), sizeof(DT)));
-    cast_kernel<V, DF, DT><<<blocks_for(numel, V), threads_per_block, 0, stream>>>(s, d, numel);
+    launch<cast_kernel<V, DF, DT>>(blocks_for(numel, V), threads_per_block, 0, stream, s, d, numel);
   } else {
-    cast_kernel<1, DF, DT><<<blocks_for(numel, 1), threads_per_block, 0, stream>>>(s, d, numel);
+    launch<cast_kernel<1, DF, DT>>(blocks_for(numel, 1), threads_per_block, 0, stream, s, d, numel);
   }
   POLYSHARD_CUDA_CHECK_LAUNCH("cast_span");
 }
@@ -241,11 +241,11 @@ void unscale_and_check(G* grad, std::size_t numel, float inv_scale, int* found_n
   const auto g = device_ptr(grad);
   if (aligned16(g)) {
     constexpr int V = Pack<D>::size;
-    unscale_and_check_kernel<V, D><<<blocks_for(numel, V), threads_per_block, 0, stream>>>(g, numel, inv_scale,
-                                                                                           found_nonfinite);
+    launch<unscale_and_check_kernel<V, D>>(blocks_for(numel, V), threads_per_block, 0, stream, g, numel, inv_scale,
+                                           found_nonfinite);
   } else {
-    unscale_and_check_kernel<1, D><<<blocks_for(numel, 1), threads_per_block, 0, stream>>>(g, numel, inv_scale,
-                                                                                           found_nonfinite);
+    launch<unscale_and_check_kernel<1, D>>(blocks_for(numel, 1), threads_per_block, 0, stream, g, numel, inv_scale,
+                                           found_nonfinite);
   }
   POLYSHARD_CUDA_CHECK_LAUNCH("unscale_and_check");
 }
@@ -260,11 +260,11 @@ void squared_norm_partials(const G* grad, std::size_t numel, float* partials, bo
   const auto g = device_ptr(grad);
   if (g != nullptr && aligned16(g)) {
     constexpr int V = Pack<D>::size;
-    squared_norm_partials_kernel<V, D><<<squared_norm_blocks, threads_per_block, 0, stream>>>(g, numel, partials,
-                                                                                             accumulate);
+    launch<squared_norm_partials_kernel<V, D>>(squared_norm_blocks, threads_per_block, 0, stream, g, numel, partials,
+                                               accumulate);
   } else {
-    squared_norm_partials_kernel<1, D><<<squared_norm_blocks, threads_per_block, 0, stream>>>(g, numel, partials,
-                                                                                             accumulate);
+    launch<squared_norm_partials_kernel<1, D>>(squared_norm_blocks, threads_per_block, 0, stream, g, numel, partials,
+                                               accumulate);
   }
   POLYSHARD_CUDA_CHECK_LAUNCH("squared_norm_partials");
 }
@@ -272,7 +272,7 @@ void squared_norm_partials(const G* grad, std::size_t numel, float* partials, bo
 void squared_norm_finish(const float* partials, float* out, bool accumulate, cudaStream_t stream) {
   POLYSHARD_CHECK(partials != nullptr && out != nullptr, "squared_norm_finish: null pointer (partials ",
                   static_cast<const void*>(partials), ", out ", static_cast<const void*>(out), ")");
-  squared_norm_finish_kernel<<<1, squared_norm_blocks, 0, stream>>>(partials, out, accumulate);
+  launch<squared_norm_finish_kernel>(1, squared_norm_blocks, 0, stream, partials, out, accumulate);
   POLYSHARD_CUDA_CHECK_LAUNCH("squared_norm_finish");
 }
 

@@ -191,11 +191,11 @@ void fused_adam_step(float* master, const G* grad, float* exp_avg, float* exp_av
                      (c == nullptr || aligned16(c));
   if (packs) {
     constexpr int V = lanes_for<float, DG, DP>();
-    fused_adam_kernel<V, DG, DP><<<blocks_for(numel, V), threads_per_block, 0, stream>>>(
-        master, g, exp_avg, exp_avg_sq, c, numel, k, grad_scale);
+    launch<fused_adam_kernel<V, DG, DP>>(blocks_for(numel, V), threads_per_block, 0, stream, master, g, exp_avg,
+                                         exp_avg_sq, c, numel, k, grad_scale);
   } else {
-    fused_adam_kernel<1, DG, DP><<<blocks_for(numel, 1), threads_per_block, 0, stream>>>(
-        master, g, exp_avg, exp_avg_sq, c, numel, k, grad_scale);
+    launch<fused_adam_kernel<1, DG, DP>>(blocks_for(numel, 1), threads_per_block, 0, stream, master, g, exp_avg,
+                                         exp_avg_sq, c, numel, k, grad_scale);
   }
   POLYSHARD_CUDA_CHECK_LAUNCH(who);
 }
@@ -224,11 +224,11 @@ void fused_sgd_step(float* master, const G* grad, float* momentum_buffer, P* com
                      (c == nullptr || aligned16(c));
   if (packs) {
     constexpr int V = lanes_for<float, DG, DP>();
-    fused_sgd_kernel<V, DG, DP><<<blocks_for(numel, V), threads_per_block, 0, stream>>>(
-        master, g, momentum_buffer, c, numel, k, grad_scale);
+    launch<fused_sgd_kernel<V, DG, DP>>(blocks_for(numel, V), threads_per_block, 0, stream, master, g, momentum_buffer,
+                                        c, numel, k, grad_scale);
   } else {
-    fused_sgd_kernel<1, DG, DP><<<blocks_for(numel, 1), threads_per_block, 0, stream>>>(
-        master, g, momentum_buffer, c, numel, k, grad_scale);
+    launch<fused_sgd_kernel<1, DG, DP>>(blocks_for(numel, 1), threads_per_block, 0, stream, master, g, momentum_buffer,
+                                        c, numel, k, grad_scale);
   }
   POLYSHARD_CUDA_CHECK_LAUNCH(who);
 }

@@ -43,7 +43,7 @@ void fill_bits(T* out, std::int64_t n, std::uint64_t value_bits, cudaStream_t st
   using D = device_t<T>;
   D v;
   __builtin_memcpy(&v, &value_bits, sizeof(D));  // little-endian: the low bytes
-  fill_kernel<D><<<grid_for(static_cast<std::size_t>(n), 256), 256, 0, stream>>>(device_ptr(out), n, v);
+  launch<fill_kernel<D>>(grid_for(static_cast<std::size_t>(n), 256), 256, 0, stream, device_ptr(out), n, v);
   POLYSHARD_CUDA_CHECK_LAUNCH("cuda::fill");
 }
 
@@ -57,8 +57,8 @@ void copy_view(T* out, const T* src, const ViewLayout& layout, cudaStream_t stre
     n *= layout.shape[d];
   }
   if (n == 0) return;
-  copy_view_kernel<device_t<T>>
-      <<<grid_for(static_cast<std::size_t>(n), 256), 256, 0, stream>>>(device_ptr(out), device_ptr(src), layout, n);
+  launch<copy_view_kernel<device_t<T>>>(grid_for(static_cast<std::size_t>(n), 256), 256, 0, stream, device_ptr(out),
+                                        device_ptr(src), layout, n);
   POLYSHARD_CUDA_CHECK_LAUNCH("cuda::copy_view");
 }
 

@@ -1,10 +1,6 @@
 // The GPT's CUDA kernels (forward and backward) and their launchers; each kernel is the twin of
 // the CPU op of the same name in polyshard/tensor/ops/ and computes in float for every element
 // type. Instantiated at the end for float, half and bfloat16.
-#include "polyshard/tensor/cuda/transformer_kernels.hpp"
-
-#include <cub/device/device_radix_sort.cuh>
-
 #include <algorithm>
 #include <bit>
 #include <cstddef>
@@ -13,6 +9,8 @@
 #include "polyshard/core/cuda/device_math.cuh"
 #include "polyshard/core/cuda/error.hpp"
 #include "polyshard/core/error.hpp"
+#include "polyshard/tensor/cuda/sort.hpp"
+#include "polyshard/tensor/cuda/transformer_kernels.hpp"
 
 namespace polyshard::cuda {
 namespace {
@@ -349,12 +347,14 @@ void launch_column_sums(const char* op, Terms terms, std::int64_t rows, std::int
                   " rows of ", cols, ", got ", workspace_floats);
   if (chunks > 0) {
     const dim3 grid(static_cast<unsigned>((cols + col_strip - 1) / col_strip), static_cast<unsigned>(chunks));
-    column_sum_forward_kernel<<<grid, dim3(col_strip, col_lanes), 0, stream>>>(
-        terms, rows, static_cast<int>(cols), rows_per_chunk(rows), workspace, static_cast<int>(chunks));
+    launch<column_sum_forward_kernel<Terms>>(grid, dim3(col_strip, col_lanes), 0, stream, terms, rows,
+                                             static_cast<int>(cols), rows_per_chunk(rows), workspace,
+                                             static_cast<int>(chunks));
     POLYSHARD_CUDA_CHECK_LAUNCH(op);
   }
-  column_sum_finish_kernel<<<grid_for(static_cast<std::size_t>(cols), block_threads), block_threads, 0, stream>>>(
-      workspace, static_cast<int>(chunks), static_cast<int>(cols), out0, acc0, out1, acc1);
+  launch<column_sum_finish_kernel<D>>(grid_for(static_cast<std::size_t>(cols), block_threads), block_threads, 0, stream,
+                                      workspace, static_cast<int>(chunks), static_cast<int>(cols), out0, acc0, out1,
+                                      acc1);
   POLYSHARD_CUDA_CHECK_LAUNCH(op);
 }
 
@@ -425,9 +425,8 @@ int embedding_sort_bits(std::int64_t v) { return static_cast<int>(std::bit_width
 
 EmbeddingWorkspace embedding_workspace(std::int64_t n, std::int64_t v, void* base) {
   EmbeddingWorkspace w;
-  POLYSHARD_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
-      nullptr, w.sort_temp_bytes, static_cast<const unsigned*>(nullptr), static_cast<unsigned*>(nullptr),
-      static_cast<const int*>(nullptr), static_cast<int*>(nullptr), static_cast<int>(n), 0, embedding_sort_bits(v)));
+  POLYSHARD_CUDA_CHECK(sort_pairs(nullptr, w.sort_temp_bytes, nullptr, nullptr, nullptr, nullptr, static_cast<int>(n),
+                                  0, embedding_sort_bits(v)));
   const std::size_t ints = round_up_256(static_cast<std::size_t>(n) * sizeof(int));
   w.total_bytes = 255 + 4 * ints + round_up_256(w.sort_temp_bytes);
   if (base != nullptr) {
@@ -844,14 +843,14 @@ void launch_cross_entropy(const char* op, const T* logits, const std::int32_t* t
   const int threads = row_threads(v);
   const D* l = device_ptr(logits);
   if (!dlogits.wanted()) {
-    cross_entropy_forward_kernel<D, false, false><<<grid, threads, 0, stream>>>(l, targets, losses, lse, dlosses,
-                                                                               dloss_scale, nullptr, rows, int(v));
+    launch<cross_entropy_forward_kernel<D, false, false>>(grid, threads, 0, stream, l, targets, losses, lse, dlosses,
+                                                          dloss_scale, nullptr, rows, int(v));
   } else if (dlogits.accumulate) {
-    cross_entropy_forward_kernel<D, true, true><<<grid, threads, 0, stream>>>(
-        l, targets, losses, lse, dlosses, dloss_scale, device_ptr(dlogits.data), rows, int(v));
+    launch<cross_entropy_forward_kernel<D, true, true>>(grid, threads, 0, stream, l, targets, losses, lse, dlosses,
+                                                        dloss_scale, device_ptr(dlogits.data), rows, int(v));
   } else {
-    cross_entropy_forward_kernel<D, true, false><<<grid, threads, 0, stream>>>(
-        l, targets, losses, lse, dlosses, dloss_scale, device_ptr(dlogits.data), rows, int(v));
+    launch<cross_entropy_forward_kernel<D, true, false>>(grid, threads, 0, stream, l, targets, losses, lse, dlosses,
+                                                         dloss_scale, device_ptr(dlogits.data), rows, int(v));
   }
   POLYSHARD_CUDA_CHECK_LAUNCH(op);
 }
@@ -868,11 +867,11 @@ void embedding_forward(const std::int32_t* ids, const T* table, T* out, std::int
   check_embedding_sizes("embedding", n, v, c);
   if (n == 0) return;
   if (c % P == 0 && all_aligned16(table, out)) {
-    embedding_forward_kernel<D, P><<<grid_for(static_cast<std::size_t>(n * (c / P)), block_threads), block_threads, 0,
-                                     stream>>>(ids, device_ptr(table), device_ptr(out), n, v, c);
+    launch<embedding_forward_kernel<D, P>>(grid_for(static_cast<std::size_t>(n * (c / P)), block_threads),
+                                           block_threads, 0, stream, ids, device_ptr(table), device_ptr(out), n, v, c);
   } else {
-    embedding_forward_kernel<D, 1><<<grid_for(static_cast<std::size_t>(n * c), block_threads), block_threads, 0,
-                                     stream>>>(ids, device_ptr(table), device_ptr(out), n, v, c);
+    launch<embedding_forward_kernel<D, 1>>(grid_for(static_cast<std::size_t>(n * c), block_threads), block_threads, 0,
+                                           stream, ids, device_ptr(table), device_ptr(out), n, v, c);
   }
   POLYSHARD_CUDA_CHECK_LAUNCH("embedding");
 }
@@ -896,16 +895,15 @@ void embedding_backward(const std::int32_t* ids, const T* dout, DeviceGradOut<T>
   if (!dtable.accumulate)
     POLYSHARD_CUDA_CHECK(cudaMemsetAsync(dtable.data, 0, static_cast<std::size_t>(v * c) * sizeof(D), stream));
   if (n == 0) return;
-  embedding_backward_keys_kernel<<<grid_for(static_cast<std::size_t>(n), block_threads), block_threads, 0, stream>>>(
-      ids, w.keys_in, w.positions_in, static_cast<int>(n), static_cast<int>(v));
+  launch<embedding_backward_keys_kernel>(grid_for(static_cast<std::size_t>(n), block_threads), block_threads, 0, stream,
+                                         ids, w.keys_in, w.positions_in, static_cast<int>(n), static_cast<int>(v));
   POLYSHARD_CUDA_CHECK_LAUNCH(op);
   std::size_t temp_bytes = w.sort_temp_bytes;
-  POLYSHARD_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(w.sort_temp, temp_bytes, w.keys_in, w.keys_out, w.positions_in,
-                                                       w.positions_out, static_cast<int>(n), 0,
-                                                       embedding_sort_bits(v), stream));
-  embedding_backward_kernel<<<grid_for(static_cast<std::size_t>(n), 1), block_threads, 0, stream>>>(
-      w.keys_out, w.positions_out, device_ptr(dout), device_ptr(dtable.data), static_cast<int>(n),
-      static_cast<unsigned>(v), c);
+  POLYSHARD_CUDA_CHECK(sort_pairs(w.sort_temp, temp_bytes, w.keys_in, w.keys_out, w.positions_in, w.positions_out,
+                                  static_cast<int>(n), 0, embedding_sort_bits(v), stream));
+  launch<embedding_backward_kernel<D>>(grid_for(static_cast<std::size_t>(n), 1), block_threads, 0, stream, w.keys_out,
+                                       w.positions_out, device_ptr(dout), device_ptr(dtable.data), static_cast<int>(n),
+                                       static_cast<unsigned>(v), c);
   POLYSHARD_CUDA_CHECK_LAUNCH(op);
 }
 
@@ -916,8 +914,9 @@ void layer_norm_forward(const T* x, const T* weight, const T* bias, float eps, T
   check_rows("layer_norm", rows, c);
   POLYSHARD_CHECK(eps >= 0.f, "layer_norm: eps must not be negative, got ", eps);
   if (rows == 0) return;
-  layer_norm_forward_kernel<<<grid_for(static_cast<std::size_t>(rows), warps_per_block), block_threads, 0, stream>>>(
-      device_ptr(x), device_ptr(weight), device_ptr(bias), eps, device_ptr(y), mean, rstd, rows, int(c));
+  launch<layer_norm_forward_kernel<D>>(grid_for(static_cast<std::size_t>(rows), warps_per_block), block_threads, 0,
+                                       stream, device_ptr(x), device_ptr(weight), device_ptr(bias), eps, device_ptr(y),
+                                       mean, rstd, rows, int(c));
   POLYSHARD_CUDA_CHECK_LAUNCH("layer_norm");
 }
 
@@ -936,11 +935,11 @@ void layer_norm_backward(const T* x, const T* weight, const float* mean, const f
   if (dx.wanted() && rows > 0) {
     const unsigned grid = grid_for(static_cast<std::size_t>(rows), warps_per_block);
     if (dx.accumulate)
-      layer_norm_backward_kernel<D, true><<<grid, block_threads, 0, stream>>>(
-          device_ptr(x), device_ptr(weight), mean, rstd, device_ptr(dy), device_ptr(dx.data), rows, int(c));
+      launch<layer_norm_backward_kernel<D, true>>(grid, block_threads, 0, stream, device_ptr(x), device_ptr(weight),
+                                                  mean, rstd, device_ptr(dy), device_ptr(dx.data), rows, int(c));
     else
-      layer_norm_backward_kernel<D, false><<<grid, block_threads, 0, stream>>>(
-          device_ptr(x), device_ptr(weight), mean, rstd, device_ptr(dy), device_ptr(dx.data), rows, int(c));
+      launch<layer_norm_backward_kernel<D, false>>(grid, block_threads, 0, stream, device_ptr(x), device_ptr(weight),
+                                                   mean, rstd, device_ptr(dy), device_ptr(dx.data), rows, int(c));
     POLYSHARD_CUDA_CHECK_LAUNCH(op);
   }
   if (dweight.wanted() || dbias.wanted()) {
@@ -956,8 +955,8 @@ void gelu_forward(const T* x, T* y, std::int64_t n, cudaStream_t stream) {
   check_count("gelu", "n", n);
   if (n == 0) return;
   const bool packs = all_aligned16(x, y);
-  gelu_forward_kernel<<<elementwise_grid<D>(n, packs), block_threads, 0, stream>>>(device_ptr(x), device_ptr(y), n,
-                                                                                    packs);
+  launch<gelu_forward_kernel<D>>(elementwise_grid<D>(n, packs), block_threads, 0, stream, device_ptr(x), device_ptr(y),
+                                 n, packs);
   POLYSHARD_CUDA_CHECK_LAUNCH("gelu");
 }
 
@@ -969,11 +968,11 @@ void gelu_backward(const T* x, const T* dy, DeviceGradOut<T> dx, std::int64_t n,
   const bool packs = all_aligned16(x, dy, dx.data);
   const unsigned grid = elementwise_grid<D>(n, packs);
   if (dx.accumulate)
-    gelu_backward_kernel<D, true><<<grid, block_threads, 0, stream>>>(device_ptr(x), device_ptr(dy),
-                                                                      device_ptr(dx.data), n, packs);
+    launch<gelu_backward_kernel<D, true>>(grid, block_threads, 0, stream, device_ptr(x), device_ptr(dy),
+                                          device_ptr(dx.data), n, packs);
   else
-    gelu_backward_kernel<D, false><<<grid, block_threads, 0, stream>>>(device_ptr(x), device_ptr(dy),
-                                                                       device_ptr(dx.data), n, packs);
+    launch<gelu_backward_kernel<D, false>>(grid, block_threads, 0, stream, device_ptr(x), device_ptr(dy),
+                                           device_ptr(dx.data), n, packs);
   POLYSHARD_CUDA_CHECK_LAUNCH("gelu backward");
 }
 
@@ -983,8 +982,8 @@ void add_into(const T* a, const T* b, T* out, std::int64_t n, cudaStream_t strea
   check_count("add", "n", n);
   if (n == 0) return;
   const bool packs = all_aligned16(a, b, out);
-  add_forward_kernel<<<elementwise_grid<D>(n, packs), block_threads, 0, stream>>>(device_ptr(a), device_ptr(b),
-                                                                                   device_ptr(out), n, packs);
+  launch<add_forward_kernel<D>>(elementwise_grid<D>(n, packs), block_threads, 0, stream, device_ptr(a), device_ptr(b),
+                                device_ptr(out), n, packs);
   POLYSHARD_CUDA_CHECK_LAUNCH("add");
 }
 
@@ -994,8 +993,8 @@ void add_into_accumulate(const T* x, T* y, std::int64_t n, cudaStream_t stream) 
   check_count("add_into_accumulate", "n", n);
   if (n == 0) return;
   const bool packs = all_aligned16(x, y);
-  add_accumulate_forward_kernel<<<elementwise_grid<D>(n, packs), block_threads, 0, stream>>>(device_ptr(x),
-                                                                                              device_ptr(y), n, packs);
+  launch<add_accumulate_forward_kernel<D>>(elementwise_grid<D>(n, packs), block_threads, 0, stream, device_ptr(x),
+                                           device_ptr(y), n, packs);
   POLYSHARD_CUDA_CHECK_LAUNCH("add_into_accumulate");
 }
 
@@ -1005,8 +1004,8 @@ void scale_into(const T* x, double s, T* out, std::int64_t n, cudaStream_t strea
   check_count("scale", "n", n);
   if (n == 0) return;
   const bool packs = all_aligned16(x, out);
-  scale_forward_kernel<<<elementwise_grid<D>(n, packs), block_threads, 0, stream>>>(
-      device_ptr(x), static_cast<float>(s), device_ptr(out), n, packs);
+  launch<scale_forward_kernel<D>>(elementwise_grid<D>(n, packs), block_threads, 0, stream, device_ptr(x),
+                                  static_cast<float>(s), device_ptr(out), n, packs);
   POLYSHARD_CUDA_CHECK_LAUNCH("scale");
 }
 
@@ -1016,8 +1015,8 @@ void mul_into(const T* a, const T* b, T* out, std::int64_t n, cudaStream_t strea
   check_count("mul", "n", n);
   if (n == 0) return;
   const bool packs = all_aligned16(a, b, out);
-  mul_forward_kernel<<<elementwise_grid<D>(n, packs), block_threads, 0, stream>>>(device_ptr(a), device_ptr(b),
-                                                                                   device_ptr(out), n, packs);
+  launch<mul_forward_kernel<D>>(elementwise_grid<D>(n, packs), block_threads, 0, stream, device_ptr(a), device_ptr(b),
+                                device_ptr(out), n, packs);
   POLYSHARD_CUDA_CHECK_LAUNCH("mul");
 }
 
@@ -1027,8 +1026,8 @@ void add_scaled_into(const T* x, double s, T* y, std::int64_t n, cudaStream_t st
   check_count("add_scaled", "n", n);
   if (n == 0) return;
   const bool packs = all_aligned16(x, y);
-  add_scaled_forward_kernel<<<elementwise_grid<D>(n, packs), block_threads, 0, stream>>>(
-      device_ptr(x), static_cast<float>(s), device_ptr(y), n, packs);
+  launch<add_scaled_forward_kernel<D>>(elementwise_grid<D>(n, packs), block_threads, 0, stream, device_ptr(x),
+                                       static_cast<float>(s), device_ptr(y), n, packs);
   POLYSHARD_CUDA_CHECK_LAUNCH("add_scaled");
 }
 
@@ -1038,8 +1037,8 @@ void add_bias_rows(T* y, const T* bias, std::int64_t rows, std::int64_t cols, cu
   check_width("add_bias_rows", "cols", cols);
   if (rows == 0) return;
   const std::int64_t n = rows * cols;
-  add_bias_rows_kernel<<<grid_for(static_cast<std::size_t>(n), block_threads), block_threads, 0, stream>>>(
-      device_ptr(y), device_ptr(bias), n, cols);
+  launch<add_bias_rows_kernel<device_t<T>>>(grid_for(static_cast<std::size_t>(n), block_threads), block_threads, 0,
+                                            stream, device_ptr(y), device_ptr(bias), n, cols);
   POLYSHARD_CUDA_CHECK_LAUNCH("add_bias_rows");
 }
 
@@ -1048,9 +1047,9 @@ void sum(const T* x, std::int64_t n, double* out, double* workspace, cudaStream_
   check_count("sum", "n", n);
   check_pointer("sum", "out", out);
   check_pointer("sum", "workspace", workspace);
-  sum_partials_kernel<<<sum_blocks, block_threads, 0, stream>>>(device_ptr(x), n, workspace);
+  launch<sum_partials_kernel<device_t<T>>>(sum_blocks, block_threads, 0, stream, device_ptr(x), n, workspace);
   POLYSHARD_CUDA_CHECK_LAUNCH("sum");
-  sum_finish_kernel<<<1, block_threads, 0, stream>>>(workspace, out);
+  launch<sum_finish_kernel>(1, block_threads, 0, stream, workspace, out);
   POLYSHARD_CUDA_CHECK_LAUNCH("sum (finish)");
 }
 
@@ -1059,8 +1058,8 @@ void softmax_forward(const T* x, T* y, std::int64_t rows, std::int64_t n, cudaSt
   using D = device_t<T>;
   check_rows("softmax", rows, n);
   if (rows == 0) return;
-  softmax_forward_kernel<<<grid_for(static_cast<std::size_t>(rows), 1), row_threads(n), 0, stream>>>(
-      device_ptr(x), device_ptr(y), rows, int(n));
+  launch<softmax_forward_kernel<D>>(grid_for(static_cast<std::size_t>(rows), 1), row_threads(n), 0, stream,
+                                    device_ptr(x), device_ptr(y), rows, int(n));
   POLYSHARD_CUDA_CHECK_LAUNCH("softmax");
 }
 
@@ -1072,11 +1071,11 @@ void softmax_backward(const T* y, const T* dy, DeviceGradOut<T> dx, std::int64_t
   if (rows == 0 || !dx.wanted()) return;
   const unsigned grid = grid_for(static_cast<std::size_t>(rows), 1);
   if (dx.accumulate)
-    softmax_backward_kernel<D, true><<<grid, row_threads(n), 0, stream>>>(device_ptr(y), device_ptr(dy),
-                                                                          device_ptr(dx.data), rows, int(n));
+    launch<softmax_backward_kernel<D, true>>(grid, row_threads(n), 0, stream, device_ptr(y), device_ptr(dy),
+                                             device_ptr(dx.data), rows, int(n));
   else
-    softmax_backward_kernel<D, false><<<grid, row_threads(n), 0, stream>>>(device_ptr(y), device_ptr(dy),
-                                                                           device_ptr(dx.data), rows, int(n));
+    launch<softmax_backward_kernel<D, false>>(grid, row_threads(n), 0, stream, device_ptr(y), device_ptr(dy),
+                                              device_ptr(dx.data), rows, int(n));
   POLYSHARD_CUDA_CHECK_LAUNCH("softmax backward");
 }
 
@@ -1089,8 +1088,8 @@ void causal_softmax_forward(const T* scores, float scale, T* probs, std::int64_t
   check_width(op, "sequence length T", t);
   const std::int64_t rows = bh * t;
   if (rows == 0) return;
-  causal_softmax_forward_kernel<<<grid_for(static_cast<std::size_t>(rows), 1), row_threads(t), 0, stream>>>(
-      device_ptr(scores), scale, device_ptr(probs), rows, int(t));
+  launch<causal_softmax_forward_kernel<D>>(grid_for(static_cast<std::size_t>(rows), 1), row_threads(t), 0, stream,
+                                           device_ptr(scores), scale, device_ptr(probs), rows, int(t));
   POLYSHARD_CUDA_CHECK_LAUNCH(op);
 }
 
@@ -1105,11 +1104,11 @@ void causal_softmax_backward(const T* probs, const T* dprobs, float scale, Devic
   if (rows == 0 || !dscores.wanted()) return;
   const unsigned grid = grid_for(static_cast<std::size_t>(rows), 1);
   if (dscores.accumulate)
-    causal_softmax_backward_kernel<D, true><<<grid, row_threads(t), 0, stream>>>(
-        device_ptr(probs), device_ptr(dprobs), scale, device_ptr(dscores.data), rows, int(t));
+    launch<causal_softmax_backward_kernel<D, true>>(grid, row_threads(t), 0, stream, device_ptr(probs),
+                                                    device_ptr(dprobs), scale, device_ptr(dscores.data), rows, int(t));
   else
-    causal_softmax_backward_kernel<D, false><<<grid, row_threads(t), 0, stream>>>(
-        device_ptr(probs), device_ptr(dprobs), scale, device_ptr(dscores.data), rows, int(t));
+    launch<causal_softmax_backward_kernel<D, false>>(grid, row_threads(t), 0, stream, device_ptr(probs),
+                                                     device_ptr(dprobs), scale, device_ptr(dscores.data), rows, int(t));
   POLYSHARD_CUDA_CHECK_LAUNCH(op);
 }
 
@@ -1123,14 +1122,13 @@ void attention_permute_forward(const T* qkv, T* q, T* k, T* v, std::int64_t b, s
   const std::int64_t elems = b * n_head * t * head_dim;
   if (elems == 0) return;
   if (head_dim % P == 0 && all_aligned16(qkv, q, k, v))
-    attention_permute_forward_kernel<D, P><<<grid_for(static_cast<std::size_t>(elems / P), block_threads),
-                                             block_threads, 0, stream>>>(device_ptr(qkv), device_ptr(q),
-                                                                         device_ptr(k), device_ptr(v), b, t, n_head,
-                                                                         head_dim);
+    launch<attention_permute_forward_kernel<D, P>>(grid_for(static_cast<std::size_t>(elems / P), block_threads),
+                                                   block_threads, 0, stream, device_ptr(qkv), device_ptr(q),
+                                                   device_ptr(k), device_ptr(v), b, t, n_head, head_dim);
   else
-    attention_permute_forward_kernel<D, 1><<<grid_for(static_cast<std::size_t>(elems), block_threads), block_threads,
-                                             0, stream>>>(device_ptr(qkv), device_ptr(q), device_ptr(k),
-                                                          device_ptr(v), b, t, n_head, head_dim);
+    launch<attention_permute_forward_kernel<D, 1>>(grid_for(static_cast<std::size_t>(elems), block_threads),
+                                                   block_threads, 0, stream, device_ptr(qkv), device_ptr(q),
+                                                   device_ptr(k), device_ptr(v), b, t, n_head, head_dim);
   POLYSHARD_CUDA_CHECK_LAUNCH(op);
 }
 
@@ -1148,13 +1146,17 @@ void attention_permute_backward(const T* dq, const T* dk, const T* dv, DeviceGra
   const bool packs = head_dim % P == 0 && all_aligned16(dq, dk, dv, dqkv.data);
   const unsigned grid = grid_for(static_cast<std::size_t>(packs ? elems / P : elems), block_threads);
   if (packs && dqkv.accumulate)
-    attention_permute_backward_kernel<D, P, true><<<grid, block_threads, 0, stream>>>(q, k, v, out, b, t, n_head, head_dim);
+    launch<attention_permute_backward_kernel<D, P, true>>(grid, block_threads, 0, stream, q, k, v, out, b, t, n_head,
+                                                          head_dim);
   else if (packs)
-    attention_permute_backward_kernel<D, P, false><<<grid, block_threads, 0, stream>>>(q, k, v, out, b, t, n_head, head_dim);
+    launch<attention_permute_backward_kernel<D, P, false>>(grid, block_threads, 0, stream, q, k, v, out, b, t, n_head,
+                                                           head_dim);
   else if (dqkv.accumulate)
-    attention_permute_backward_kernel<D, 1, true><<<grid, block_threads, 0, stream>>>(q, k, v, out, b, t, n_head, head_dim);
+    launch<attention_permute_backward_kernel<D, 1, true>>(grid, block_threads, 0, stream, q, k, v, out, b, t, n_head,
+                                                          head_dim);
   else
-    attention_permute_backward_kernel<D, 1, false><<<grid, block_threads, 0, stream>>>(q, k, v, out, b, t, n_head, head_dim);
+    launch<attention_permute_backward_kernel<D, 1, false>>(grid, block_threads, 0, stream, q, k, v, out, b, t, n_head,
+                                                           head_dim);
   POLYSHARD_CUDA_CHECK_LAUNCH(op);
 }
 
@@ -1168,13 +1170,13 @@ void attention_unpermute_forward(const T* y, T* out, std::int64_t b, std::int64_
   const std::int64_t elems = b * n_head * t * head_dim;
   if (elems == 0) return;
   if (head_dim % P == 0 && all_aligned16(y, out))
-    attention_unpermute_forward_kernel<D, P><<<grid_for(static_cast<std::size_t>(elems / P), block_threads),
-                                               block_threads, 0, stream>>>(device_ptr(y), device_ptr(out), b, t,
-                                                                           n_head, head_dim);
+    launch<attention_unpermute_forward_kernel<D, P>>(grid_for(static_cast<std::size_t>(elems / P), block_threads),
+                                                     block_threads, 0, stream, device_ptr(y), device_ptr(out), b, t,
+                                                     n_head, head_dim);
   else
-    attention_unpermute_forward_kernel<D, 1><<<grid_for(static_cast<std::size_t>(elems), block_threads),
-                                               block_threads, 0, stream>>>(device_ptr(y), device_ptr(out), b, t,
-                                                                           n_head, head_dim);
+    launch<attention_unpermute_forward_kernel<D, 1>>(grid_for(static_cast<std::size_t>(elems), block_threads),
+                                                     block_threads, 0, stream, device_ptr(y), device_ptr(out), b, t,
+                                                     n_head, head_dim);
   POLYSHARD_CUDA_CHECK_LAUNCH(op);
 }
 
@@ -1188,13 +1190,13 @@ void attention_unpermute_backward(const T* dout, T* dy, std::int64_t b, std::int
   const std::int64_t elems = b * n_head * t * head_dim;
   if (elems == 0) return;
   if (head_dim % P == 0 && all_aligned16(dout, dy))
-    attention_unpermute_backward_kernel<D, P><<<grid_for(static_cast<std::size_t>(elems / P), block_threads),
-                                                block_threads, 0, stream>>>(device_ptr(dout), device_ptr(dy), b, t,
-                                                                            n_head, head_dim);
+    launch<attention_unpermute_backward_kernel<D, P>>(grid_for(static_cast<std::size_t>(elems / P), block_threads),
+                                                      block_threads, 0, stream, device_ptr(dout), device_ptr(dy), b, t,
+                                                      n_head, head_dim);
   else
-    attention_unpermute_backward_kernel<D, 1><<<grid_for(static_cast<std::size_t>(elems), block_threads),
-                                                block_threads, 0, stream>>>(device_ptr(dout), device_ptr(dy), b, t,
-                                                                            n_head, head_dim);
+    launch<attention_unpermute_backward_kernel<D, 1>>(grid_for(static_cast<std::size_t>(elems), block_threads),
+                                                      block_threads, 0, stream, device_ptr(dout), device_ptr(dy), b, t,
+                                                      n_head, head_dim);
   POLYSHARD_CUDA_CHECK_LAUNCH(op);
 }
 
@@ -1223,11 +1225,11 @@ void cross_entropy_backward(const T* logits, const std::int32_t* targets, const 
   check_pointer(op, "lse", lse);
   const unsigned grid = grid_for(static_cast<std::size_t>(rows), 1);
   if (dlogits.accumulate)
-    cross_entropy_backward_kernel<D, true><<<grid, row_threads(v), 0, stream>>>(
-        device_ptr(logits), targets, lse, dlosses, dloss_scale, device_ptr(dlogits.data), rows, int(v));
+    launch<cross_entropy_backward_kernel<D, true>>(grid, row_threads(v), 0, stream, device_ptr(logits), targets, lse,
+                                                   dlosses, dloss_scale, device_ptr(dlogits.data), rows, int(v));
   else
-    cross_entropy_backward_kernel<D, false><<<grid, row_threads(v), 0, stream>>>(
-        device_ptr(logits), targets, lse, dlosses, dloss_scale, device_ptr(dlogits.data), rows, int(v));
+    launch<cross_entropy_backward_kernel<D, false>>(grid, row_threads(v), 0, stream, device_ptr(logits), targets, lse,
+                                                    dlosses, dloss_scale, device_ptr(dlogits.data), rows, int(v));
   POLYSHARD_CUDA_CHECK_LAUNCH(op);
 }
 

@@ -1,0 +1,30 @@
+// Kernel launches, one spelling for both builds of the kernel sources: `<<<grid, block, shared,
+// stream>>>` when nvcc compiles them for a GPU, the emulated device's launcher when the host
+// compiler compiles them for the CPU (POLYSHARD_CUDA_EMULATION, see docs/cuda.md). Device code
+// only: include from .cu files (device_math.cuh does).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <utility>
+
+#if defined(POLYSHARD_CUDA_EMULATION)
+#include "polyshard/emulation/device.hpp"
+#endif
+
+namespace polyshard::cuda {
+
+/// Launches `Kernel` on `stream` with `grid` x `block` threads and `shared_bytes` of dynamic
+/// shared memory; the arguments convert to the kernel's parameters as they do through `<<<>>>`.
+/// Check the launch afterwards with POLYSHARD_CUDA_CHECK_LAUNCH, as after `<<<>>>`.
+template <auto Kernel, class... Args>
+inline void launch(dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t stream, Args&&... args) {
+#if defined(POLYSHARD_CUDA_EMULATION)
+  emulation::launch<Kernel>(grid, block, shared_bytes, stream, std::forward<Args>(args)...);
+#else
+  Kernel<<<grid, block, shared_bytes, stream>>>(std::forward<Args>(args)...);
+#endif
+}
+
+}  // namespace polyshard::cuda
