@@ -38,6 +38,16 @@ TEMPLATE_TEST_CASE("a device engine's checkpoint resumes on the host, and the ho
   save_checkpoint(gpu, dir / "from-gpu", {.step = 2});
   save_full_weights(gpu, dir / "gpu-weights.safetensors");
   const auto gpu_parameters = gpu.full_parameters();
+  {
+    // The checkpoint holds the device's masters themselves, each unit's own (not the bytes of a
+    // staging copy freed before the file was written, which another unit's copy may reuse).
+    const CheckpointMetadata m = read_checkpoint_metadata(dir / "from-gpu");
+    test::Parameters saved;
+    for (const CheckpointParameter& p : m.parameters)
+      saved.emplace_back(p.name, read_checkpoint_tensor(dir / "from-gpu", m, "master", p).to_vector());
+    std::sort(saved.begin(), saved.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    CHECK(test::max_difference(saved, gpu_parameters) == 0.0);
+  }
 
   // The host resumes where the device stopped: the same masters, state and step count, so the
   // same next steps (within the products' rounding).

@@ -1,12 +1,13 @@
 // Reverse-mode sweep: from a result back to every leaf that needs a gradient.
 #pragma once
 
+#include <cmath>
 #include <unordered_set>
 #include <vector>
 
-#include "polyshard/core/precompiled.hpp"
 #include "polyshard/autograd/ops/accumulate.hpp"
 #include "polyshard/autograd/variable.hpp"
+#include "polyshard/core/precompiled.hpp"
 
 namespace polyshard {
 
@@ -53,6 +54,7 @@ void backward(const Var<T, D>& root, const Tensor<T, D>& seed) {
       node.inputs.clear();
       node.grad = Tensor<T, D>();
       node.has_grad = false;
+      node.grad_factor = 1.0;
     }
     it->reset();  // the last owner of an intermediate frees its activations here
   }
@@ -64,6 +66,32 @@ void backward(const Var<T, D>& loss) {
   POLYSHARD_CHECK(loss.value().numel() == 1, "backward: needs a scalar loss or an explicit seed gradient, got shape ",
                   loss.shape());
   backward(loss, Tensor<T, D>::full(loss.shape(), T(1)));
+}
+
+/// Backward from a scalar (a loss) seeded with `seed`, given in double so that a 16-bit graph
+/// can be seeded with a value its type cannot hold: a loss scale of 65536 or more is infinite
+/// as fp16 (whose largest value is 65504), although the gradients it scales may all fit. When T
+/// holds `seed` this is backward(loss, seed as T). Otherwise, when the loss's op reads its
+/// gradient in double on the host (Node::scalar_grad_op: cross_entropy, sum, mean), the root
+/// holds 1 and carries `seed` as its grad_factor, so only the gradients the op writes meet T's
+/// range; other ops get the seed as T (infinite: their gradients overflow, as they would).
+template <FloatElement T, Device D>
+void backward(const Var<T, D>& loss, double seed) {
+  POLYSHARD_CHECK(loss.value().numel() == 1, "backward: needs a scalar loss for a scalar seed, got shape ",
+                  loss.shape());
+  const T as_t = static_cast<T>(static_cast<float>(seed));
+  Node<T, D>& root = *loss.node();
+  if (std::isfinite(static_cast<double>(as_t)) || !std::isfinite(seed) || !root.scalar_grad_op || !root.backward) {
+    backward(loss, Tensor<T, D>::full(loss.shape(), as_t));
+    return;
+  }
+  root.grad_factor = seed;
+  try {
+    backward(loss, Tensor<T, D>::full(loss.shape(), T(1)));
+  } catch (...) {
+    root.grad_factor = 1.0;
+    throw;
+  }
 }
 
 /// The float and double host instances compiled once in a precompiled library (core/precompiled.hpp).

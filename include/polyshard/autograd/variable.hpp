@@ -40,6 +40,14 @@ struct Node {
   std::vector<std::shared_ptr<Node>> inputs;
   /// Reads `self.grad` and writes into the sinks of `self.inputs`.
   std::function<void(Node& self)> backward;
+  /// The backward function reads the (scalar) gradient only through detail::scalar_grad, on
+  /// the host: cross_entropy, sum, mean. Such a node can be the root of a sweep seeded with a
+  /// value T cannot hold (backward(loss, double)).
+  bool scalar_grad_op = false;
+  /// What `grad` is multiplied by, in double, where scalar_grad reads it: 1 but at the root of
+  /// backward(loss, double) seeded past T's range (a loss scale above fp16's 65504), which
+  /// holds `grad` 1 and the seed here.
+  double grad_factor = 1.0;
 
   /// Claims this node's gradient slot for one contribution.
   GradSink<T, D> sink() {
@@ -60,6 +68,13 @@ template <FloatElement T, Device D>
 T scalar_value(const Tensor<T, D>& t) {
   if constexpr (std::same_as<D, Cpu>) return t.data()[0];
   else return t.to_vector()[0];
+}
+/// The gradient of a scalar node, read on the host in double, with the factor a root seeded
+/// past T's range carries (Node::grad_factor). Backward functions of scalar_grad_op nodes read
+/// their gradient through this alone.
+template <FloatElement T, Device D>
+double scalar_grad(const Node<T, D>& self) {
+  return double(scalar_value(self.grad)) * self.grad_factor;
 }
 /// The element type of per-row statistics a kernel saves (layer-norm mean and rstd,
 /// cross-entropy losses and log-sum-exp): T on the host, float on a device (whatever T).
@@ -114,5 +129,14 @@ Var<T, D> make_result(Tensor<T, D> value, const char* op, std::initializer_list<
   }
   return Var<T, D>(std::move(node));
 }
+
+namespace detail {
+/// `v` as a node that reads its gradient through scalar_grad (see Node::scalar_grad_op).
+template <FloatElement T, Device D>
+Var<T, D> reads_scalar_grad(Var<T, D> v) {
+  v.node()->scalar_grad_op = true;
+  return v;
+}
+}  // namespace detail
 
 }  // namespace polyshard

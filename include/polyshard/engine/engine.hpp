@@ -171,8 +171,15 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     State& root = units_[0];
     gather(0);
     Behaviour::begin_backward(root);
-    const auto seed = static_cast<work_type>(static_cast<float>(weight * scaler_.scale()));
-    polyshard::backward(loss, Tensor<work_type, device>::full(loss.shape(), seed));
+    const double seed = weight * scaler_.scale();
+    if (loss.value().numel() == 1) {
+      // In double: a loss scale fp16 cannot hold (65536 and up) still seeds the loss's gradient
+      // (its op computes in float), rather than an infinite seed skipping every step.
+      polyshard::backward(loss, seed);
+    } else {
+      polyshard::backward(
+          loss, Tensor<work_type, device>::full(loss.shape(), static_cast<work_type>(static_cast<float>(seed))));
+    }
     post_backward(root);
     finish_reductions();
     drain_prefetch();

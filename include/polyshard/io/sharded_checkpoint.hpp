@@ -176,20 +176,25 @@ CheckpointMetadata describe_checkpoint(E& engine, const TrainingState& training)
 }
 
 /// Adds one unit's master weights `params` and the state of `opt` (the rank's span of the unit,
-/// starting at element `offset` of its flat buffer) to `writer`, one tensor per parameter piece;
-/// copies them where they will not stay in memory (`resident` false: NVMe) until written.
+/// starting at element `offset` of its flat buffer) to `writer`, one tensor per parameter piece.
+/// The writer reads them only when it writes, later: `masters_stay` says whether `params` is
+/// still valid then (an engine's own host masters), `state_stays` whether opt's state tensors
+/// still hold this unit's state then (false: NVMe, paged out again); what does not stay is
+/// copied now. A device engine's masters do not stay: access_optimizer_on_host hands out a
+/// staging copy that it frees (and the next unit's copy may reuse) when it returns.
 template <class Layout, class Opt, class MT>
 void add_unit_state(SafetensorsWriter& writer, const Layout& unit, std::int64_t offset, Opt& opt, std::span<MT> params,
-                    bool resident) {
+                    bool masters_stay, bool state_stays) {
   const Tensor<MT> master = Tensor<MT>::wrap(params.data(), Shape{static_cast<std::int64_t>(params.size())});
   const auto state = opt.state();
-  auto keep = [&](const auto& t) { return resident ? t : t.clone(MemoryCategory::Other); };
+  auto keep = [&](const auto& t, bool stays) { return stays ? t : t.clone(MemoryCategory::Other); };
   for (const SpanSlice& s : span_slices(unit, offset, static_cast<std::int64_t>(params.size()))) {
     const std::string& name = unit.entries[s.entry].name;
     const std::int64_t n = s.end - s.begin;
-    writer.add(checkpoint_tensor_name("master", name, s.begin), keep(master.flat_view(s.span_offset, n)));
+    writer.add(checkpoint_tensor_name("master", name, s.begin),
+               keep(master.flat_view(s.span_offset, n), masters_stay && state_stays));
     for (const auto& [kind, tensor] : state)
-      writer.add(checkpoint_tensor_name(kind, name, s.begin), keep(tensor.flat_view(s.span_offset, n)));
+      writer.add(checkpoint_tensor_name(kind, name, s.begin), keep(tensor.flat_view(s.span_offset, n), state_stays));
   }
 }
 
@@ -201,7 +206,7 @@ void write_checkpoint_file(E& engine, const std::filesystem::path& path) {
   writer.add_metadata("format", "polyshard-shard");
   for (std::size_t u = 0; u < engine.units().units.size(); ++u)
     engine.access_optimizer_on_host(u, false, [&](auto& opt, auto params) {
-      add_unit_state(writer, engine.units().units[u], engine.optimizer_offset(u), opt, params,
+      add_unit_state(writer, engine.units().units[u], engine.optimizer_offset(u), opt, params, E::masters_on_host,
                      E::optimizer_state_resident);
     });
   writer.write(path);

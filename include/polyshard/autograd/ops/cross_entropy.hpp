@@ -23,10 +23,11 @@ Var<T, D> cross_entropy(const Var<T, D>& logits, const Tensor<std::int32_t, D>& 
   Tensor<S, D> lse = Tensor<S, D>::empty(rows);     // (...)
   cross_entropy_forward(logits.value(), targets, losses, lse);
   Tensor<T, D> y = Tensor<T, D>::full(Shape{}, T(mean(losses)));  // ()
-  return make_result(std::move(y), "cross_entropy", {logits}, [targets, lse, n](Node<T, D>& self) {
-    const auto dlosses = Tensor<S, D>::full(lse.shape(), S(double(detail::scalar_value(self.grad)) / double(n)));  // (...)
-    cross_entropy_backward(self.inputs[0]->value, targets, lse, dlosses, detail::grad_out(self, 0));
-  });
+  return detail::reads_scalar_grad(
+      make_result(std::move(y), "cross_entropy", {logits}, [targets, lse, n](Node<T, D>& self) {
+        const auto dlosses = Tensor<S, D>::full(lse.shape(), S(detail::scalar_grad(self) / double(n)));  // (...)
+        cross_entropy_backward(self.inputs[0]->value, targets, lse, dlosses, detail::grad_out(self, 0));
+      }));
 }
 
 /// The float and double host instances compiled once in a precompiled library (core/precompiled.hpp).

@@ -28,9 +28,9 @@ void broadcast_scalar_grad(const GradOut<T, D>& dx, T g) {
 template <FloatElement T, Device D>
 Var<T, D> sum(const Var<T, D>& x) {
   Tensor<T, D> y = Tensor<T, D>::full(Shape{}, T(sum(x.value())));  // ()
-  return make_result(std::move(y), "sum", {x}, [](Node<T, D>& self) {
-    detail::broadcast_scalar_grad(detail::grad_out(self, 0), detail::scalar_value(self.grad));
-  });
+  return detail::reads_scalar_grad(make_result(std::move(y), "sum", {x}, [](Node<T, D>& self) {
+    detail::broadcast_scalar_grad(detail::grad_out(self, 0), T(detail::scalar_grad(self)));
+  }));
 }
 
 /// Mean of all elements (accumulated in blocks added in double). x: any shape with at least one element;
@@ -39,9 +39,9 @@ template <FloatElement T, Device D>
 Var<T, D> mean(const Var<T, D>& x) {
   Tensor<T, D> y = Tensor<T, D>::full(Shape{}, T(mean(x.value())));  // ()
   const double inv_n = 1.0 / double(x.value().numel());
-  return make_result(std::move(y), "mean", {x}, [inv_n](Node<T, D>& self) {
-    detail::broadcast_scalar_grad(detail::grad_out(self, 0), T(double(detail::scalar_value(self.grad)) * inv_n));
-  });
+  return detail::reads_scalar_grad(make_result(std::move(y), "mean", {x}, [inv_n](Node<T, D>& self) {
+    detail::broadcast_scalar_grad(detail::grad_out(self, 0), T(detail::scalar_grad(self) * inv_n));
+  }));
 }
 
 /// The float and double host instances compiled once in a precompiled library (core/precompiled.hpp).

@@ -39,11 +39,13 @@ class DeviceMemoryPool {
   /// The pool of `device`, created on first use and kept for the life of the process.
   static DeviceMemoryPool& of(int device) {
     static std::mutex mutex;
-    static std::vector<DeviceMemoryPool*> pools;
+    // The table outlives static destruction too: a vector destroyed at exit would leave the pools
+    // it points to unreachable, which LeakSanitizer reports as leaks.
+    static auto* const pools = new std::vector<DeviceMemoryPool*>();
     std::lock_guard lock(mutex);
     if (device < 0) throw Error("polyshard: device memory pool of device " + std::to_string(device));
-    if (pools.size() <= static_cast<std::size_t>(device)) pools.resize(static_cast<std::size_t>(device) + 1, nullptr);
-    auto& p = pools[static_cast<std::size_t>(device)];
+    if (pools->size() <= static_cast<std::size_t>(device)) pools->resize(static_cast<std::size_t>(device) + 1, nullptr);
+    auto& p = (*pools)[static_cast<std::size_t>(device)];
     if (!p) p = new DeviceMemoryPool(device);  // never destroyed: buffers may be freed at exit
     return *p;
   }

@@ -42,7 +42,7 @@ void fill_bits(T* out, std::int64_t n, std::uint64_t value_bits, cudaStream_t st
   if (n == 0) return;
   using D = device_t<T>;
   D v;
-  __builtin_memcpy(&v, &value_bits, sizeof(D));  // little-endian: the low bytes
+  __builtin_memcpy(static_cast<void*>(&v), &value_bits, sizeof(D));  // little-endian: the low bytes
   launch<fill_kernel<D>>(grid_for(static_cast<std::size_t>(n), 256), 256, 0, stream, device_ptr(out), n, v);
   POLYSHARD_CUDA_CHECK_LAUNCH("cuda::fill");
 }
