@@ -7,6 +7,7 @@ set(common --layers 2 --heads 2 --embd 32 --seq 32 --batch 8 --log-every 100 --s
 include(${CMAKE_CURRENT_LIST_DIR}/train_losses.cmake)
 
 file(REMOVE_RECURSE ${WORK_DIR}/cuda-ckpt)
+file(MAKE_DIRECTORY ${WORK_DIR})
 train(whole --device cuda --steps 6)
 if(whole_skipped)
   return()

@@ -16,20 +16,9 @@ endfunction()
 
 run_training(ddp --strategy ddp --world-size 1)
 run_training(zero3 --strategy zero3 --world-size 4)
-# CMake has integer arithmetic only: compare the losses in millionths.
-function(to_millionths value out)
-  if(NOT value MATCHES "^([0-9]+)(\\.([0-9]*))?$")
-    message(FATAL_ERROR "not a plain decimal loss: ${value}")
-  endif()
-  set(whole "${CMAKE_MATCH_1}")
-  set(fraction "${CMAKE_MATCH_3}000000")
-  string(SUBSTRING "${fraction}" 0 6 fraction)
-  string(REGEX REPLACE "^0+([0-9])" "\\1" fraction "${fraction}")
-  math(EXPR result "${whole} * 1000000 + ${fraction}")
-  set(${out} ${result} PARENT_SCOPE)
-endfunction()
-to_millionths(${ddp_loss} ddp)
-to_millionths(${zero3_loss} zero3)
+include(${CMAKE_CURRENT_LIST_DIR}/train_losses.cmake)  # decimal_to_integer
+decimal_to_integer(${ddp_loss} 6 ddp)  # in millionths
+decimal_to_integer(${zero3_loss} 6 zero3)
 math(EXPR difference "${ddp} - ${zero3}")
 if(difference LESS 0)
   math(EXPR difference "-${difference}")

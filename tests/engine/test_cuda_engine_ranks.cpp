@@ -1,0 +1,97 @@
+// The device engine on several GPUs, one thread per rank joined by NCCL, against the host engine
+// on as many thread ranks: the same strategy, model, data, seed and optimizer. Sharding only
+// shows at world sizes above one: shards of uneven size, reduce-scatters and all-gathers
+// between ranks, a global gradient norm over shards. Runs wherever there are enough devices
+// (the emulated device has four).
+#include <optional>
+#include <thread>
+
+#include "cuda_engine_fixture.hpp"
+#include "polyshard/core/cuda/runtime.hpp"
+
+using namespace polyshard;
+using namespace polyshard::test;
+
+namespace {
+
+/// test::train on `world` GPUs: rank r on device r, each step's loss summed over ranks; rank 0's
+/// parameters. Empty when fewer than `world` devices are visible.
+template <class S, class Opt = Sgd<float>>
+std::optional<RunResult> train_on_gpus(int world, int steps, typename Opt::config_type opt = momentum_sgd(),
+                                       double clip = std::numeric_limits<double>::infinity()) {
+  using CT = typename S::compute_type;
+  if (cuda::available_devices().count < world) return std::nullopt;
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  std::vector<RunResult> results(static_cast<std::size_t>(world));
+  std::vector<std::string> errors(static_cast<std::size_t>(world));
+  std::vector<std::thread> ranks;
+  const std::int64_t batch = 6;
+  for (int r = 0; r < world; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        POLYSHARD_CUDA_CHECK(cudaSetDevice(r));
+        NcclCommunicator comm(r, world, id, r);
+        RunResult& result = results[static_cast<std::size_t>(r)];
+        Gpt<CT, Cuda> model(tiny_gpt());
+        Engine<S, Gpt<CT, Cuda>, NcclCommunicator, Opt> engine(model, comm, opt, {}, 42);
+        BatchSampler sampler(tiny_data(), 8, batch, 7);
+        const RowRange rows = rank_rows(batch, r, world);
+        const double weight = double(rows.end - rows.begin) / double(batch);
+        for (int step = 0; step < steps; ++step) {
+          const Batch b = sampler.batch(step, r, world);
+          auto loss = engine.forward([&] { return model.loss(to_device(b.inputs), to_device(b.targets)); });
+          result.losses.push_back(double(float(loss.value().to_vector()[0])) * weight);
+          engine.backward(loss, weight);
+          loss = {};
+          engine.step(opt.lr, clip);
+        }
+        result.parameters = engine.full_parameters();
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r);
+    REQUIRE(errors[static_cast<std::size_t>(r)].empty());
+  }
+  RunResult result = std::move(results[0]);
+  for (std::size_t r = 1; r < results.size(); ++r)
+    for (std::size_t i = 0; i < result.losses.size(); ++i) result.losses[i] += results[r].losses[i];
+  return result;
+}
+
+using ZeRO1 = ZeRO<1>;
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("an fp32 GPT trains on 2 and 3 GPUs as on as many host ranks, under every sharding policy",
+                   "[cuda][engine][ranks]", DDP, ZeRO1, ZeRO2PerBlock, FsdpPerBlock, GradOpPerBlock, ZeRO3Checkpointed,
+                   ZeROOffload, FsdpCpuOffload) {
+  const int world = GENERATE(2, 3);
+  const double clip = GENERATE(std::numeric_limits<double>::infinity(), 0.5);
+  INFO("world size " << world << (std::isfinite(clip) ? ", clipped at 0.5" : ""));
+  const auto gpu = train_on_gpus<TestType>(world, 3, momentum_sgd(), clip);
+  if (!gpu) {
+    WARN("fewer than " << world << " CUDA devices: not run");
+    return;
+  }
+  const auto host = test::train<TestType>(world, 3, 6, momentum_sgd(), clip);
+  check_losses(gpu->losses, host.losses, 1e-5);
+  CHECK(test::max_difference(gpu->parameters, host.parameters) <= 2e-5);
+}
+
+TEMPLATE_TEST_CASE("bf16 compute on 3 GPUs tracks the host's bf16 policy on 3 ranks", "[cuda][engine][ranks]",
+                   (Strategy<ShardParameters<true>, WrapByType<Block>, Bf16Mixed>),
+                   (Strategy<ShardGradients, Bf16Mixed>)) {
+  const auto gpu = train_on_gpus<TestType>(3, 3);
+  if (!gpu) {
+    WARN("fewer than 3 CUDA devices: not run");
+    return;
+  }
+  const auto host = test::train<TestType>(3, 3);
+  check_losses(gpu->losses, host.losses, 2e-2);
+  CHECK(test::max_difference(gpu->parameters, host.parameters) <= 1.6e-2);
+}
