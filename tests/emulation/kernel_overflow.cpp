@@ -23,7 +23,8 @@ __attribute__((noinline)) int local_overflow(unsigned t) {
   int local[8];
   for (int i = 0; i < 8; ++i) local[i] = static_cast<int>(t) + i;
   __syncthreads();
-  if (t == 37) local[past_the_end] = 1;
+  int* volatile p = local;  // hidden from the compiler: UBSan's bounds checks would stop it before ASan
+  if (t == 37) p[past_the_end] = 1;
   return local[t % 8];
 }
 

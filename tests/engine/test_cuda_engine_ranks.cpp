@@ -95,3 +95,17 @@ TEMPLATE_TEST_CASE("bf16 compute on 3 GPUs tracks the host's bf16 policy on 3 ra
   check_losses(gpu->losses, host.losses, 2e-2);
   CHECK(test::max_difference(gpu->parameters, host.parameters) <= 1.6e-2);
 }
+
+TEST_CASE("FSDP on 2 GPUs for two steps: the run ThreadSanitizer watches", "[cuda][engine][ranks][tsan]") {
+  // Small on purpose: under ThreadSanitizer every emulated thread switch is an ordering event.
+  // What it watches is the rest: the gathers and reduce-scatters on the communication stream
+  // beside the compute stream, the event waits between them and the host's reads.
+  const auto gpu = train_on_gpus<FsdpPerBlock>(2, 2);
+  if (!gpu) {
+    WARN("fewer than 2 CUDA devices: not run");
+    return;
+  }
+  const auto host = test::train<FsdpPerBlock>(2, 2);
+  check_losses(gpu->losses, host.losses, 1e-5);
+  CHECK(test::max_difference(gpu->parameters, host.parameters) <= 2e-5);
+}
