@@ -23,7 +23,9 @@ inline void launch(dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t
 #if defined(POLYSHARD_CUDA_EMULATION)
   emulation::launch<Kernel>(grid, block, shared_bytes, stream, std::forward<Args>(args)...);
 #else
-  Kernel<<<grid, block, shared_bytes, stream> > >(std::forward<Args>(args)...);
+  // clang-format off (the launch is nvcc's syntax, which clang-format splits)
+  Kernel<<<grid, block, shared_bytes, stream>>>(std::forward<Args>(args)...);
+  // clang-format on
 #endif
 }
 
