@@ -1,6 +1,10 @@
-// The strategies polyshard-train names, grouped by sharding family: each family's engines are
-// compiled in a translation unit of their own (family.cpp, built once per family), so that no
-// translation unit holds every composition and the dispatch below instantiates none.
+// The strategies polyshard-train names: a sharding family (--strategy), a precision (--precision)
+// and a wrap (--wrap). Their engines are compiled one translation unit per precision and device
+// (strategies.cpp, built once for each), so that no translation unit holds every composition and
+// the dispatch below instantiates none. Grouping by precision, not by family, is what keeps the
+// total down: on a device the precision fixes the model's element type, and every code that
+// depends on the model but not on the strategy (the model itself, the unit plan, checkpoint and
+// weight files) is then compiled once per unit instead of once per family.
 #pragma once
 
 #include <string>
@@ -15,11 +19,14 @@ namespace train {
 /// One sharding and offload pair of --strategy; precision and wrapping make six strategies of each.
 enum class Family { ddp, zero1, zero2, zero3, fsdp_grad_op, zero_offload, zero3_offload, hybrid, zero_infinity };
 
-/// Trains one rank under the strategy of family F that the options name (precision and wrap),
+/// --precision: fp32, bf16-mixed, fp16-mixed.
+enum class Precision { fp32, bf16_mixed, fp16_mixed };
+
+/// Trains one rank under the strategy of family F and precision P with the options' wrap,
 /// computing on device D with communicator Comm. Defined in trainer.hpp and instantiated in
-/// family.cpp, one translation unit per family and device.
-template <Family F, class D, class Comm>
-void train_family(const Options& o, Comm& comm, const polyshard::TextDataset& data, polyshard::Trace* trace);
+/// strategies.cpp, one translation unit per precision and device.
+template <Family F, Precision P, class D, class Comm>
+void train_strategy(const Options& o, Comm& comm, const polyshard::TextDataset& data, polyshard::Trace* trace);
 
 /// Calls f.template operator()<F>() with the family of the strategy the options name.
 template <class Fn>
@@ -35,6 +42,17 @@ void with_family(const Options& o, Fn&& f) {
   else if (s == "hybrid") f.template operator()<Family::hybrid>();
   else if (s == "zero_infinity") f.template operator()<Family::zero_infinity>();
   else polyshard::detail::throw_error("polyshard-train: unknown --strategy '", s, "' (see --help)");
+}
+
+/// Calls train_strategy<F, P, D>(o, comm, data, trace) with the family and precision the options name.
+template <class D, class Comm>
+void train_named_strategy(const Options& o, Comm& comm, const polyshard::TextDataset& data, polyshard::Trace* trace) {
+  with_family(o, [&]<Family F>() {
+    if (o.precision == "fp32") train_strategy<F, Precision::fp32, D>(o, comm, data, trace);
+    else if (o.precision == "bf16-mixed") train_strategy<F, Precision::bf16_mixed, D>(o, comm, data, trace);
+    else if (o.precision == "fp16-mixed") train_strategy<F, Precision::fp16_mixed, D>(o, comm, data, trace);
+    else polyshard::detail::throw_error("polyshard-train: unknown --precision '", o.precision, "' (see --help)");
+  });
 }
 
 }  // namespace train

@@ -56,9 +56,7 @@ int run(int argc, char** argv) {
 #endif
       } else {
         AnyCommunicator ranks = AnyCommunicator::borrow(comm);
-        train::with_family(o, [&]<train::Family F>() {
-          train::train_family<F, Cpu>(o, ranks, data, o.trace.empty() ? nullptr : &trace);
-        });
+        train::train_named_strategy<Cpu>(o, ranks, data, o.trace.empty() ? nullptr : &trace);
       }
     } catch (const polyshard::Error& e) {
       // An error of this rank alone (a file it cannot write) would leave the others waiting in
@@ -85,12 +83,14 @@ int run(int argc, char** argv) {
                            o.trace.empty() ? nullptr : &traces[static_cast<std::size_t>(boot.rank())]);
     });
 #endif
-  } else train::with_family(o, [&]<train::Family F>() {
+  } else {
+    train::with_family(o, []<train::Family>() {});  // an unknown --strategy fails here, before any rank starts
     run_ranks(world, [&](ThreadCommunicator& comm) {
       AnyCommunicator ranks = AnyCommunicator::borrow(comm);
-      train::train_family<F, Cpu>(o, ranks, data, o.trace.empty() ? nullptr : &traces[static_cast<std::size_t>(comm.rank())]);
+      train::train_named_strategy<Cpu>(o, ranks, data,
+                                       o.trace.empty() ? nullptr : &traces[static_cast<std::size_t>(comm.rank())]);
     });
-  });
+  }
   if (!o.trace.empty()) {
     std::vector<const Trace*> all;
     for (const Trace& t : traces) all.push_back(&t);

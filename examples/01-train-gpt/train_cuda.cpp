@@ -1,5 +1,5 @@
-// polyshard-train on GPUs: the NCCL communicator of the ranks, then the family's device engine
-// (family.cpp, built with POLYSHARD_TRAIN_ON_CUDA) on Gpt<CT, Cuda>, one GPU per rank.
+// polyshard-train on GPUs: the NCCL communicator of the ranks, then the strategy's device engine
+// (strategies.cpp, built with POLYSHARD_TRAIN_ON_CUDA) on Gpt<CT, Cuda>, one GPU per rank.
 #include "train_cuda.hpp"
 
 #include <cuda_runtime_api.h>
@@ -36,7 +36,7 @@ void train_on_cuda(const Options& o, const polyshard::TextDataset& data, int ran
   std::memcpy(&id, words.data(), sizeof(id));
   NcclCommunicator comm(rank, world, id, device);  // says which device is missing, if one is
   POLYSHARD_CUDA_CHECK(cudaSetDevice(device));     // this thread's tensors live on `device`
-  with_family(o, [&]<Family F>() { train_family<F, Cuda>(o, comm, data, trace); });
+  train_named_strategy<Cuda>(o, comm, data, trace);
 }
 
 }  // namespace train

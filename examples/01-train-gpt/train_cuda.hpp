@@ -1,6 +1,6 @@
 // polyshard-train on GPUs: the entry point main() calls for --device cuda, defined in
-// train_cuda.cpp where the build has CUDA and NCCL (the device engines are in family.cpp, built
-// once per family with POLYSHARD_TRAIN_ON_CUDA).
+// train_cuda.cpp where the build has CUDA and NCCL (the device engines are in strategies.cpp,
+// built once per precision with POLYSHARD_TRAIN_ON_CUDA).
 #pragma once
 
 #include <functional>

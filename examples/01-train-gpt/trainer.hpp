@@ -1,5 +1,5 @@
-// One rank's training loop under a strategy type, and each family's dispatch from the
-// command line's precision and wrap to strategy types (family.cpp instantiates it).
+// One rank's training loop under a strategy type, and the map from a family, a precision and the
+// command line's wrap to strategy types (strategies.cpp instantiates it).
 #pragma once
 
 #include <chrono>
@@ -231,17 +231,17 @@ template <> struct FamilyPolicies<Family::zero_infinity> {
   using offload = OffloadOptimizer<Nvme>;
 };
 
-template <Family F, class D, class Comm>
-void train_family(const Options& o, Comm& comm, const TextDataset& data, Trace* trace) {
+/// The precision policy of each --precision.
+template <Precision P>
+using PrecisionOf = std::conditional_t<P == Precision::fp32, Fp32,
+                                           std::conditional_t<P == Precision::bf16_mixed, Bf16Mixed, Fp16Mixed>>;
+
+template <Family F, Precision P, class D, class Comm>
+void train_strategy(const Options& o, Comm& comm, const TextDataset& data, Trace* trace) {
   using Sharding = typename FamilyPolicies<F>::sharding;
   using Offload = typename FamilyPolicies<F>::offload;
-  auto with_wrap = [&]<class Precision>() {
-    if (o.wrap == "block") train_rank<Strategy<Sharding, Offload, Precision, WrapByType<Block>>, D>(o, comm, data, trace);
-    else train_rank<Strategy<Sharding, Offload, Precision, WrapBySize<1>>, D>(o, comm, data, trace);
-  };
-  if (o.precision == "fp32") with_wrap.template operator()<Fp32>();
-  else if (o.precision == "bf16-mixed") with_wrap.template operator()<Bf16Mixed>();
-  else with_wrap.template operator()<Fp16Mixed>();
+  if (o.wrap == "block") train_rank<Strategy<Sharding, Offload, PrecisionOf<P>, WrapByType<Block>>, D>(o, comm, data, trace);
+  else train_rank<Strategy<Sharding, Offload, PrecisionOf<P>, WrapBySize<1>>, D>(o, comm, data, trace);
 }
 
 }  // namespace train
