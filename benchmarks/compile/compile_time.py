@@ -6,9 +6,12 @@
    with the release flags, the same with the precompiled CPU kernels opted in (the unit alone:
    the kernel library is compiled once, see docs/building.md), the sanitizer stage's flags, and
    the front end alone; the median of --repeat runs, wall seconds and the compiler's peak memory.
-2. With --build DIR (a configured and built tree, e.g. build/release): the total compile CPU time
-   of that build from its .ninja_log, and its --top slowest translation units compiled again
-   (their commands from compile_commands.json, without the launcher) for their peak memory.
+2. With --build DIR (a configured and built tree, e.g. build/release): the compile time of that
+   build from its .ninja_log, summed over its translation units and as CPU time (ninja runs more
+   jobs than there are cores: at each instant the running jobs share the cores, so the CPU time
+   is the busy time weighted by min(jobs, cores), where the sum counts each job's whole wall
+   time), and its --top slowest translation units compiled again (their commands from
+   compile_commands.json, without the launcher) for their peak memory.
 
 Usage: benchmarks/compile/compile_time.py [--build build/release] [--top 3] [--repeat 3]
                                           [--json compile_time.json]
@@ -75,15 +78,17 @@ def build_figures(build, top):
     log = os.path.join(build, ".ninja_log")
     if not os.path.exists(log):
         sys.exit(f"compile_time: {log} not found: build the tree first (cmake --build {build})")
-    latest = {}
+    spans = {}
     with open(log) as f:
         for line in f:
             if line.startswith("#"):
                 continue
             start, end, _, output, _ = line.rstrip("\n").split("\t")
-            latest[output] = (int(end) - int(start)) / 1000.0  # the last build of each output counts
-    compiles = {o: s for o, s in latest.items() if o.endswith(".o") or o.endswith(".gch")}
+            spans[output] = (int(start) / 1000.0, int(end) / 1000.0)  # the last build of each output counts
+    compile_spans = {o: se for o, se in spans.items() if o.endswith(".o") or o.endswith(".gch")}
+    compiles = {o: end - start for o, (start, end) in compile_spans.items()}
     total = sum(compiles.values())
+    cpu = cpu_seconds(compile_spans.values(), os.cpu_count() or 1)
     commands = {}
     db = os.path.join(build, "compile_commands.json")
     if os.path.exists(db):
@@ -104,12 +109,24 @@ def build_figures(build, top):
             seconds_alone, mib = timed(args, cwd=directory)
             row.update({"seconds alone": seconds_alone, "peak MiB": mib})
         slowest.append(row)
-    return {"build": build, "translation units": len(compiles), "total compile seconds": total, "slowest": slowest}
+    return {"build": build, "translation units": len(compiles), "total compile seconds": total,
+            "compile CPU seconds": cpu, "slowest": slowest}
+
+
+def cpu_seconds(spans, cores):
+    """CPU time of jobs that ran over `spans` (start, end) on `cores` cores, each busy interval
+    weighted by min(running jobs, cores): what the compilers had of the machine."""
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    running, last, cpu = 0, 0.0, 0.0
+    for t, step in events:
+        cpu += (t - last) * min(running, cores)
+        running, last = running + step, t
+    return cpu
 
 
 def print_table(title, rows, columns):
     print(f"\n{title}")
-    widths = [max(len(c), *(len(fmt(r.get(c))) for r in rows)) for c in columns]
+    widths = [max([len(c)] + [len(fmt(r.get(c))) for r in rows]) for c in columns]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
     print("  ".join("-" * w for w in widths))
     for r in rows:
@@ -144,7 +161,8 @@ def main():
         b = build_figures(a.build, a.top)
         result["build"] = b
         print(f"\nBuild {b['build']}: {b['translation units']} translation units, "
-              f"{b['total compile seconds']:.0f} s of compiling in all (.ninja_log)")
+              f"{b['total compile seconds']:.0f} s of compiling summed over them (.ninja_log), "
+              f"{b['compile CPU seconds']:.0f} CPU seconds on {os.cpu_count()} cores")
         print_table(f"The {a.top} slowest translation units", b["slowest"],
                     ["translation unit", "build seconds", "seconds alone", "peak MiB"])
     with open(a.json, "w") as f:
