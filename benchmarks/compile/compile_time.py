@@ -78,14 +78,19 @@ def build_figures(build, top):
     log = os.path.join(build, ".ninja_log")
     if not os.path.exists(log):
         sys.exit(f"compile_time: {log} not found: build the tree first (cmake --build {build})")
+    # Each ninja run counts its times from its own start, and ninja rewrites the log out of order
+    # when it compacts it; the third field, the output's modification time in nanoseconds, puts
+    # every job of every run on one clock (it is the job's end). The last build of each output
+    # counts.
     spans = {}
     with open(log) as f:
         for line in f:
             if line.startswith("#"):
                 continue
-            start, end, _, output, _ = line.rstrip("\n").split("\t")
-            spans[output] = (int(start) / 1000.0, int(end) / 1000.0)  # the last build of each output counts
-    compile_spans = {o: se for o, se in spans.items() if o.endswith(".o") or o.endswith(".gch")}
+            start, end, mtime, output, _ = line.rstrip("\n").split("\t")
+            seconds = (int(end) - int(start)) / 1000.0
+            spans[output] = (int(mtime) / 1e9 - seconds, int(mtime) / 1e9)
+    compile_spans = {o: span for o, span in spans.items() if o.endswith(".o") or o.endswith(".gch")}
     compiles = {o: end - start for o, (start, end) in compile_spans.items()}
     total = sum(compiles.values())
     cpu = cpu_seconds(compile_spans.values(), os.cpu_count() or 1)
