@@ -37,6 +37,22 @@ TEST_CASE("bad shapes give errors that name the shapes", "[tensor]") {
   CHECK_THROWS_WITH(t.copy_from(u), Catch::Contains("(3, 2)") && Catch::Contains("(2, 3)"));
 }
 
+TEST_CASE("a view of released storage is an error to read, and reads again once materialized", "[tensor]") {
+  auto t = Tensor<float>::from({4, 3}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+  const Tensor<float> rows = t.slice(1, 3);
+  const Tensor<float> none = t.slice(2, 2);
+  t.storage()->release();
+  CHECK_FALSE(t.storage()->materialized());
+  CHECK_THROWS_WITH(rows.data(), Catch::Contains("Tensor of shape (2, 3)") && Catch::Contains("released"));
+  CHECK_THROWS_WITH(rows.span(), Catch::Contains("released"));
+  CHECK_THROWS_WITH(t.clone(), Catch::Contains("released"));
+  CHECK(none.data() == nullptr);  // no elements to read: nothing to point at, and no error
+  t.storage()->materialize();
+  CHECK(rows.data() == t.data() + 3);
+  rows.span()[0] = 42;
+  CHECK(t.at(1, 0) == 42);
+}
+
 TEST_CASE("clone copies a strided view into new storage", "[tensor]") {
   auto t = Tensor<double>::from({2, 2}, {1, 2, 3, 4});
   auto c = t.transpose().clone();

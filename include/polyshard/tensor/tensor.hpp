@@ -84,8 +84,20 @@ class Tensor {
   std::int64_t offset() const { return offset_; }
   const std::shared_ptr<Storage<T, D>>& storage() const { return storage_; }
 
-  /// The first element, in D's memory (a device pointer for Cuda).
-  T* data() const { return storage_ ? storage_->data() + offset_ : nullptr; }
+  /// The first element, in D's memory (a device pointer for Cuda). An error when the storage's
+  /// elements were released (a sharded strategy freed the unit this tensor views): a pointer
+  /// computed from nothing would read whatever the allocator put there since.
+  T* data() const {
+    if (!storage_) return nullptr;
+    T* const base = storage_->data();
+    if (base) return base + offset_;
+    if (numel() > 0) [[unlikely]]
+      detail::throw_error("Tensor of shape ", shape_, ": its elements were released. It views a buffer that a "
+                          "sharded strategy freed, such as a parameter taken while its unit was gathered and read "
+                          "after the unit was freed; read it inside the forward or backward that gathers the unit, "
+                          "or keep a clone() taken there");
+    return nullptr;
+  }
   std::span<T> span() const {
     POLYSHARD_CHECK(is_contiguous(), "Tensor::span: tensor of shape ", shape_, " is not contiguous");
     return {data(), static_cast<std::size_t>(numel())};

@@ -198,17 +198,18 @@ void softmax_forward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& y) {
   POLYSHARD_CHECK(x.rank() >= 1 && x.size(-1) > 0, "softmax: input needs a non-empty last dimension, got shape ",
                   x.shape());
   detail::check_output("softmax", "y", y, x.shape());
-  cuda::softmax_forward(detail::cuda_ops::input("softmax", "x", x), y.data(), x.shape().leading(1), x.size(-1),
-                        cuda::current_stream());
+  const T* in = detail::cuda_ops::input("softmax", "x", x);  // its checks before any output is touched
+  cuda::softmax_forward(in, y.data(), x.shape().leading(1), x.size(-1), cuda::current_stream());
 }
 template <CudaFloatElement T>
 void softmax_backward(const Tensor<T, Cuda>& y, const Tensor<T, Cuda>& dy, const GradOut<T, Cuda>& dx) {
   check_same_shape("softmax backward", y.shape(), dy.shape());
   if (!dx.wanted()) return;
   detail::check_output("softmax backward", "dx", dx.tensor, y.shape());
-  cuda::softmax_backward(detail::cuda_ops::input("softmax backward", "y", y),
-                         detail::cuda_ops::input("softmax backward", "dy", dy), detail::cuda_ops::device_grad(dx),
-                         y.shape().leading(1), y.size(-1), cuda::current_stream());
+  const T* in_y = detail::cuda_ops::input("softmax backward", "y", y);
+  const T* in_dy = detail::cuda_ops::input("softmax backward", "dy", dy);
+  cuda::softmax_backward(in_y, in_dy, detail::cuda_ops::device_grad(dx), y.shape().leading(1), y.size(-1),
+                         cuda::current_stream());
 }
 
 /// Rows of `table` picked by `ids`. ids: (...); table: (V, C); out: (..., C).
