@@ -63,6 +63,22 @@ std::optional<RunResult> train_on_gpus(int world, int steps, typename Opt::confi
   return result;
 }
 
+/// Trains S on `world` GPUs and on as many host ranks, from the same seed and data, and compares
+/// the losses (relative `loss_tolerance`) and rank 0's parameters (`parameter_tolerance`). Not run,
+/// with a warning, where fewer than `world` devices are visible.
+template <class S>
+void check_gpus_match_host(int world, int steps, double loss_tolerance, double parameter_tolerance,
+                           double clip = std::numeric_limits<double>::infinity()) {
+  const auto gpu = train_on_gpus<S>(world, steps, momentum_sgd(), clip);
+  if (!gpu) {
+    WARN("fewer than " << world << " CUDA devices: not run");
+    return;
+  }
+  const auto host = test::train<S>(world, steps, 6, momentum_sgd(), clip);
+  check_losses(gpu->losses, host.losses, loss_tolerance);
+  CHECK(test::max_difference(gpu->parameters, host.parameters) <= parameter_tolerance);
+}
+
 using ZeRO1 = ZeRO<1>;
 
 }  // namespace
@@ -73,39 +89,18 @@ TEMPLATE_TEST_CASE("an fp32 GPT trains on 2 and 3 GPUs as on as many host ranks,
   const int world = GENERATE(2, 3);
   const double clip = GENERATE(std::numeric_limits<double>::infinity(), 0.5);
   INFO("world size " << world << (std::isfinite(clip) ? ", clipped at 0.5" : ""));
-  const auto gpu = train_on_gpus<TestType>(world, 3, momentum_sgd(), clip);
-  if (!gpu) {
-    WARN("fewer than " << world << " CUDA devices: not run");
-    return;
-  }
-  const auto host = test::train<TestType>(world, 3, 6, momentum_sgd(), clip);
-  check_losses(gpu->losses, host.losses, 1e-5);
-  CHECK(test::max_difference(gpu->parameters, host.parameters) <= 2e-5);
+  check_gpus_match_host<TestType>(world, 3, 1e-5, 2e-5, clip);
 }
 
 TEMPLATE_TEST_CASE("bf16 compute on 3 GPUs tracks the host's bf16 policy on 3 ranks", "[cuda][engine][ranks]",
                    (Strategy<ShardParameters<true>, WrapByType<Block>, Bf16Mixed>),
                    (Strategy<ShardGradients, Bf16Mixed>)) {
-  const auto gpu = train_on_gpus<TestType>(3, 3);
-  if (!gpu) {
-    WARN("fewer than 3 CUDA devices: not run");
-    return;
-  }
-  const auto host = test::train<TestType>(3, 3);
-  check_losses(gpu->losses, host.losses, 2e-2);
-  CHECK(test::max_difference(gpu->parameters, host.parameters) <= 1.6e-2);
+  check_gpus_match_host<TestType>(3, 3, 2e-2, 1.6e-2);
 }
 
 TEST_CASE("FSDP on 2 GPUs for two steps: the run ThreadSanitizer watches", "[cuda][engine][ranks][tsan]") {
   // Small on purpose: under ThreadSanitizer every emulated thread switch is an ordering event.
   // What it watches is the rest: the gathers and reduce-scatters on the communication stream
   // beside the compute stream, the event waits between them and the host's reads.
-  const auto gpu = train_on_gpus<FsdpPerBlock>(2, 2);
-  if (!gpu) {
-    WARN("fewer than 2 CUDA devices: not run");
-    return;
-  }
-  const auto host = test::train<FsdpPerBlock>(2, 2);
-  check_losses(gpu->losses, host.losses, 1e-5);
-  CHECK(test::max_difference(gpu->parameters, host.parameters) <= 2e-5);
+  check_gpus_match_host<FsdpPerBlock>(2, 2, 1e-5, 2e-5);
 }
