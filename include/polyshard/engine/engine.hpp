@@ -158,7 +158,10 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     drain_prefetch();
     running_order_.clear();
     gather(0);  // the root stays gathered until its backward is done
-    return loss_fn();
+    Var<work_type, device> loss = loss_fn();
+    // Without gradients (evaluation) no backward follows to free the root: it is freed now.
+    if (!grad_enabled()) Behaviour::release(units_[0]);
+    return loss;
   }
 
   /// Backward from `loss`, seeded with `weight` times the loss scale; reduces every unit's

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <algorithm>
+#include <memory>
 #include <optional>
+#include <string>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -81,7 +83,25 @@ struct UnitState {
     for (const auto& e : layout->entries)
       e.parameter->bind(e.name, work.flat_view(e.offset, e.numel()).reshape(e.shape),
                         grad_work.flat_view(e.offset, e.numel()).reshape(e.shape));
+    // A view of these buffers read while the unit is released names the parameter it was (from
+    // a copy of the names: the view may outlive the engine).
+    auto names = std::make_shared<std::vector<std::pair<std::int64_t, std::string>>>();
+    for (const auto& e : layout->entries) names->emplace_back(e.offset + e.numel(), e.name);
+    const std::string unit = layout->name.empty() ? std::string("the root unit") : "unit '" + layout->name + "'";
+    work.storage()->describe_views([names, unit](std::int64_t offset) { return describe(*names, unit, offset, ""); });
+    if (grad_work.storage() != work.storage())
+      grad_work.storage()->describe_views(
+          [names, unit](std::int64_t offset) { return describe(*names, unit, offset, "the gradient of "); });
     read_trainable();
+  }
+
+  /// "parameter 'NAME' of unit 'UNIT', which is not gathered now": what element `offset` of a
+  /// unit's buffers is, given each parameter's end offset and name in order.
+  static std::string describe(const std::vector<std::pair<std::int64_t, std::string>>& names, const std::string& unit,
+                              std::int64_t offset, const char* prefix) {
+    const auto past = std::find_if(names.begin(), names.end(), [&](const auto& n) { return offset < n.first; });
+    const std::string what = past == names.end() ? "the padding" : "parameter '" + past->second + "'";
+    return prefix + what + " of " + unit + ", which is not gathered now";
   }
 
   /// The frozen ranges as the parameters' requires_grad flags say now (adjacent ones merged).

@@ -42,9 +42,7 @@ class Parameter {
 
   /// The graph leaf to compute with; throws when the parameter has no storage.
   const Var<T, D>& var() const {
-    POLYSHARD_CHECK(bound(), "parameter '", name_.empty() ? std::string("<unnamed>") : name_, "' of shape ", shape_,
-                    " has no storage here: bind it (FlatParameters), or use it only while its unit is gathered (inside the "
-                    "strategy's forward and backward)");
+    if (!bound()) [[unlikely]] throw_unbound();
     return var_;
   }
   /// The graph leaf whether or not it has storage now (for bookkeeping of gradient flags).
@@ -76,6 +74,19 @@ class Parameter {
   }
 
  private:
+  [[noreturn]] void throw_unbound() const {
+    const std::string name = name_.empty() ? std::string("<unnamed>") : name_;
+    // A sharded unit's parameter between gathers: the unit's buffer says which unit, and that it
+    // is not gathered.
+    const Tensor<T, D>& value = var_.defined() ? var_.value() : Tensor<T, D>();
+    const std::string what = value.defined() ? value.storage()->view_description(value.offset()) : "";
+    if (!what.empty())
+      detail::throw_error("parameter '", name, "' of shape ", shape_, " has no storage here: it is ", what,
+                          ". Use it only inside the strategy's forward and backward, where its unit is gathered");
+    detail::throw_error("parameter '", name, "' of shape ", shape_,
+                        " has no storage here: bind it (FlatParameters), or use it only while its unit is gathered "
+                        "(inside the strategy's forward and backward)");
+  }
   Shape shape_;
   ParameterInit init_;
   Var<T, D> var_;

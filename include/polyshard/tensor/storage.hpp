@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "polyshard/core/device.hpp"
 #include "polyshard/core/dtype.hpp"
@@ -19,10 +21,24 @@ namespace polyshard {
 template <Element T, Device D>
 class Storage;  // primary template: specialized per device
 
+/// What a storage's views are, for the error of a view read while the elements are released:
+/// the owner of a buffer that is freed and gathered again (a sharded unit's parameters) says
+/// which of its parameters an element offset falls in and why the elements are gone.
+class ViewNames {
+ public:
+  using Describe = std::function<std::string(std::int64_t offset)>;
+  void describe_views(Describe describe) { describe_ = std::move(describe); }
+  /// What the view starting at element `offset` is, or "" when the owner did not say.
+  std::string view_description(std::int64_t offset) const { return describe_ ? describe_(offset) : std::string(); }
+
+ private:
+  Describe describe_;
+};
+
 /// Host storage from the thread's current caching allocator (current_host_allocator(): pageable
 /// memory unless a HostAllocatorScope names another). Elements are left uninitialized.
 template <Element T>
-class Storage<T, Cpu> {
+class Storage<T, Cpu> : public ViewNames {
  public:
   Storage(std::size_t numel, MemoryCategory category)
       : numel_(numel),

@@ -92,10 +92,7 @@ class Tensor {
     T* const base = storage_->data();
     if (base) return base + offset_;
     if (numel() > 0) [[unlikely]]
-      detail::throw_error("Tensor of shape ", shape_, ": its elements were released. It views a buffer that a "
-                          "sharded strategy freed, such as a parameter taken while its unit was gathered and read "
-                          "after the unit was freed; read it inside the forward or backward that gathers the unit, "
-                          "or keep a clone() taken there");
+      throw_released();
     return nullptr;
   }
   std::span<T> span() const {
@@ -225,6 +222,17 @@ class Tensor {
   }
 
  private:
+  [[noreturn]] void throw_released() const {
+    const std::string what = storage_->view_description(offset_);
+    if (!what.empty())
+      detail::throw_error("Tensor of shape ", shape_, " views ", what, ": its elements were released. Read it inside "
+                          "the forward or backward that gathers the unit, or keep a clone() taken there");
+    detail::throw_error("Tensor of shape ", shape_, ": its elements were released. It views a buffer that a "
+                        "sharded strategy freed, such as a parameter taken while its unit was gathered and read "
+                        "after the unit was freed; read it inside the forward or backward that gathers the unit, "
+                        "or keep a clone() taken there");
+  }
+
   /// Copies this view's elements, row-major, to contiguous memory of the same device.
   void copy_into(T* out) const { Storage<T, D>::copy_view(out, data(), shape_, strides_, is_contiguous()); }
 

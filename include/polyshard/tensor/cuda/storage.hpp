@@ -20,7 +20,7 @@ namespace polyshard {
 /// current when it was allocated; work on other streams that reads it must be ordered before
 /// the free by an event (as the engine does for communication).
 template <Element T>
-class Storage<T, Cuda> {
+class Storage<T, Cuda> : public ViewNames {
  public:
   Storage(std::size_t numel, MemoryCategory category)
       : numel_(numel), category_(category), tracker_(&current_memory_tracker()) {
