@@ -291,19 +291,37 @@ TEST_CASE("scratch buffers are counted as communication memory", "[comm][thread]
 TEST_CASE("all_reduce_host, all_gather_host and broadcast_host move host values on a host communicator", "[comm]") {
   static_assert(!moves_device_buffers<ThreadCommunicator>);
   const int world = 3;
-  run_ranks(world, [](ThreadCommunicator& comm) {
-    std::vector<double> values{double(comm.rank()), 1.5};
-    all_reduce_host<Cpu>(comm, std::span<double>(values));
-    CHECK(values == std::vector<double>{0.0 + 1.0 + 2.0, 4.5});
-    float largest = float(comm.rank()) * 2.0f;
-    all_reduce_host<Cpu>(comm, std::span<float>(&largest, 1), ReduceOp::Avg);
-    CHECK(largest == 2.0f);
+  struct Seen {
+    std::vector<double> summed;
+    float averaged = 0;
+    std::vector<double> gathered;
+    std::vector<float> broadcast;
+  };
+  std::vector<Seen> seen(world);
+  run_ranks(world, [&](ThreadCommunicator& comm) {
+    Seen& mine_seen = seen[static_cast<std::size_t>(comm.rank())];
+    mine_seen.summed = {double(comm.rank()), 1.5};
+    all_reduce_host<Cpu>(comm, std::span<double>(mine_seen.summed));
+    mine_seen.averaged = float(comm.rank()) * 2.0f;
+    all_reduce_host<Cpu>(comm, std::span<float>(&mine_seen.averaged, 1), ReduceOp::Avg);
     const std::vector<double> mine{double(comm.rank()), -double(comm.rank())};
-    std::vector<double> all(2 * world);
-    all_gather_host<Cpu>(comm, std::span<const double>(mine), std::span<double>(all));
-    CHECK(all == std::vector<double>{0, -0.0, 1, -1, 2, -2});
-    std::vector<float> from_root{float(comm.rank()), 7.0f};
-    broadcast_host<Cpu>(comm, std::span<float>(from_root), 2);
-    CHECK(from_root == std::vector<float>{2.0f, 7.0f});
+    mine_seen.gathered.resize(2 * world);
+    all_gather_host<Cpu>(comm, std::span<const double>(mine), std::span<double>(mine_seen.gathered));
+    mine_seen.broadcast = {float(comm.rank()), 7.0f};
+    broadcast_host<Cpu>(comm, std::span<float>(mine_seen.broadcast), 2);
   }, test_options());
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r);
+    const Seen& s = seen[static_cast<std::size_t>(r)];
+    CHECK(s.summed == std::vector<double>{0.0 + 1.0 + 2.0, 4.5});
+    CHECK(s.averaged == 2.0f);
+    CHECK(s.gathered == std::vector<double>{0, -0.0, 1, -1, 2, -2});
+    CHECK(s.broadcast == std::vector<float>{2.0f, 7.0f});
+  }
+}
+
+// Run alone by CTest (test_comm:assertion-from-a-rank-thread-stops): the suite's listener stops
+// the program at an assertion made on a rank thread, naming it.
+TEST_CASE("an assertion from a rank thread stops the program", "[.assertion_from_rank_thread]") {
+  run_ranks(2, [](ThreadCommunicator& comm) { CHECK(comm.size() == 2); });
 }
