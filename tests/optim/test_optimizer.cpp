@@ -210,3 +210,40 @@ TEST_CASE("step() takes gradients in a mutable span and of 16-bit types", "[opti
     CHECK(std::abs(params16[i] - before[i]) == Approx(1e-3).epsilon(1e-3));
   }
 }
+
+TEMPLATE_TEST_CASE("16-bit master weights and state (PureBf16): each step computed in float and rounded once",
+                   "[optim]", bfloat16, half) {
+  using P = TestType;
+  const double u = std::is_same_v<P, bfloat16> ? 0x1p-8 : 0x1p-11;  // the format's unit roundoff
+  const std::size_t n = 40'000;  // more than one chunk of the float kernel
+  const std::vector<double> start = test::values(n, 3), grad = test::values(n, 4, 0.5);
+  std::vector<P> param = test::cast<P>(start), g = test::cast<P>(grad);
+  // The reference starts from the 16-bit values the optimizer sees.
+  const std::vector<double> start16(param.begin(), param.end()), grad16(g.begin(), g.end());
+  const auto within_one_rounding = [&](std::span<const P> got, const std::vector<double>& want) {
+    double worst = 0;  // in units of the rounding allowed
+    for (std::size_t i = 0; i < n; ++i)
+      worst = std::max(worst, std::abs(double(float(got[i])) - want[i]) / (u * std::abs(want[i]) + 1e-6));
+    return worst;
+  };
+  SECTION("SGD with momentum") {
+    const SgdConfig c{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01};
+    std::vector<P> buffer(n);
+    test::ReferenceSgd ref{c, start16, {}};
+    sgd_update<P, P>(param, g, buffer, c, 1);
+    ref.step(grad16);
+    CHECK(within_one_rounding(param, ref.p) <= 1.0);
+    CHECK(within_one_rounding(buffer, ref.b) <= 1.0);
+  }
+  SECTION("AdamW") {
+    const AdamConfig c{.lr = 0.1, .weight_decay = 0.01};
+    std::vector<P> m(n, P(0.0f)), v(n, P(0.0f));
+    test::ReferenceAdam ref{c, true, start16, {}, {}};
+    adam_update<P, P>(param, g, m, v, c, 1, true);
+    ref.step(grad16);
+    CHECK(within_one_rounding(param, ref.p) <= 1.0);
+    CHECK(within_one_rounding(m, ref.m) <= 1.0);
+  }
+  // And the update did move the weights by more than a rounding.
+  CHECK(within_one_rounding(param, start16) > 10.0);
+}

@@ -68,7 +68,7 @@ struct AdamPacket {
 
 /// One Adam or AdamW step over flat spans: a whole tensor, a shard of a flat buffer, or any
 /// slice of one; updating a span in slices gives the same bits as updating it whole.
-///   param       master parameters (P = float or double), updated in place;
+///   param       master parameters (P = float or double; half and bfloat16 below), updated in place;
 ///   grad        gradients of any FloatElement type, converted to P element by element;
 ///   exp_avg     first moment estimate, same size, zero before the first step;
 ///   exp_avg_sq  second moment estimate, same size, zero before the first step;
@@ -97,10 +97,28 @@ void adam_update(std::span<P> param, std::span<const G> grad, std::span<P> exp_a
   });
 }
 
+/// adam_update() over 16-bit master weights and moments (PureBf16): computed in float, each
+/// value rounded to P once per step.
+template <class P, class G>
+  requires(std::same_as<P, half> || std::same_as<P, bfloat16>) && FloatElement<G>
+void adam_update(std::span<P> param, std::span<const G> grad, std::span<P> exp_avg, std::span<P> exp_avg_sq,
+                 const AdamConfig& config, std::int64_t step, bool decoupled_weight_decay) {
+  POLYSHARD_CHECK(grad.size() == param.size() && exp_avg.size() == param.size() &&
+                      exp_avg_sq.size() == param.size(),
+                  decoupled_weight_decay ? "adamw_update" : "adam_update", ": sizes differ: param ", param.size(),
+                  ", grad ", grad.size(), ", exp_avg ", exp_avg.size(), ", exp_avg_sq ", exp_avg_sq.size());
+  detail::update_widened<P>(
+      param.size(),
+      [&](std::size_t begin, std::span<float> p, std::span<float> m, std::span<float> v) {
+        adam_update<float, G>(p, grad.subspan(begin, p.size()), m, v, config, step, decoupled_weight_decay);
+      },
+      param, exp_avg, exp_avg_sq);
+}
+
 /// adam_update() for gradients in a mutable span (Tensor::span() gives one), which template
 /// deduction would not convert to std::span<const G>.
 template <class P, class G>
-  requires(std::same_as<P, float> || std::same_as<P, double>) && FloatElement<G>
+  requires FloatElement<P> && FloatElement<G>
 void adam_update(std::span<P> param, std::span<G> grad, std::span<P> exp_avg, std::span<P> exp_avg_sq,
                  const AdamConfig& config, std::int64_t step, bool decoupled_weight_decay) {
   adam_update<P, G>(param, std::span<const G>(grad), exp_avg, exp_avg_sq, config, step, decoupled_weight_decay);

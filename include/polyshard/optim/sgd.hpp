@@ -65,7 +65,7 @@ struct SgdPacket {
 
 /// One SGD step over flat spans: a whole tensor, a shard of a flat buffer, or any slice of one;
 /// updating a span in slices gives the same bits as updating it whole.
-///   param            master parameters (P = float or double), updated in place;
+///   param            master parameters (P = float or double; half and bfloat16 below), updated in place;
 ///   grad             gradients of any FloatElement type, converted to P element by element;
 ///   momentum_buffer  same size as param when config.momentum != 0 (its contents before step 1
 ///                    are ignored: the first step copies the gradient in), empty otherwise;
@@ -96,10 +96,30 @@ void sgd_update(std::span<P> param, std::span<const G> grad, std::span<P> moment
   });
 }
 
+/// sgd_update() over 16-bit master weights and momentum (PureBf16): computed in float, each
+/// value rounded to P once per step.
+template <class P, class G>
+  requires(std::same_as<P, half> || std::same_as<P, bfloat16>) && FloatElement<G>
+void sgd_update(std::span<P> param, std::span<const G> grad, std::span<P> momentum_buffer, const SgdConfig& config,
+                std::int64_t step) {
+  POLYSHARD_CHECK(grad.size() == param.size(), "sgd_update: sizes differ: param ", param.size(), ", grad ",
+                  grad.size());
+  const bool use_momentum = config.momentum != 0;
+  POLYSHARD_CHECK(momentum_buffer.size() == (use_momentum ? param.size() : 0), "sgd_update: momentum_buffer has ",
+                  momentum_buffer.size(), " elements, expected ", (use_momentum ? param.size() : 0),
+                  " (momentum ", config.momentum, ")");
+  detail::update_widened<P>(
+      param.size(),
+      [&](std::size_t begin, std::span<float> p, std::span<float> buffer) {
+        sgd_update<float, G>(p, grad.subspan(begin, p.size()), buffer, config, step);
+      },
+      param, momentum_buffer);
+}
+
 /// sgd_update() for gradients in a mutable span (Tensor::span() gives one), which template
 /// deduction would not convert to std::span<const G>.
 template <class P, class G>
-  requires(std::same_as<P, float> || std::same_as<P, double>) && FloatElement<G>
+  requires FloatElement<P> && FloatElement<G>
 void sgd_update(std::span<P> param, std::span<G> grad, std::span<P> momentum_buffer, const SgdConfig& config,
                 std::int64_t step) {
   sgd_update<P, G>(param, std::span<const G>(grad), momentum_buffer, config, step);

@@ -3,8 +3,10 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstddef>
+#include <span>
 #include <thread>
 #include <tuple>
 #include <type_traits>
@@ -144,6 +146,32 @@ void with_grad_as(const G* grad, std::size_t begin, std::size_t end, Body&& body
       for (std::size_t j = 0; j < len; ++j) converted[j] = element_cast<P>(grad[i + j]);
       body(i, len, static_cast<const P*>(converted));
     }
+  }
+}
+
+/// 16-bit master weights and optimizer state (PureBf16): `update(begin, float spans...)` runs
+/// the float kernel over each chunk of `spans` widened to float, and the results are rounded
+/// back, once per value per step. An empty span (no momentum buffer) stays empty.
+template <class P, class Update, class... Spans>
+void update_widened(std::size_t n, Update&& update, Spans... spans) {
+  constexpr std::size_t chunk = std::size_t{1} << 14;
+  std::array<std::vector<float>, sizeof...(Spans)> wide;
+  for (auto& w : wide) w.resize(std::min(n, chunk));
+  for (std::size_t begin = 0; begin < n; begin += chunk) {
+    const std::size_t count = std::min(chunk, n - begin);
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      const auto widen = [&](std::span<P> from, std::vector<float>& to) {
+        if (!from.empty()) std::transform(from.begin() + begin, from.begin() + begin + count, to.begin(),
+                                          [](P x) { return static_cast<float>(x); });
+      };
+      const auto narrow = [&](const std::vector<float>& from, std::span<P> to) {
+        if (!to.empty()) std::transform(from.begin(), from.begin() + count, to.begin() + begin,
+                                        [](float x) { return static_cast<P>(x); });
+      };
+      (widen(spans, wide[I]), ...);
+      update(begin, std::span<float>(wide[I].data(), spans.empty() ? 0 : count)...);
+      (narrow(wide[I], spans), ...);
+    }(std::index_sequence_for<Spans...>{});
   }
 }
 
