@@ -3,6 +3,11 @@
 // errors a corrupt or mismatched checkpoint gives.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <fstream>
 #include <optional>
 
@@ -424,4 +429,52 @@ TEST_CASE("resuming on another strategy with the same reduction order is bit-ide
   const CheckpointRun resumed = run<DDP>({.world = 1, .first_step = 2, .steps = 2, .load = dir / "zero3x1"});
   REQUIRE(succeeded(resumed));
   CHECK(bit_identical(resumed.parameters, ddp.parameters));
+}
+
+TEST_CASE("a save killed with SIGKILL at any point leaves the previous checkpoint, which resumes exactly",
+          "[io][checkpoint]") {
+  TempDir dir;
+  const fs::path saved = dir / "ckpt";
+  REQUIRE(succeeded(run<ZeRO<3>>({.world = 2, .steps = 2, .save = saved})));
+  const CheckpointRun uninterrupted = run<ZeRO<3>>({.world = 2, .first_step = 2, .steps = 2, .load = saved});
+  REQUIRE(succeeded(uninterrupted));
+  const auto entries = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir.path())) names.push_back(e.path().filename().string());
+    return names;
+  };
+
+  for (const char* point : {"rank file written", "rank files written", "metadata written", "before rename"}) {
+    INFO("killed at: " << point);
+    // A child process trains one more step and saves over the checkpoint; the probe kills it at
+    // `point`, without unwinding or flushing, as kill -9 would.
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      detail::checkpoint_save_probe() = [point](std::string_view at) {
+        if (at == point) ::raise(SIGKILL);
+      };
+      run<ZeRO<3>>({.world = 2, .first_step = 2, .steps = 1, .load = saved, .save = saved});
+      ::_exit(0);  // the save finished: the probe never fired
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    REQUIRE(WIFSIGNALED(status));
+    CHECK(WTERMSIG(status) == SIGKILL);
+
+    // The name `ckpt` is the previous checkpoint, whole: it loads and resumes bit for bit.
+    const CheckpointRun resumed = run<ZeRO<3>>({.world = 2, .first_step = 2, .steps = 2, .load = saved});
+    REQUIRE(succeeded(resumed));
+    CHECK(resumed.resumed_step == 2);
+    CHECK(resumed.losses == uninterrupted.losses);
+    CHECK(max_difference(resumed.parameters, uninterrupted.parameters) == 0.0);
+    // What the killed save wrote is a hidden temporary beside it, never taken for the checkpoint.
+    const auto names = entries();
+    CHECK(std::count(names.begin(), names.end(), "ckpt") == 1);
+    CHECK(std::all_of(names.begin(), names.end(), [](const std::string& n) { return n == "ckpt" || n.starts_with(".ckpt.tmp-"); }));
+  }
+  // The next save removes the temporaries of the killed ones.
+  REQUIRE(succeeded(run<ZeRO<3>>({.world = 2, .first_step = 2, .steps = 1, .load = saved, .save = saved})));
+  CHECK(entries() == std::vector<std::string>{"ckpt"});
+  CHECK(read_checkpoint_metadata(saved).training.step == 3);
 }

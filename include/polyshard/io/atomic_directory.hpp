@@ -51,6 +51,18 @@ inline void fsync_tree(const std::filesystem::path& root) {
   fsync_directory(root);
 }
 
+/// Fault injection for the crash-safety tests: a checkpoint save calls the probe at each named
+/// point ("rank file written" by each rank, "rank files written" and "metadata written" by rank
+/// 0, "before rename" just before the commit's rename), where a test kills the process. Empty,
+/// so nothing happens, unless a test sets it before the save begins.
+inline std::function<void(std::string_view point)>& checkpoint_save_probe() {
+  static std::function<void(std::string_view)> probe;
+  return probe;
+}
+inline void probe_save(std::string_view point) {
+  if (const auto& probe = checkpoint_save_probe()) probe(point);
+}
+
 inline std::filesystem::path parent_of(const std::filesystem::path& dir) {
   return dir.has_parent_path() ? dir.parent_path() : std::filesystem::path(".");
 }
@@ -118,6 +130,7 @@ inline void commit_directory_write(const std::filesystem::path& tmp, const std::
     abort_directory_write(tmp);
     throw;
   }
+  detail::probe_save("before rename");
   if (!fs::exists(dir)) {
     if (::rename(tmp.c_str(), dir.c_str()) != 0) {
       const int err = errno;

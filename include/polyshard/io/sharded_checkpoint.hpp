@@ -369,6 +369,7 @@ void save_checkpoint(E& engine, const std::filesystem::path& dir, const Training
   const detail::CheckpointFiles<E> files(engine);
   error = detail::attempt([&] {
     if (files.writes) detail::write_checkpoint_file(engine, tmp / checkpoint_file_name(files.mine, files.count));
+    detail::probe_save("rank file written");
   });
   if (!detail::all_ranks_succeeded<typename E::device>(comm, error.empty())) {
     if (comm.rank() == 0) abort_directory_write(tmp);
@@ -378,8 +379,10 @@ void save_checkpoint(E& engine, const std::filesystem::path& dir, const Training
   }
   if (comm.rank() == 0)
     error = detail::attempt([&] {
+      detail::probe_save("rank files written");
       const std::string json = checkpoint_metadata_json(detail::describe_checkpoint(engine, training));
       write_file_atomically(tmp / "metadata.json", [&](FileSink& sink) { sink.write(std::as_bytes(std::span(json))); });
+      detail::probe_save("metadata written");
       commit_directory_write(tmp, dir);
     });
   detail::agree_or_throw<typename E::device>(comm, error, "save_checkpoint", dir);
