@@ -3,6 +3,7 @@
 
 #include "support/finite_difference.hpp"
 #include "polyshard/autograd/ops/linear.hpp"
+#include "polyshard/autograd/ops/reduce.hpp"
 
 using namespace polyshard;
 
@@ -45,4 +46,12 @@ TEST_CASE("an input used twice gets the sum of both contributions", "[autograd]"
   CHECK(test::gradient_error(
             [](const std::vector<Var<double>>& v) { return matmul(linear(v[0], v[1]), v[1]); },
             {test::random_tensor({3, 4}, 1), test::random_tensor({4, 4}, 2)}) < 1e-6);
+}
+
+TEST_CASE("Var::item reads a one-element variable and names the shape of any other", "[autograd]") {
+  const Var<double> x(Tensor<double>::full({2, 3}, 1.5), true);
+  const Var<double> total = sum(x);
+  CHECK(total.item() == 9.0);
+  CHECK_THROWS_WITH(x.item(), Catch::Contains("Var::item: a variable of shape (2, 3) has 6 elements, not one"));
+  CHECK_THROWS_WITH(Var<float>().item(), Catch::Contains("undefined"));
 }

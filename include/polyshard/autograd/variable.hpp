@@ -101,6 +101,14 @@ class Var {
   /// The gradient, or an undefined tensor when none has flowed here since the last zeroing.
   Tensor<T, D> grad() const { return node_->has_grad ? node_->grad : Tensor<T, D>(); }
   const Shape& shape() const { return node_->value.shape(); }
+  /// The value of a one-element variable (a loss), as a double read on the host: from a device
+  /// it waits for the value. An error naming the shape for any other variable.
+  double item() const {
+    POLYSHARD_CHECK(defined(), "Var::item: the variable is undefined");
+    POLYSHARD_CHECK(node_->value.numel() == 1, "Var::item: a variable of shape ", node_->value.shape(),
+                    " has ", node_->value.numel(), " elements, not one");
+    return double(detail::scalar_value(node_->value));
+  }
   bool requires_grad() const { return node_ && node_->requires_grad; }
   const std::shared_ptr<Node<T, D>>& node() const { return node_; }
 

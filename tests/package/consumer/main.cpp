@@ -2,9 +2,7 @@
 // on flat parameters, and prints what the strategy type predicts for it.
 #include <iostream>
 
-#include <polyshard/autograd/backward.hpp>
-#include <polyshard/nn/nn.hpp>
-#include <polyshard/policy/policy.hpp>
+#include <polyshard/polyshard.hpp>  // every layer, as a newcomer's first include
 
 using namespace polyshard;
 
@@ -27,7 +25,7 @@ int main() {
   const Var<float> loss = model.loss(ids, targets);
   backward(loss);
   std::cout << "parameters: " << n << "\n"
-            << "loss: " << loss.value().data()[0] << "\n"
+            << "loss: " << loss.item() << "\n"
             << "model-state bytes per rank at 4 ranks (Adam): " << model_state_bytes<MyStrategy>(flat.padded_numel(), 4)
             << "\n";
   return n == count_parameters(model) ? 0 : 1;
