@@ -45,7 +45,8 @@ inline AnyOptimizerConfig optimizer_config(const Options& o) {
 /// Per-rank figures of one step, gathered to rank 0 for the metrics file.
 struct RankFigures {
   static constexpr std::size_t kinds = 5;  // all-reduce, reduce-scatter, all-gather, broadcast, reduce
-  static constexpr std::size_t size = kinds + 1 + memory_category_count;
+  static constexpr std::size_t size = kinds + 1 + memory_category_count + 1;  // ..., bytes moved (measured)
+  static constexpr std::size_t moved = kinds + 1 + memory_category_count;
   static constexpr CollectiveKind kind_of[kinds] = {CollectiveKind::AllReduce, CollectiveKind::ReduceScatter,
                                                     CollectiveKind::AllGather, CollectiveKind::Broadcast,
                                                     CollectiveKind::Reduce};
@@ -158,6 +159,7 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
                                                    memory.current(MemoryCategory::OptimizerState));
     for (std::size_t c = 0; c < memory_category_count; ++c)
       mine[RankFigures::kinds + 1 + c] = static_cast<double>(memory.peak(static_cast<MemoryCategory>(c)));
+    mine[RankFigures::moved] = engine.bytes_moved();
     std::vector<double> all(mine.size() * static_cast<std::size_t>(world));
     all_gather_host<D>(comm, std::span<const double>(mine), std::span<double>(all));
     double loss_sum = local_loss;
@@ -192,7 +194,7 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
           metrics << (k ? "," : "") << '"' << RankFigures::kind_name[k] << "\":" << f[k];
           total += f[k];
         }
-        metrics << ",\"total\":" << total << "},\"model_state_bytes\":" << f[RankFigures::kinds] << ",\"peak_bytes\":{";
+        metrics << ",\"total\":" << total << "},\"bytes_moved\":" << f[RankFigures::moved] << ",\"model_state_bytes\":" << f[RankFigures::kinds] << ",\"peak_bytes\":{";
         for (std::size_t c = 0; c < memory_category_count; ++c)
           metrics << (c ? "," : "") << '"' << memory_category_name(static_cast<MemoryCategory>(c))
                   << "\":" << f[RankFigures::kinds + 1 + c];

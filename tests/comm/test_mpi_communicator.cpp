@@ -66,6 +66,34 @@ TEST_CASE("MPI and in-process backends agree bit for bit", "[comm][mpi]") {
   REQUIRE(std::memcmp(y.data(), ty.data(), n * sizeof(float)) == 0);
 }
 
+TEMPLATE_TEST_CASE("MPI bytes moved are the bytes passed to its sends", "[comm][mpi][stats]", float,
+                   polyshard::bfloat16) {
+  using T = TestType;
+  using C = std::conditional_t<sizeof(T) == 2, float, T>;
+  auto& comm = world();
+  const int N = comm.size();
+  const std::uint64_t n = 997, shard = n / std::uint64_t(N) + 1, whole = shard * std::uint64_t(N);
+  std::vector<T> x(n, T(1.0f)), in(whole, T(1.0f)), out(shard);
+  const auto moved_by_all = [&](CollectiveKind kind) {
+    double mine = comm.stats().bytes_moved(kind);
+    MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    return mine;
+  };
+  comm.stats().reset();
+  comm.all_reduce(std::span<T>(x));
+  comm.reduce_scatter(std::span<const T>(in), std::span<T>(out));
+  comm.all_gather(std::span<const T>(out), std::span<T>(in));
+  comm.broadcast(std::span<T>(x), N - 1);
+  comm.reduce(std::span<T>(x), 0);
+  // docs/communication.md's formulas, summed over the ranks (n elements of T, sums in C).
+  const double t = sizeof(T), c = sizeof(C);
+  CHECK(moved_by_all(CollectiveKind::AllReduce) == double(N - 1) * double(n) * (c + t));
+  CHECK(moved_by_all(CollectiveKind::ReduceScatter) == double(N - 1) * double(whole) * c);
+  CHECK(moved_by_all(CollectiveKind::AllGather) == double(N - 1) * double(whole) * t);
+  CHECK(moved_by_all(CollectiveKind::Broadcast) == double(n) * t);
+  CHECK(moved_by_all(CollectiveKind::Reduce) == double(N - 1) * double(n) * c + double(n - n / std::uint64_t(N)) * t);
+}
+
 TEST_CASE("MPI debug mode reports mismatched calls on every rank", "[comm][mpi][failure]") {
   CommOptions options;
   options.check_calls = true;

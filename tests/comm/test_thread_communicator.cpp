@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <cstdlib>
 #include <mutex>
 #include <random>
@@ -139,6 +140,82 @@ TEST_CASE("byte counters follow the ring formula", "[comm][thread][stats]") {
   });
   STATIC_REQUIRE(ring_bytes_sent(CollectiveKind::AllReduce, 3000, 3) == 4000.0);
   STATIC_REQUIRE(ring_bytes_sent(CollectiveKind::Broadcast, 3000, 1) == 0.0);
+}
+
+namespace {
+
+/// Bytes moved by every rank together, per collective, as docs/communication.md gives the
+/// in-process backend's formula (n elements of T, partial sums in C, N ranks; the reduce's root 0).
+struct InProcessTraffic {
+  std::uint64_t n, t, c;
+  int N;
+  double all_reduce() const { return double(n * (N * t + (N - 2) * c)); }
+  double reduce_scatter() const { return double(n * (t + (N - 2) * c)); }
+  double all_gather() const { return double((N - 1) * n * t); }  // n: the output
+  double broadcast() const { return double((N - 1) * n * t); }
+  double reduce() const { return double((N - 1) * n * t + (n - n / std::uint64_t(N)) * t); }  // root 0's chunk: n / N
+};
+
+/// Runs one of each collective of `n` elements of T on `world` ranks and returns the bytes each
+/// kind moved, summed over the ranks (measured), and the predicted ring bytes summed likewise.
+template <class T>
+std::map<CollectiveKind, std::pair<double, double>> measure_traffic(int world, std::uint64_t n) {
+  std::vector<CommStats> seen(static_cast<std::size_t>(world));
+  run_ranks(world, [&](ThreadCommunicator& comm) {
+    const std::uint64_t shard = n / std::uint64_t(world) + 1;  // reduce-scatter and all-gather need a multiple
+    std::vector<T> x(n, T(1.0f)), in(shard * std::uint64_t(world), T(1.0f)), out(shard);
+    comm.all_reduce(std::span<T>(x));
+    comm.reduce_scatter(std::span<const T>(in), std::span<T>(out));
+    comm.all_gather(std::span<const T>(out), std::span<T>(in));
+    comm.broadcast(std::span<T>(x), 1 % world);
+    comm.reduce(std::span<T>(x), 0);
+    seen[static_cast<std::size_t>(comm.rank())] = comm.stats();
+  }, test_options());
+  std::map<CollectiveKind, std::pair<double, double>> total;
+  for (const CommStats& s : seen)
+    for (const CollectiveKind k : {CollectiveKind::AllReduce, CollectiveKind::ReduceScatter, CollectiveKind::AllGather,
+                                   CollectiveKind::Broadcast, CollectiveKind::Reduce}) {
+      total[k].first += s.bytes_moved(k);
+      total[k].second += s.bytes_sent(k);
+    }
+  return total;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("bytes moved are measured as the in-process backend copies them", "[comm][thread][stats]", float,
+                   double, polyshard::half, polyshard::bfloat16) {
+  using T = TestType;
+  using C = std::conditional_t<sizeof(T) == 2, float, T>;
+  for (const int world : {1, 2, 3, 4, 5}) {
+    for (const std::uint64_t n : {std::uint64_t(1000), std::uint64_t(997)}) {  // 997 divides by none of 2..5
+      INFO("world " << world << ", " << n << " elements");
+      const auto got = measure_traffic<T>(world, n);
+      const std::uint64_t shard = n / std::uint64_t(world) + 1, whole = shard * std::uint64_t(world);
+      const InProcessTraffic f{n, sizeof(T), sizeof(C), world};
+      const InProcessTraffic scattered{whole, sizeof(T), sizeof(C), world};
+      if (world == 1) {
+        for (const auto& [kind, bytes] : got) CHECK(bytes.first == 0.0);
+        continue;
+      }
+      CHECK(got.at(CollectiveKind::AllReduce).first == f.all_reduce());
+      CHECK(got.at(CollectiveKind::ReduceScatter).first == scattered.reduce_scatter());
+      CHECK(got.at(CollectiveKind::AllGather).first == scattered.all_gather());
+      CHECK(got.at(CollectiveKind::Broadcast).first == f.broadcast());
+      CHECK(got.at(CollectiveKind::Reduce).first == f.reduce());
+      // Against the ring formula's prediction: equal where partial sums cross in T itself (the
+      // reduction's ring halves), N copies against N sends for a broadcast.
+      const auto predicted = [&](CollectiveKind k) { return got.at(k).second; };
+      if (sizeof(C) == sizeof(T)) {
+        CHECK(got.at(CollectiveKind::AllReduce).first == Approx(predicted(CollectiveKind::AllReduce)));
+        CHECK(got.at(CollectiveKind::ReduceScatter).first == Approx(predicted(CollectiveKind::ReduceScatter)));
+      } else if (world > 2) {
+        CHECK(got.at(CollectiveKind::ReduceScatter).first > predicted(CollectiveKind::ReduceScatter));
+      }
+      CHECK(got.at(CollectiveKind::AllGather).first == Approx(predicted(CollectiveKind::AllGather)));
+      CHECK(got.at(CollectiveKind::Broadcast).first == Approx(predicted(CollectiveKind::Broadcast) * (world - 1) / world));
+    }
+  }
 }
 
 TEST_CASE("a collective that times out fails on every waiting rank, naming who it waited for", "[comm][thread][failure]") {

@@ -31,6 +31,9 @@ struct RunResult {
   Parameters parameters;          // after the last step, gathered
   std::vector<double> losses;     // the global mean loss of each step (summed over ranks)
   double bytes_sent = 0;          // by this rank in the last step, over every communicator
+  /// Per collective kind, (bytes moved, measured; bytes sent, the ring formula's prediction) in
+  /// the last step: this rank's from train_rank, every rank's summed from train.
+  std::map<CollectiveKind, std::pair<double, double>> traffic;
   std::int64_t model_state = 0;   // parameters + gradients + optimizer state, after the last step
   std::int64_t padded = 0, root_padded = 0;
 };
@@ -67,6 +70,9 @@ RunResult train_rank(Comm& comm, int steps = 3, std::int64_t batch = 6, typename
     engine.step(opt.lr, clip);
   }
   result.bytes_sent = engine.bytes_sent();  // of the last step, before gathering parameters for the check
+  for (const CollectiveKind k : {CollectiveKind::AllReduce, CollectiveKind::ReduceScatter, CollectiveKind::AllGather,
+                                 CollectiveKind::Broadcast, CollectiveKind::Reduce})
+    result.traffic[k] = {engine.communicator().stats().bytes_moved(k), engine.communicator().stats().bytes_sent(k)};
   result.model_state = tracker.current(MemoryCategory::Parameters) + tracker.current(MemoryCategory::Gradients) +
                        tracker.current(MemoryCategory::OptimizerState);
   result.parameters = engine.full_parameters();
@@ -85,8 +91,13 @@ RunResult train(int world, int steps = 3, std::int64_t batch = 6, typename Opt::
     results[static_cast<std::size_t>(comm.rank())] = train_rank<S, Opt>(comm, steps, batch, opt, clip, config);
   });
   RunResult result = std::move(results[0]);
-  for (std::size_t r = 1; r < results.size(); ++r)
+  for (std::size_t r = 1; r < results.size(); ++r) {
     for (std::size_t i = 0; i < result.losses.size(); ++i) result.losses[i] += results[r].losses[i];
+    for (auto& [kind, bytes] : result.traffic) {
+      bytes.first += results[r].traffic[kind].first;
+      bytes.second += results[r].traffic[kind].second;
+    }
+  }
   return result;
 }
 

@@ -344,6 +344,7 @@ class MpiCommunicator {
         MPI_Request r;
         detail::comm::MpiLock lock;
         check(MPI_Isend(p, static_cast<int>(len), MPI_BYTE, peer, tag, comm, &r), "MPI_Isend");
+        stats.record_moved(current.kind, static_cast<double>(len));
         requests.push_back(r);
         p += len;
         bytes -= len;
@@ -412,6 +413,7 @@ class MpiCommunicator {
         detail::comm::MpiLock lock;
         check(MPI_Iallgather(mine.data(), 6, MPI_INT64_T, all.data(), 6, MPI_INT64_T, comm, &r), "MPI_Iallgather");
       }
+      stats.record_moved(desc.kind, static_cast<double>(sizeof(mine)));  // the check's own message
       requests.push_back(r);
       wait({});
       std::vector<CallDesc> calls(static_cast<std::size_t>(size));
@@ -526,6 +528,7 @@ class MpiCommunicator {
           detail::comm::MpiLock lock;
           check(MPI_Ibcast(p, static_cast<int>(len), MPI_BYTE, root, comm, &r), "MPI_Ibcast");
         }
+        if (rank == root) stats.record_moved(CollectiveKind::Broadcast, static_cast<double>(len));
         requests.push_back(r);
         p += len;
         bytes -= len;

@@ -262,6 +262,8 @@ class ThreadCommunicator {
     Impl(std::shared_ptr<Group> g, int r, CommOptions o) : group(std::move(g)), rank(r), options(o) {}
 
     int n() const { return group->size(); }
+    /// Counts bytes this rank copied from or into another rank's memory (measured traffic).
+    void moved(std::uint64_t bytes) { stats.record_moved(current.kind, static_cast<double>(bytes)); }
     int left() const { return detail::comm::wrap(rank - 1, n()); }
     int right() const { return detail::comm::wrap(rank + 1, n()); }
     detail::comm::RankSlot& mine() { return group->slot(rank); }
@@ -407,6 +409,7 @@ class ThreadCommunicator {
           else detail::comm::combine<C>(acc + b, left_acc, src + b, len, 1);
         }
         release(left());
+        moved(len * (s == 0 ? sizeof(T) : sizeof(C)));  // the left's input, then its partial sums
         publish(static_cast<std::uint64_t>(s + 1));
       }
     }
@@ -435,6 +438,7 @@ class ThreadCommunicator {
         acquire(left());
         if (chunks.size(c)) std::memcpy(data + chunks.begin(c), from, chunks.size(c) * sizeof(T));
         release(left());
+        moved(chunks.size(c) * sizeof(T));
         publish(static_cast<std::uint64_t>(N + t));
       }
       // The right neighbour reads this buffer until its last step.
@@ -469,6 +473,7 @@ class ThreadCommunicator {
         acquire(left());
         if (m) std::memcpy(out.data() + b, static_cast<const T*>(of(left()).dst) + b, m * sizeof(T));
         release(left());
+        moved(m * sizeof(T));
         publish(static_cast<std::uint64_t>(2 + t));
       }
       wait_for(right(), detail::comm::progress_of(seq, static_cast<std::uint64_t>(N)));
@@ -483,6 +488,7 @@ class ThreadCommunicator {
         acquire(root);
         if (!buf.empty()) std::memcpy(buf.data(), of(root).dst, buf.size_bytes());
         release(root);
+        moved(buf.size_bytes());
       }
       publish(2);
       wait_all(detail::comm::progress_of(seq, 2));
@@ -513,6 +519,8 @@ class ThreadCommunicator {
       }
       for (int q = 0; q < N; ++q)
         if (q != rank) release(q);
+      // Read: chunk `rank` of every other rank's input; written: the chunk into the root's buffer.
+      moved(chunks.size(rank) * sizeof(T) * static_cast<std::uint64_t>(N - 1 + (rank != root ? 1 : 0)));
       publish(2);
       wait_all(detail::comm::progress_of(seq, 2));
     }

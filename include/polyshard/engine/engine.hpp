@@ -377,6 +377,13 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     if (group_) total += group_->stats().total_bytes_sent() + replicas_->stats().total_bytes_sent();
     return total;
   }
+  /// Bytes this rank's backend moved, measured (CommStats::bytes_moved), over every
+  /// communicator the engine uses; bytes_sent() is the ring formula's prediction.
+  double bytes_moved() const {
+    double total = comm_.stats().total_bytes_moved();
+    if (group_) total += group_->stats().total_bytes_moved() + replicas_->stats().total_bytes_moved();
+    return total;
+  }
   /// Resets the byte counters of every communicator the engine uses.
   void reset_stats() {
     comm_.stats().reset();

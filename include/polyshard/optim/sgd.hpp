@@ -61,6 +61,14 @@ struct SgdPacket {
   Packet weight_decay, momentum, one_minus_dampening, neg_lr;
 };
 
+/// The sizes sgd_update() requires: grad as long as param, and a momentum buffer exactly when momentum is on.
+inline void check_sgd_sizes(std::size_t param, std::size_t grad, std::size_t momentum_buffer, const SgdConfig& config) {
+  POLYSHARD_CHECK(grad == param, "sgd_update: sizes differ: param ", param, ", grad ", grad);
+  const std::size_t expected = config.momentum != 0 ? param : 0;
+  POLYSHARD_CHECK(momentum_buffer == expected, "sgd_update: momentum_buffer has ", momentum_buffer,
+                  " elements, expected ", expected, " (momentum ", config.momentum, ")");
+}
+
 }  // namespace detail
 
 /// One SGD step over flat spans: a whole tensor, a shard of a flat buffer, or any slice of one;
@@ -76,12 +84,8 @@ template <class P, class G>
   requires(std::same_as<P, float> || std::same_as<P, double>) && FloatElement<G>
 void sgd_update(std::span<P> param, std::span<const G> grad, std::span<P> momentum_buffer, const SgdConfig& config,
                 std::int64_t step) {
-  POLYSHARD_CHECK(grad.size() == param.size(), "sgd_update: sizes differ: param ", param.size(), ", grad ",
-                  grad.size());
+  detail::check_sgd_sizes(param.size(), grad.size(), momentum_buffer.size(), config);
   const bool use_momentum = config.momentum != 0;
-  POLYSHARD_CHECK(momentum_buffer.size() == (use_momentum ? param.size() : 0), "sgd_update: momentum_buffer has ",
-                  momentum_buffer.size(), " elements, expected ", (use_momentum ? param.size() : 0),
-                  " (momentum ", config.momentum, ")");
   POLYSHARD_CHECK(step >= 1, "sgd_update: step counts from 1, got ", step);
   detail::validate(config, "sgd_update");
   const detail::SgdPacket<P> body(config, step);
@@ -102,12 +106,7 @@ template <class P, class G>
   requires(std::same_as<P, half> || std::same_as<P, bfloat16>) && FloatElement<G>
 void sgd_update(std::span<P> param, std::span<const G> grad, std::span<P> momentum_buffer, const SgdConfig& config,
                 std::int64_t step) {
-  POLYSHARD_CHECK(grad.size() == param.size(), "sgd_update: sizes differ: param ", param.size(), ", grad ",
-                  grad.size());
-  const bool use_momentum = config.momentum != 0;
-  POLYSHARD_CHECK(momentum_buffer.size() == (use_momentum ? param.size() : 0), "sgd_update: momentum_buffer has ",
-                  momentum_buffer.size(), " elements, expected ", (use_momentum ? param.size() : 0),
-                  " (momentum ", config.momentum, ")");
+  detail::check_sgd_sizes(param.size(), grad.size(), momentum_buffer.size(), config);
   detail::update_widened<P>(
       param.size(),
       [&](std::size_t begin, std::span<float> p, std::span<float> buffer) {
