@@ -1,5 +1,6 @@
-// Every preset at world sizes 1, 2 and 4 on the GPT, ranks as threads: step time, tokens/s,
-// model-state and peak bytes per rank, and bytes sent per rank per step beside the formula.
+// Every preset at world sizes 1 to 8 on the GPT, ranks as threads: step time, tokens/s,
+// model-state and peak bytes per rank, and the bytes rank 0 moved per step (measured by the
+// backend) beside the bytes it sent by the ring formula and the strategy's formula.
 #include <filesystem>
 #include <mutex>
 #include <thread>
@@ -17,7 +18,7 @@ using namespace polyshard;
 namespace {
 
 struct Figures {
-  double step_s = 0, model_state = 0, peak = 0, bytes = 0, predicted_bytes = 0, predicted_state = 0;
+  double step_s = 0, model_state = 0, peak = 0, bytes = 0, moved = 0, predicted_bytes = 0, predicted_state = 0;
 };
 
 template <class S>
@@ -35,7 +36,7 @@ Figures measure(int world, const GptConfig& cfg, std::int64_t batch, int steps, 
     Engine<S, Gpt<float>, ThreadCommunicator, AdamW<float>> engine(model, comm, AdamWConfig{}, config, 1);
     const BatchSampler sampler(data, cfg.block_size, batch, 3);
     std::vector<double> times;
-    double bytes = 0;
+    double bytes = 0, moved = 0;
     for (int step = 0; step < steps; ++step) {
       comm.barrier();  // start each step together, so the time is the step's, not a straggler's
       memory.reset_peaks();
@@ -48,6 +49,7 @@ Figures measure(int world, const GptConfig& cfg, std::int64_t batch, int steps, 
       comm.barrier();
       times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       bytes = comm.stats().total_bytes_sent();  // barriers send nothing
+      moved = comm.stats().total_bytes_moved();
     }
     std::sort(times.begin(), times.end());
     if (comm.rank() != 0) return;
@@ -57,6 +59,7 @@ Figures measure(int world, const GptConfig& cfg, std::int64_t batch, int steps, 
                              memory.current(MemoryCategory::OptimizerState));
     out.peak = double(memory.peak_total());
     out.bytes = bytes;
+    out.moved = moved;
     const auto& plan = engine.units();
     out.predicted_bytes = bytes_sent_per_step<S>(plan.padded_total(), plan.units[0].padded, world);
     out.predicted_state = model_state_bytes<S>(plan.padded_total(), world);
@@ -78,6 +81,7 @@ void row(bench::Table& table, const char* name, int world, const GptConfig& cfg,
       .set("model state MiB/rank", f.model_state / (1 << 20), 2)
       .set("formula MiB", f.predicted_state / (1 << 20), 2)
       .set("peak MiB/rank", f.peak / (1 << 20), 2)
+      .set("moved MiB/rank/step", f.moved / (1 << 20), 3)
       .set("sent MiB/rank/step", f.bytes / (1 << 20), 3)
       .set("formula sent MiB", f.predicted_bytes / (1 << 20), 3);
 }
@@ -91,7 +95,7 @@ int main(int argc, char** argv) {
   const int steps = args.quick ? 4 : 12;
   using PerBlock = WrapByType<Block>;
   bench::Table table("strategies on GPT L4 C128 T64, global batch 16, AdamW, ranks as threads");
-  for (int world : {1, 2, 4}) {
+  for (int world = 1; world <= 8; ++world) {
     double ddp_step = 0;
     row<Strategy<NoShard, PerBlock>>(table, "ddp", world, cfg, batch, steps, ddp_step);
     row<Strategy<ShardOptimizerState, PerBlock>>(table, "zero1", world, cfg, batch, steps, ddp_step);
