@@ -64,6 +64,13 @@ struct AdamPacket {
       neg_step_size, bias_correction2_sqrt, eps;
 };
 
+/// The sizes adam_update() requires: grad and both moments as long as param.
+inline void check_adam_sizes(const char* who, std::size_t param, std::size_t grad, std::size_t exp_avg,
+                             std::size_t exp_avg_sq) {
+  POLYSHARD_CHECK(grad == param && exp_avg == param && exp_avg_sq == param, who, ": sizes differ: param ", param,
+                  ", grad ", grad, ", exp_avg ", exp_avg, ", exp_avg_sq ", exp_avg_sq);
+}
+
 }  // namespace detail
 
 /// One Adam or AdamW step over flat spans: a whole tensor, a shard of a flat buffer, or any
@@ -82,10 +89,7 @@ template <class P, class G>
 void adam_update(std::span<P> param, std::span<const G> grad, std::span<P> exp_avg, std::span<P> exp_avg_sq,
                  const AdamConfig& config, std::int64_t step, bool decoupled_weight_decay) {
   const char* who = decoupled_weight_decay ? "adamw_update" : "adam_update";
-  POLYSHARD_CHECK(grad.size() == param.size() && exp_avg.size() == param.size() &&
-                      exp_avg_sq.size() == param.size(),
-                  who, ": sizes differ: param ", param.size(), ", grad ", grad.size(), ", exp_avg ",
-                  exp_avg.size(), ", exp_avg_sq ", exp_avg_sq.size());
+  detail::check_adam_sizes(who, param.size(), grad.size(), exp_avg.size(), exp_avg_sq.size());
   POLYSHARD_CHECK(step >= 1, who, ": step counts from 1, got ", step);
   detail::validate(config, who);
   const detail::AdamPacket<P> body(detail::adam_constants<P>(config, step, decoupled_weight_decay));
@@ -103,10 +107,8 @@ template <class P, class G>
   requires(std::same_as<P, half> || std::same_as<P, bfloat16>) && FloatElement<G>
 void adam_update(std::span<P> param, std::span<const G> grad, std::span<P> exp_avg, std::span<P> exp_avg_sq,
                  const AdamConfig& config, std::int64_t step, bool decoupled_weight_decay) {
-  POLYSHARD_CHECK(grad.size() == param.size() && exp_avg.size() == param.size() &&
-                      exp_avg_sq.size() == param.size(),
-                  decoupled_weight_decay ? "adamw_update" : "adam_update", ": sizes differ: param ", param.size(),
-                  ", grad ", grad.size(), ", exp_avg ", exp_avg.size(), ", exp_avg_sq ", exp_avg_sq.size());
+  detail::check_adam_sizes(decoupled_weight_decay ? "adamw_update" : "adam_update", param.size(), grad.size(),
+                           exp_avg.size(), exp_avg_sq.size());
   detail::update_widened<P>(
       param.size(),
       [&](std::size_t begin, std::span<float> p, std::span<float> m, std::span<float> v) {
