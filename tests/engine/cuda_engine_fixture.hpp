@@ -63,11 +63,6 @@ inline void check_losses(const std::vector<double>& got, const std::vector<doubl
   }
 }
 
-using DdpPerBlock = Strategy<NoShard, WrapByType<Block>>;
-using ZeRO2PerBlock = Strategy<ShardGradients, WrapByType<Block>>;
-using FsdpPerBlock = Strategy<ShardParameters<true>, WrapByType<Block>>;
-using GradOpPerBlock = Strategy<ShardParameters<false>, WrapByType<Block>>;
-using ZeRO3Checkpointed = Strategy<ShardParameters<true>, WrapByType<Block>, ActivationCheckpointing<Block>>;
 // Offloaded from the GPU: master weights and optimizer state (and parameter shards) on the host.
 using FsdpCpuOffload = Strategy<ShardParameters<true>, WrapByType<Block>, OffloadOptimizer<Cpu>>;
 using ZeRO3ParamOffload = Strategy<ShardParameters<true>, WrapByType<Block>, OffloadParameters<Cpu>>;

@@ -26,6 +26,13 @@ inline const TextDataset& tiny_data() {
 
 using Parameters = std::vector<std::pair<std::string, std::vector<float>>>;
 
+/// The library's sharding policies with one unit per transformer block (the presets wrap by size).
+using DdpPerBlock = Strategy<NoShard, WrapByType<Block>>;
+using ZeRO2PerBlock = Strategy<ShardGradients, WrapByType<Block>>;
+using FsdpPerBlock = Strategy<ShardParameters<true>, WrapByType<Block>>;
+using GradOpPerBlock = Strategy<ShardParameters<false>, WrapByType<Block>>;
+using ZeRO3Checkpointed = Strategy<ShardParameters<true>, WrapByType<Block>, ActivationCheckpointing<Block>>;
+
 /// What one rank saw of a training run.
 struct RunResult {
   Parameters parameters;          // after the last step, gathered

@@ -8,11 +8,11 @@ using namespace polyshard;
 using test::max_difference;
 using test::train;
 
-using FsdpPerBlock = Strategy<ShardParameters<true>, WrapByType<Block>>;
-using GradOpPerBlock = Strategy<ShardParameters<false>, WrapByType<Block>>;
-using ZeRO3Checkpointed = Strategy<ShardParameters<true>, WrapByType<Block>, ActivationCheckpointing<Block>>;
-using ZeRO2PerBlock = Strategy<ShardGradients, WrapByType<Block>>;
-using DdpPerBlock = Strategy<NoShard, WrapByType<Block>>;
+using test::DdpPerBlock;
+using test::FsdpPerBlock;
+using test::GradOpPerBlock;
+using test::ZeRO2PerBlock;
+using test::ZeRO3Checkpointed;
 using Fp32Strategies = std::tuple<DDP, DdpPerBlock, ZeRO<1>, ZeRO<2>, ZeRO2PerBlock, ZeRO<3>, FSDP, FsdpPerBlock,
                                   GradOpPerBlock, ZeRO3Checkpointed>;
 

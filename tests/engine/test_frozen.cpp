@@ -127,7 +127,7 @@ double difference_in(const test::Parameters& a, const test::Parameters& b, const
   return worst;
 }
 
-using FsdpPerBlock = Strategy<ShardParameters<true>, WrapByType<Block>>;
+using test::FsdpPerBlock;
 using Frozen = std::tuple<DDP, ZeRO<2>, ZeRO<3>, FsdpPerBlock>;
 
 }  // namespace

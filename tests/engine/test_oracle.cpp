@@ -13,6 +13,11 @@
 using namespace polyshard;
 using test::ReferenceRounding;
 using test::ReferenceTrainer;
+using test::DdpPerBlock;
+using test::FsdpPerBlock;
+using test::GradOpPerBlock;
+using test::ZeRO2PerBlock;
+using test::ZeRO3Checkpointed;
 
 namespace {
 
@@ -127,11 +132,6 @@ double max_master_difference(const Trained& run, const Expected& expected) {
   return worst;
 }
 
-using FsdpPerBlock = Strategy<ShardParameters<true>, WrapByType<Block>>;
-using GradOpPerBlock = Strategy<ShardParameters<false>, WrapByType<Block>>;
-using ZeRO3Checkpointed = Strategy<ShardParameters<true>, WrapByType<Block>, ActivationCheckpointing<Block>>;
-using ZeRO2PerBlock = Strategy<ShardGradients, WrapByType<Block>>;
-using DdpPerBlock = Strategy<NoShard, WrapByType<Block>>;
 using ZeRO3Offload = Strategy<ShardParameters<true>, OffloadParameters<Cpu>, WrapByType<Block>>;
 using OracleFp32 = std::tuple<DDP, DdpPerBlock, ZeRO<1>, ZeRO<2>, ZeRO2PerBlock, ZeRO<3>, FsdpPerBlock, GradOpPerBlock,
                               ZeRO3Checkpointed, ZeROOffload, ZeRO3Offload>;
