@@ -1,5 +1,5 @@
 // Tests of the MPI backend, run by ctest under mpirun with 2, 3 and 4 processes: the same checks
-// as the in-process backend, bit-identity between the two, the debug-mode mismatch report, and
+// as the in-process backend, bit-identity between the two, the mismatch report (calls are checked by default), and
 // (hidden tags, run as their own ctest entries) a timeout and a dead rank ending the job.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
@@ -85,29 +85,53 @@ TEMPLATE_TEST_CASE("MPI bytes moved are the bytes passed to its sends", "[comm][
   comm.all_gather(std::span<const T>(out), std::span<T>(in));
   comm.broadcast(std::span<T>(x), N - 1);
   comm.reduce(std::span<T>(x), 0);
-  // docs/communication.md's formulas, summed over the ranks (n elements of T, sums in C).
+  // docs/communication.md's formulas, summed over the ranks (n elements of T, sums in C), and
+  // each rank's 56-byte call check when calls are checked (the default).
   const double t = sizeof(T), c = sizeof(C);
-  CHECK(moved_by_all(CollectiveKind::AllReduce) == double(N - 1) * double(n) * (c + t));
-  CHECK(moved_by_all(CollectiveKind::ReduceScatter) == double(N - 1) * double(whole) * c);
-  CHECK(moved_by_all(CollectiveKind::AllGather) == double(N - 1) * double(whole) * t);
-  CHECK(moved_by_all(CollectiveKind::Broadcast) == double(n) * t);
-  CHECK(moved_by_all(CollectiveKind::Reduce) == double(N - 1) * double(n) * c + double(n - n / std::uint64_t(N)) * t);
+  const double check = comm.check_calls() && N > 1 ? 56.0 * N : 0.0;
+  CHECK(moved_by_all(CollectiveKind::AllReduce) == double(N - 1) * double(n) * (c + t) + check);
+  CHECK(moved_by_all(CollectiveKind::ReduceScatter) == double(N - 1) * double(whole) * c + check);
+  CHECK(moved_by_all(CollectiveKind::AllGather) == double(N - 1) * double(whole) * t + check);
+  CHECK(moved_by_all(CollectiveKind::Broadcast) == double(n) * t + check);
+  CHECK(moved_by_all(CollectiveKind::Reduce) ==
+        double(N - 1) * double(n) * c + double(n - n / std::uint64_t(N)) * t + check);
 }
 
-TEST_CASE("MPI debug mode reports mismatched calls on every rank", "[comm][mpi][failure]") {
+TEST_CASE("MPI reports mismatched calls on every rank (checked by default)", "[comm][mpi][failure]") {
   CommOptions options;
-  options.check_calls = true;
   options.timeout = 20s;
+  const int r = world().rank();
+  {
+    MpiCommunicator comm(MPI_COMM_WORLD, options);
+    REQUIRE(comm.check_calls());
+    std::vector<float> x(r == 0 ? 10 : 11, 1.0f);
+    CHECK_THROWS_WITH(comm.all_reduce(std::span<float>(x)),
+                      Catch::Contains("mismatched collectives") &&
+                          Catch::Contains("rank 0 called all_reduce(F32, 10 elements, sum)") &&
+                          Catch::Contains("rank 1 called all_reduce(F32, 11 elements, sum)"));
+    // The ranks' queues no longer line up: later calls fail at once, naming the mismatch.
+    std::vector<float> z(5, 1.0f);
+    CHECK_THROWS_WITH(comm.all_reduce(std::span<float>(z)),
+                      Catch::Contains("cannot run: an earlier call on this communicator did not match") &&
+                          Catch::Contains("11 elements"));
+  }
+  {
+    MpiCommunicator comm(MPI_COMM_WORLD, options);
+    std::vector<double> y(4, 1.0);
+    if (r == 0) CHECK_THROWS_WITH(comm.broadcast(std::span<double>(y), 0), Catch::Contains("broadcast(F64, 4 elements, root 0)"));
+    else CHECK_THROWS_WITH(comm.reduce(std::span<double>(y), 0), Catch::Contains("reduce(F64, 4 elements, root 0, sum)"));
+  }
+  {
+    // The same call from different call sites: each rank's site is named, the async form included.
+    MpiCommunicator comm(MPI_COMM_WORLD, options);
+    CallSite site(r == 0 ? "the first site" : "site number " + std::to_string(r));
+    std::vector<float> w(3, 1.0f);
+    CommHandle h = comm.all_reduce_async(std::span<float>(w));
+    CHECK_THROWS_WITH(h.wait(), Catch::Contains("rank 0 called all_reduce(F32, 3 elements, sum) from the first site") &&
+                                    Catch::Contains("rank 1 called all_reduce(F32, 3 elements, sum) from site number 1"));
+  }
+  // Nothing was sent: a new communicator over the same processes works.
   MpiCommunicator comm(MPI_COMM_WORLD, options);
-  const int r = comm.rank();
-  std::vector<float> x(r == 0 ? 10 : 11, 1.0f);
-  CHECK_THROWS_WITH(comm.all_reduce(std::span<float>(x)),
-                    Catch::Contains("mismatched collectives") && Catch::Contains("rank 0 called all_reduce(F32, 10 elements, sum)") &&
-                        Catch::Contains("rank 1 called all_reduce(F32, 11 elements, sum)"));
-  std::vector<double> y(4, 1.0);
-  if (r == 0) CHECK_THROWS_WITH(comm.broadcast(std::span<double>(y), 0), Catch::Contains("broadcast(F64, 4 elements, root 0)"));
-  else CHECK_THROWS_WITH(comm.reduce(std::span<double>(y), 0), Catch::Contains("reduce(F64, 4 elements, root 0, sum)"));
-  // Nothing was sent: the communicator is still usable.
   std::vector<float> z(5, 1.0f);
   comm.all_reduce(std::span<float>(z));
   CHECK(z[4] == static_cast<float>(comm.size()));

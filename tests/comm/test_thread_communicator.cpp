@@ -342,6 +342,42 @@ TEST_CASE("mismatched calls are reported on every rank", "[comm][thread][failure
     });
     for (const auto& e : roots) CHECK_THAT(e, Catch::Contains("mismatched collectives") && Catch::Contains("root 1"));
   }
+  SECTION("the same call from different call sites, issued asynchronously") {
+    const auto errors = errors_of(
+        3,
+        [](ThreadCommunicator& comm) {
+          CallSite site(comm.rank() == 1 ? "the odd one out" : "the common site");
+          std::vector<float> x(4, 1.0f);
+          comm.all_reduce_async(std::span<float>(x)).wait();
+        },
+        test_options());
+    for (const auto& e : errors) {
+      CHECK_THAT(e, Catch::Contains("mismatched collectives"));
+      CHECK_THAT(e, Catch::Contains("all_reduce(F32, 4 elements, sum) from the odd one out"));
+      CHECK_THAT(e, Catch::Contains("all_reduce(F32, 4 elements, sum) from the common site"));
+    }
+  }
+}
+
+TEST_CASE("call sites nest, and calls outside any site are compared by their arguments", "[comm][thread]") {
+  CHECK(CallSite::current().empty());
+  {
+    CallSite outer("outer");
+    CHECK(CallSite::current() == "outer");
+    {
+      CallSite inner("inner");
+      CHECK(CallSite::current() == "inner");
+    }
+    CHECK(CallSite::current() == "outer");
+  }
+  CHECK(CallSite::current().empty());
+  std::vector<float> sums(2);
+  run_ranks(2, [&](ThreadCommunicator& comm) {
+    std::vector<float> x(3, 1.0f);
+    comm.all_reduce(std::span<float>(x));
+    sums[static_cast<std::size_t>(comm.rank())] = x[0];
+  });
+  CHECK(sums == std::vector<float>{2.0f, 2.0f});
 }
 
 TEST_CASE("invalid arguments are rejected before any rank waits", "[comm][thread]") {

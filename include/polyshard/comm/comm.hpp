@@ -4,6 +4,7 @@
 // polyshard/comm/mpi_communicator.hpp or nccl_communicator.hpp directly to insist on one.
 #pragma once
 
+#include "polyshard/comm/call_site.hpp"
 #include "polyshard/comm/comm_handle.hpp"
 #include "polyshard/comm/comm_options.hpp"
 #include "polyshard/comm/comm_stats.hpp"

@@ -1,4 +1,4 @@
-// Settings every communicator takes: the collective timeout and the call-checking debug mode.
+// Settings every communicator takes: the collective timeout and the cross-rank check of calls.
 #pragma once
 
 #include <chrono>
@@ -22,20 +22,22 @@ inline std::chrono::milliseconds default_comm_timeout() {
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0 + 0.5));
 }
 
-/// Whether POLYSHARD_COMM_DEBUG is set to something other than "" or "0".
-inline bool default_comm_debug() {
-  const char* text = std::getenv("POLYSHARD_COMM_DEBUG");
-  return text != nullptr && *text != '\0' && std::string(text) != "0";
+/// Whether calls are compared across ranks: yes, unless the environment variable
+/// POLYSHARD_COMM_CHECK_CALLS is "0".
+inline bool default_check_calls() {
+  const char* text = std::getenv("POLYSHARD_COMM_CHECK_CALLS");
+  return text == nullptr || std::string(text) != "0";
 }
 
 /// Options of one communicator; split() passes them on to the sub-communicators.
 struct CommOptions {
   /// A collective that has not completed after this long fails on every rank waiting in it.
   std::chrono::milliseconds timeout = default_comm_timeout();
-  /// MPI backend: exchange a description of every call before it runs and report mismatched
-  /// calls (costs one small all-gather per collective). The in-process backend always checks.
-  /// Default: the environment variable POLYSHARD_COMM_DEBUG.
-  bool check_calls = default_comm_debug();
+  /// MPI backend: exchange a description of every call (and its CallSite) before it runs and
+  /// report mismatched calls on every rank, at the cost of one 56-byte all-gather per collective
+  /// (docs/communication.md gives the measured cost). The in-process backend always checks.
+  /// Default: on, unless the environment variable POLYSHARD_COMM_CHECK_CALLS is "0".
+  bool check_calls = default_check_calls();
 };
 
 }  // namespace polyshard

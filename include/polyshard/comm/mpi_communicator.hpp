@@ -144,13 +144,19 @@ class MpiSession {
 /// polyshard::Error naming the collective, this rank and the ranks it waited for, and marks the
 /// process failed (MpiSession then aborts the job rather than hang). MPI errors (a dead peer, for
 /// one) are returned, not fatal, and are reported the same way; a rank that exits ends the job
-/// through the launcher. With CommOptions::check_calls, every call is first compared across the
-/// ranks (an MPI_Iallgather of its description) and mismatched calls throw on every rank; the
-/// communicator stays usable afterwards.
+/// through the launcher. Unless CommOptions::check_calls is off, every call is first compared
+/// across the ranks (an MPI_Iallgather of its description and its CallSite's hash, 56 bytes a
+/// rank) and mismatched calls throw on every rank, naming every rank's call and site; every later
+/// call on that communicator then fails at once (the ranks' queues no longer line up), as in the
+/// in-process backend.
 ///
 /// Asynchronous calls run on a communication thread of this communicator, in issue order.
 class MpiCommunicator {
  public:
+  /// The call check's message: kind, element type, count, root, operator, sequence number and
+  /// the hash of the call site, each an int64.
+  static constexpr int check_words = 7;
+
   /// A communicator over all processes of the job (a duplicate of MPI_COMM_WORLD, so that its
   /// messages never meet the application's own).
   static MpiCommunicator world(CommOptions options = {}) { return MpiCommunicator(MPI_COMM_WORLD, options); }
@@ -267,6 +273,10 @@ class MpiCommunicator {
   std::chrono::milliseconds timeout() const { return impl_->options.timeout; }
   /// Turns the cross-rank check of every call (CommOptions::check_calls) on or off.
   void set_check_calls(bool on) { impl_->options.check_calls = on; }
+  bool check_calls() const { return impl_->options.check_calls; }
+  /// What the check adds to every collective on more than one rank: one all-gather of this many
+  /// bytes a rank (counted in bytes_moved).
+  static constexpr std::size_t call_check_bytes = check_words * sizeof(std::int64_t);
 
   /// Counts scratch buffers under MemoryCategory::Communication in `tracker`.
   void set_memory_tracker(MemoryTracker& tracker) {
@@ -310,6 +320,7 @@ class MpiCommunicator {
     detail::comm::Scratch out_scratch{tracker};
     std::uint64_t seq = 0;
     CallDesc current;
+    std::string mismatch;  // the report of a mismatched call: the communicator is unusable after it
     std::chrono::steady_clock::time_point deadline;
     std::vector<MPI_Request> requests;
     detail::comm::CommWorker worker;  // last: destroyed (drained) first
@@ -396,40 +407,83 @@ class MpiCommunicator {
       }
     }
 
-    /// Starts collective number seq; in debug mode compares the call across all ranks.
+    /// Starts collective number seq; unless check_calls is off, compares the call across all
+    /// ranks first.
     void enter(const CallDesc& desc) {
       ++seq;
       current = desc;
       deadline = std::chrono::steady_clock::now() + options.timeout;
       POLYSHARD_CHECK(!detail::comm::MpiState::get().failed.load(), where(),
                       " cannot run: an earlier collective failed: ", detail::comm::MpiState::get().failure);
+      POLYSHARD_CHECK(mismatch.empty(), where(), " cannot run: an earlier call on this communicator did not match "
+                                                 "across the ranks (", mismatch, ")");
       if (!options.check_calls || size == 1) return;
-      const std::array<std::int64_t, 6> mine{static_cast<std::int64_t>(desc.kind), static_cast<std::int64_t>(desc.dtype),
-                                             static_cast<std::int64_t>(desc.count), desc.root,
-                                             static_cast<std::int64_t>(desc.op), static_cast<std::int64_t>(seq)};
+      const std::array<std::int64_t, check_words> mine{
+          static_cast<std::int64_t>(desc.kind), static_cast<std::int64_t>(desc.dtype),
+          static_cast<std::int64_t>(desc.count), desc.root, static_cast<std::int64_t>(desc.op),
+          static_cast<std::int64_t>(seq), static_cast<std::int64_t>(detail::comm::site_hash(desc.site))};
       std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(size));
       MPI_Request r;
       {
         detail::comm::MpiLock lock;
-        check(MPI_Iallgather(mine.data(), 6, MPI_INT64_T, all.data(), 6, MPI_INT64_T, comm, &r), "MPI_Iallgather");
+        check(MPI_Iallgather(mine.data(), check_words, MPI_INT64_T, all.data(), check_words, MPI_INT64_T, comm, &r),
+              "MPI_Iallgather");
       }
       stats.record_moved(desc.kind, static_cast<double>(sizeof(mine)));  // the check's own message
       requests.push_back(r);
       wait({});
-      std::vector<CallDesc> calls(static_cast<std::size_t>(size));
-      bool same = true;
-      for (int q = 0; q < size; ++q) {
-        const std::int64_t* d = all.data() + 6 * q;
-        calls[q] = CallDesc{static_cast<CollectiveKind>(d[0]), static_cast<DType>(d[1]),
-                            static_cast<std::uint64_t>(d[2]), static_cast<int>(d[3]), static_cast<ReduceOp>(d[4])};
-        same = same && calls[q].same_call(desc);
-      }
+      bool same = true;  // word 5, the sequence number, is for the reader of a dump: not compared
+      for (int q = 0; q < size; ++q)
+        for (int w = 0; w < check_words; ++w) same = same && (w == 5 || all[check_words * q + w] == mine[w]);
       if (same) return;
+      // Every rank saw the same table: all of them exchange the sites' texts, then throw.
+      const std::vector<std::string> sites = exchange_sites(desc.site);
       std::string message = "polyshard: mismatched collectives (MPI) seen by rank " + std::to_string(rank) + " of " +
                             std::to_string(size) + ":";
+      for (int q = 0; q < size; ++q) {
+        const std::int64_t* d = all.data() + check_words * q;
+        const CallDesc theirs{static_cast<CollectiveKind>(d[0]), static_cast<DType>(d[1]),
+                              static_cast<std::uint64_t>(d[2]), static_cast<int>(d[3]), static_cast<ReduceOp>(d[4]),
+                              sites[static_cast<std::size_t>(q)]};
+        message += std::string(q ? ";" : "") + " rank " + std::to_string(q) + " called " + detail::comm::describe(theirs);
+      }
+      // Nothing of the collective was sent, but the ranks' queues of calls no longer line up (one
+      // rank may have issued more asynchronous calls behind this one): every later call on this
+      // communicator fails at once rather than pair with the wrong call of another rank.
+      mismatch = message;
+      throw Error(message);
+    }
+
+    /// Every rank's call site text, by rank (after a mismatch, which every rank saw).
+    std::vector<std::string> exchange_sites(const std::string& site) {
+      const int length = static_cast<int>(site.size());
+      std::vector<int> lengths(static_cast<std::size_t>(size)), offsets(static_cast<std::size_t>(size));
+      MPI_Request r;
+      {
+        detail::comm::MpiLock lock;
+        check(MPI_Iallgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm, &r), "MPI_Iallgather");
+      }
+      requests.push_back(r);
+      wait({});
+      int total = 0;
+      for (int q = 0; q < size; ++q) {
+        offsets[static_cast<std::size_t>(q)] = total;
+        total += lengths[static_cast<std::size_t>(q)];
+      }
+      std::string texts(static_cast<std::size_t>(total), '\0');
+      {
+        detail::comm::MpiLock lock;
+        check(MPI_Iallgatherv(site.data(), length, MPI_CHAR, texts.data(), lengths.data(), offsets.data(), MPI_CHAR, comm,
+                              &r),
+              "MPI_Iallgatherv");
+      }
+      requests.push_back(r);
+      wait({});
+      std::vector<std::string> sites;
       for (int q = 0; q < size; ++q)
-        message += std::string(q ? ";" : "") + " rank " + std::to_string(q) + " called " + detail::comm::describe(calls[q]);
-      throw Error(message);  // every rank saw the same table and throws: nothing is left pending
+        sites.push_back(texts.substr(static_cast<std::size_t>(offsets[static_cast<std::size_t>(q)]),
+                                     static_cast<std::size_t>(lengths[static_cast<std::size_t>(q)])));
+      return sites;
     }
 
     template <class T>

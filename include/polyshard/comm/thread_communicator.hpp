@@ -114,7 +114,8 @@ class ThreadGroup {
 /// partial sums stay in float until the end.
 ///
 /// Every call is checked against the left neighbour's: ranks calling different collectives, or
-/// with different sizes, element types, roots or operators fail with "mismatched collectives".
+/// with different sizes, element types, roots, operators or call sites (CallSite) fail with
+/// "mismatched collectives", naming both calls.
 /// A rank that waits longer than timeout() fails naming the collective, itself and the ranks it
 /// waited for, and fails the whole group; so does abort() (run_ranks calls it when a rank throws).
 ///

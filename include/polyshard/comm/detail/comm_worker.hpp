@@ -13,6 +13,7 @@
 #include <thread>
 #include <utility>
 
+#include "polyshard/comm/call_site.hpp"
 #include "polyshard/comm/comm_handle.hpp"
 
 namespace polyshard::detail::comm {
@@ -31,9 +32,15 @@ class CommWorker {
     if (thread_.joinable()) thread_.join();
   }
 
-  /// Queues `task` behind everything issued before; the thread starts on first use.
+  /// Queues `task` behind everything issued before; the thread starts on first use. The task
+  /// runs under the caller's CallSite, so that its collective is named where it was issued.
   CommHandle submit(std::function<void()> task) {
     auto state = std::make_shared<TaskState>();
+    if (!CallSite::current().empty())
+      task = [site = CallSite::current(), inner = std::move(task)] {
+        CallSite scope(site);
+        inner();
+      };
     {
       std::lock_guard lock(mutex_);
       queue_.emplace_back(std::move(task), state);

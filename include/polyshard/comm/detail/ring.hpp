@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "polyshard/comm/call_site.hpp"
 #include "polyshard/comm/reduce_op.hpp"
 #include "polyshard/core/dtype.hpp"
 #include "polyshard/core/error.hpp"
@@ -23,17 +24,28 @@ struct CallDesc {
   std::uint64_t count = 0;  // elements of the input buffer
   int root = -1;
   ReduceOp op = ReduceOp::Sum;
+  /// The caller's CallSite when the call was issued ("" when none).
+  std::string site = CallSite::current();
 
   bool same_call(const CallDesc& o) const {
-    return kind == o.kind && dtype == o.dtype && count == o.count && root == o.root && op == o.op;
+    return kind == o.kind && dtype == o.dtype && count == o.count && root == o.root && op == o.op && site == o.site;
   }
 };
+
+/// FNV-1a of a call site's text: what a backend that compares calls over the network sends in
+/// place of the text (which it exchanges only when the hashes differ).
+inline std::uint64_t site_hash(const std::string& text) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (const unsigned char c : text) h = (h ^ c) * 0x100000001b3ULL;
+  return h;
+}
 
 inline bool reduces(CollectiveKind kind) {
   return kind == CollectiveKind::AllReduce || kind == CollectiveKind::ReduceScatter || kind == CollectiveKind::Reduce;
 }
 
-/// "all_reduce(F32, 10 elements, sum)", "broadcast(F16, 3 elements, root 1)", "barrier()".
+/// "all_reduce(F32, 10 elements, sum)", "broadcast(F16, 3 elements, root 1)", "barrier()", then
+/// " from SITE" when the call was issued under a CallSite.
 inline std::string describe(const CallDesc& d) {
   std::ostringstream out;
   out << collective_name(d.kind) << '(';
@@ -43,6 +55,7 @@ inline std::string describe(const CallDesc& d) {
     if (reduces(d.kind)) out << ", " << reduce_op_name(d.op);
   }
   out << ')';
+  if (!d.site.empty()) out << " from " << d.site;
   return out.str();
 }
 
