@@ -4,11 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "polyshard/autograd/checkpoint.hpp"
+#include "polyshard/comm/call_site.hpp"
 #include "polyshard/comm/host_values.hpp"
 #include "polyshard/engine/gradient_ops.hpp"
 #include "polyshard/engine/host_optimizer_view.hpp"
@@ -147,6 +150,9 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   }
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
+  /// Waits for the collectives still in flight (after an error, they fail at once or time out):
+  /// they read and write this engine's buffers.
+  ~Engine() { settle_in_flight(); }
 
   /// Runs `loss_fn` (the model's forward) with the strategy's hooks in place.
   template <class F>
@@ -155,6 +161,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     check_trainable();
     ModuleHooksScope<work_type, device> hooks(*this);
     in_backward_ = false;
+    if (grad_enabled()) ++micro_batch_;
     drain_prefetch();
     running_order_.clear();
     gather(0);  // the root stays gathered until its backward is done
@@ -175,6 +182,13 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     gather(0);
     Behaviour::begin_backward(root);
     const double seed = weight * scaler_.scale();
+    struct SettleOnError {  // a collective failed inside backward: nothing may stay in flight
+      Engine& e;
+      int uncaught = std::uncaught_exceptions();
+      ~SettleOnError() {
+        if (std::uncaught_exceptions() > uncaught) e.settle_in_flight();
+      }
+    } settle_on_error{*this};
     if (loss.value().numel() == 1) {
       // In double: a loss scale fp16 cannot hold (65536 and up) still seeds the loss's gradient
       // (its op computes in float), rather than an infinite seed skipping every step.
@@ -207,13 +221,23 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// `max_grad_norm` clips the global gradient norm (infinity: no clipping).
   bool step(double lr, double max_grad_norm = std::numeric_limits<double>::infinity()) {
     Trace::Span span(trace_, "step", "compute");
+    struct NextStep {  // however the step ends, the next forward is micro-batch 1 of the next step
+      Engine& e;
+      ~NextStep() {
+        ++e.step_number_;
+        e.micro_batch_ = 0;
+      }
+    } next_step{*this};
     drain_prefetch();
     POLYSHARD_CHECK(!pending_local_grads(), "Engine::step: gradients accumulated under no_sync were never reduced; "
                                             "run one backward outside no_sync before stepping");
     if constexpr (sharding::hybrid) {
       // Groups hold the same shards: sum each shard's gradient over the groups, once per step
       // (after any accumulation), so that every replica applies the same update.
-      for (State& u : units_) replicas_->all_reduce(Behaviour::optimizer_grads(u).span(), ReduceOp::Sum);
+      for (State& u : units_) {
+        CallSite site(step_site("the sum over replicas of the gradients of " + unit_name(u)));
+        replicas_->all_reduce(Behaviour::optimizer_grads(u).span(), ReduceOp::Sum);
+      }
     }
     for (State& u : units_) stage_step_grads(u);
     const double inv_scale = 1.0 / scaler_.scale();
@@ -222,6 +246,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       float overflow = 0;
       for (State& u : units_)
         if (unscale_and_check(step_grads(u), inv_scale)) overflow = 1;
+      CallSite site(step_site("the overflow check"));
       all_reduce_host<device>(shard_comm(), std::span<float>(&overflow, 1));
       if (!scaler_.update(overflow > 0)) {
         last_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
@@ -234,8 +259,10 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     if (std::isfinite(max_grad_norm) || track_grad_norm_) {
       double squares = 0;
       for (State& u : units_) squares += squared_norm(step_grads(u));
-      if constexpr (sharding::shards_optimizer_state)
+      if constexpr (sharding::shards_optimizer_state) {
+        CallSite site(step_site("the gradient norm"));
         all_reduce_host<device>(shard_comm(), std::span<double>(&squares, 1));
+      }
       last_grad_norm_ = std::sqrt(squares);
       const double coefficient = clip_coefficient(last_grad_norm_, max_grad_norm);  // applied when it shrinks
       if (std::isfinite(max_grad_norm) && coefficient < 1.0)
@@ -253,6 +280,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       }
       placement_.store(i);  // NVMe: written back behind the next unit's step
       Trace::Span write_back(trace_, "write back unit " + std::to_string(i), "communication", 1);
+      CallSite site(step_site("the parameter update of " + unit_name(u)));
       Behaviour::after_step(u, shard_comm());
       u.compute_copy_current = false;
     }
@@ -288,6 +316,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       Tensor<CT, device> whole = u.full;
       if constexpr (sharding::shards_parameters) {
         whole = Tensor<CT, device>::empty({u.layout->padded}, MemoryCategory::Communication);
+        CallSite site("full_parameters(), gathering " + unit_name(u));
         shard_comm().all_gather(std::span<const CT>(u.param_shard_on_device().span()), whole.span());
       }
       const std::vector<CT> host = whole.to_vector();
@@ -356,7 +385,10 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// the masters were written (a checkpoint restore), as after an optimizer step: a collective
   /// where the policy all-gathers updated shards.
   void refresh_parameters_from_master() {
-    for (State& u : units_) Behaviour::after_step(u, shard_comm());
+    for (State& u : units_) {
+      CallSite site("the refresh of " + unit_name(u) + " from its master weights");
+      Behaviour::after_step(u, shard_comm());
+    }
   }
   Comm& communicator() { return comm_; }
   /// Records compute and communication spans into `trace` (null: none) from now on.
@@ -463,6 +495,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     if constexpr (!sharding::shards_parameters) {
       if (comm_.size() == 1) return;
       const auto before = u.full.to_vector();
+      CallSite site("the start-up sync of " + unit_name(u) + " from rank 0");
       comm_.broadcast(u.full.span(), 0);
       const auto after = u.full.to_vector();
       if (std::equal(before.begin(), before.end(), after.begin(), [](CT a, CT b) { return a == b; })) return;
@@ -491,6 +524,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     }
     if (u.gathered) return;
     Trace::Span span(trace_, "gather unit " + std::to_string(index), "communication", 1);
+    CallSite site(gather_site(u));
     Behaviour::gather(u, shard_comm());
   }
 
@@ -507,6 +541,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       const std::size_t next = forward_order_[static_cast<std::size_t>(position)];
       if (units_[next].gathered) return;
       Trace::Span span(trace_, "prefetch unit " + std::to_string(next), "communication", 1);
+      CallSite site(gather_site(units_[next]));  // the same collective as the gather it replaces
       prefetched_.emplace(Prefetched{next, Behaviour::start_gather(units_[next], shard_comm())});
     }
   }
@@ -531,6 +566,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     if (sync_) {
       const auto bucket = static_cast<std::int64_t>(config_.bucket_cap_mb * 1024 * 1024 / sizeof(RT));
       const std::size_t issued = pending_.size();
+      CallSite site(reduction_site(u));
       Behaviour::reduce(u, shard_comm(), pending_, bucket);
       if (trace_) {
         // Spans from issue to observed completion, one trace thread per unit.
@@ -549,13 +585,78 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     Behaviour::release(u);
   }
 
+  /// Waits for every reduction in flight and completes it; when one failed, waits for the others
+  /// all the same (they use this engine's buffers), then throws the first error.
   void finish_reductions() {
     Trace::Span span(trace_, "wait for reductions", "communication", 1);
+    std::exception_ptr failed;
     for (PendingReduction& p : pending_) {
-      p.handle.wait();
-      p.then();
+      try {
+        p.handle.wait();
+        if (!failed) p.then();
+      } catch (...) {
+        if (!failed) failed = std::current_exception();
+      }
     }
     pending_.clear();
+    if (failed) std::rethrow_exception(failed);
+  }
+
+  /// Waits for every collective in flight, keeping none of their errors: after an error has
+  /// already left the engine, or when it is destroyed.
+  void settle_in_flight() noexcept {
+    for (PendingReduction& p : pending_) {
+      try {
+        p.handle.wait();
+      } catch (...) {  // already reported, or reported by the error in flight
+      }
+    }
+    pending_.clear();
+    if (prefetched_) {
+      try {
+        prefetched_->handle.wait();
+      } catch (...) {
+      }
+      prefetched_.reset();
+    }
+  }
+
+  // Call sites: every collective the engine issues names what it is for, which step and which
+  // micro-batch, and (for a reduction) which parameters are frozen, so that ranks that diverge
+  // (one skips a unit, freezes a parameter the others train, runs an extra micro-batch) stop at
+  // the first collective that differs, with an error naming it on every rank.
+
+  static std::string unit_name(const State& u) {
+    return u.layout->name.empty() ? std::string("the root unit") : "unit '" + u.layout->name + "'";
+  }
+  /// "WHAT (step S)", for the step's own collectives.
+  std::string step_site(const std::string& what) const { return what + " (step " + std::to_string(step_number_) + ")"; }
+  /// "WHAT (step S, micro-batch M)", or "(step S, evaluation)" for a forward without gradients.
+  std::string micro_batch_site(const std::string& what) const {
+    std::string when = " (step " + std::to_string(step_number_);
+    if (in_backward_ || grad_enabled()) when += ", micro-batch " + std::to_string(micro_batch_);
+    else when += ", evaluation";
+    if (!sync_) when += ", under no_sync";
+    return what + when + ")";
+  }
+  std::string gather_site(const State& u) const {
+    return micro_batch_site(std::string(in_backward_ ? "the backward" : "the forward") + " gather of " + unit_name(u));
+  }
+  std::string reduction_site(const State& u) const {
+    // A parameter frozen on one rank only, or without a gradient on one rank only (its forward
+    // skipped a module), makes the reductions' sites differ even where their sizes are the same.
+    std::string frozen, without_gradient;
+    for (const auto& e : u.layout->entries) {
+      if (e.numel() == 0) continue;
+      bool is_frozen = false;
+      for (const auto& [lo, hi] : u.frozen) is_frozen = is_frozen || (lo <= e.offset && e.offset < hi);
+      std::string& list = is_frozen ? frozen : without_gradient;
+      if (is_frozen || !e.parameter->leaf().node()->has_grad) list += (list.empty() ? "" : ", ") + e.name;
+    }
+    std::string what = "the gradient reduction of " + unit_name(u);
+    if (!frozen.empty()) what += " with frozen parameters " + frozen;
+    if (!without_gradient.empty()) what += " with no gradient for " + without_gradient;
+    return micro_batch_site(what);
   }
 
   /// Refuses to compute with requires_grad flags the engine has not read: a parameter frozen
@@ -596,6 +697,8 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   std::optional<Prefetched> prefetched_;
   bool in_backward_ = false;
   bool sync_ = true;
+  std::uint64_t step_number_ = 1;  // the step being accumulated, from 1
+  int micro_batch_ = 0;            // forwards with gradients since the last step
   bool track_grad_norm_ = false;
   double last_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
 };
