@@ -12,13 +12,18 @@ namespace polyshard::test {
 
 enum class Divergence { None, SkipUnit, FreezeParameter, ExtraMicroBatch };
 
-/// Gpt::loss, leaving block 0 out when `skip_block0`.
-inline Var<float> loss_skipping_block0(const Gpt<float>& m, const Batch& b, bool skip_block0) {
+/// Gpt::logits's first step: token plus position embeddings of the batch's inputs.
+inline Var<float> embed(const Gpt<float>& m, const Batch& b) {
   const std::int64_t rows = b.inputs.size(0), steps = b.inputs.size(1);
   auto positions = Tensor<std::int32_t>::empty({rows, steps});  // (B, T)
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t t = 0; t < steps; ++t) positions.data()[r * steps + t] = static_cast<std::int32_t>(t);
-  Var<float> x = add(m.transformer.wte(b.inputs), m.transformer.wpe(positions));  // (B, T, C)
+  return add(m.transformer.wte(b.inputs), m.transformer.wpe(positions));  // (B, T, C)
+}
+
+/// Gpt::loss, leaving block 0 out when `skip_block0`.
+inline Var<float> loss_skipping_block0(const Gpt<float>& m, const Batch& b, bool skip_block0) {
+  Var<float> x = embed(m, b);  // (B, T, C)
   for (std::size_t i = 0; i < m.transformer.h.size(); ++i)
     if (!(skip_block0 && i == 0)) x = call(m.transformer.h[i], x);
   x = call(m.transformer.ln_f, x);
@@ -28,11 +33,7 @@ inline Var<float> loss_skipping_block0(const Gpt<float>& m, const Batch& b, bool
 /// Gpt::loss with an identity node between block 0 and block 1 whose backward runs `on_backward`:
 /// by then backward has issued block 1's gradient reduction and prefetched block 0's gather.
 inline Var<float> loss_with_backward_hook(const Gpt<float>& m, const Batch& b, std::function<void()> on_backward) {
-  const std::int64_t rows = b.inputs.size(0), steps = b.inputs.size(1);
-  auto positions = Tensor<std::int32_t>::empty({rows, steps});  // (B, T)
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t t = 0; t < steps; ++t) positions.data()[r * steps + t] = static_cast<std::int32_t>(t);
-  Var<float> x = add(m.transformer.wte(b.inputs), m.transformer.wpe(positions));  // (B, T, C)
+  Var<float> x = embed(m, b);  // (B, T, C)
   x = call(m.transformer.h[0], x);
   auto node = std::make_shared<Node<float, Cpu>>();
   node->value = x.value();
