@@ -4,7 +4,9 @@
 #
 # Arguments (-D): CXX (the compiler), SOURCE (the case), MODE (compiles | rejected),
 # INCLUDES (the project's include directory), SYSTEM_INCLUDES and IMPLICIT (the compiler's own
-# include directories, left out), each list joined with '|'.
+# include directories, left out), each list joined with '|'. Optional: EXPECT, the sentence, in
+# place of the file's `// expect:` line (for sources compiled for several cases, as
+# tests/fail/lattice); DEFINES, macros to define, joined with '|'.
 cmake_minimum_required(VERSION 3.25)
 
 foreach(arg CXX SOURCE MODE INCLUDES)
@@ -16,17 +18,21 @@ if(NOT MODE STREQUAL "compiles" AND NOT MODE STREQUAL "rejected")
   message(FATAL_ERROR "check_fail.cmake: MODE must be 'compiles' or 'rejected', not '${MODE}'")
 endif()
 
-# The expected sentence: the text after `// expect: ` on its own line.
-file(STRINGS "${SOURCE}" expect_lines REGEX "^// expect: ")
-list(LENGTH expect_lines n_expect)
-if(NOT n_expect EQUAL 1)
-  message(FATAL_ERROR "${SOURCE}: needs exactly one line `// expect: <part of the static_assert message>`, "
-                      "found ${n_expect}")
+# The expected sentence: EXPECT, or the text after `// expect: ` on its own line.
+if(DEFINED EXPECT)
+  set(expect "${EXPECT}")
+else()
+  file(STRINGS "${SOURCE}" expect_lines REGEX "^// expect: ")
+  list(LENGTH expect_lines n_expect)
+  if(NOT n_expect EQUAL 1)
+    message(FATAL_ERROR "${SOURCE}: needs exactly one line `// expect: <part of the static_assert message>`, "
+                        "found ${n_expect}")
+  endif()
+  string(REGEX REPLACE "^// expect: " "" expect "${expect_lines}")
+  string(STRIP "${expect}" expect)
 endif()
-string(REGEX REPLACE "^// expect: " "" expect "${expect_lines}")
-string(STRIP "${expect}" expect)
-if(expect STREQUAL "")
-  message(FATAL_ERROR "${SOURCE}: the `// expect:` line is empty")
+if(expect STREQUAL "" AND MODE STREQUAL "rejected")
+  message(FATAL_ERROR "${SOURCE}: no expected sentence (the `// expect:` line or EXPECT is empty)")
 endif()
 
 # Include flags: ours with -I, third-party ones with -isystem, the compiler's own left out (an
@@ -47,6 +53,12 @@ endforeach()
 if(MODE STREQUAL "rejected")
   list(APPEND flags -DPOLYSHARD_FAIL)
 endif()
+string(REPLACE "|" ";" defines "${DEFINES}")
+foreach(define IN LISTS defines)
+  if(NOT define STREQUAL "")
+    list(APPEND flags "-D${define}")
+  endif()
+endforeach()
 
 set(ENV{LC_ALL} C)  # plain quotes in diagnostics
 execute_process(COMMAND "${CXX}" ${flags} "${SOURCE}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)

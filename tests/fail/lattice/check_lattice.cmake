@@ -1,0 +1,54 @@
+# Checks the policy lattice's predicate against the compiler on samples (cmake -P): runs SAMPLES
+# (tests/fail/lattice/samples.cpp), then compiles composition.cpp for each sample with
+# check_fail.cmake: a sample with a sentence must fail to compile printing it, one without must
+# compile.
+#
+# Arguments (-D): SAMPLES (the program), CHECK_FAIL (check_fail.cmake), CXX, INCLUDES,
+# SYSTEM_INCLUDES, IMPLICIT (as check_fail.cmake takes them), DEFINES ('|'-joined macros the
+# library's target defines, such as POLYSHARD_HAVE_LIBURING).
+cmake_minimum_required(VERSION 3.25)
+
+foreach(arg SAMPLES CHECK_FAIL CXX INCLUDES)
+  if(NOT DEFINED ${arg} OR "${${arg}}" STREQUAL "")
+    message(FATAL_ERROR "check_lattice.cmake: -D${arg}=... is required")
+  endif()
+endforeach()
+
+execute_process(COMMAND "${SAMPLES}" RESULT_VARIABLE rc OUTPUT_VARIABLE listing ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "${SAMPLES} failed (${rc}): ${err}")
+endif()
+string(REPLACE "\n" ";" lines "${listing}")
+set(checked 0)
+set(rejected 0)
+foreach(line IN LISTS lines)
+  if(line STREQUAL "")
+    continue()
+  endif()
+  string(REGEX MATCH "^([0-9]+)\t(.*)$" matched "${line}")
+  if(NOT matched)
+    message(FATAL_ERROR "unexpected line from ${SAMPLES}: '${line}'")
+  endif()
+  set(index "${CMAKE_MATCH_1}")
+  set(sentence "${CMAKE_MATCH_2}")
+  if(sentence STREQUAL "")
+    set(mode compiles)
+  else()
+    set(mode rejected)
+    math(EXPR rejected "${rejected} + 1")
+  endif()
+  execute_process(COMMAND "${CMAKE_COMMAND}" "-DCXX=${CXX}" "-DSOURCE=${CMAKE_CURRENT_LIST_DIR}/composition.cpp"
+                          "-DMODE=${mode}" "-DEXPECT=${sentence}" "-DINCLUDES=${INCLUDES}"
+                          "-DSYSTEM_INCLUDES=${SYSTEM_INCLUDES}" "-DIMPLICIT=${IMPLICIT}"
+                          "-DDEFINES=${DEFINES}|POLYSHARD_LATTICE_INDEX=${index}" -P "${CHECK_FAIL}"
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "lattice composition ${index} (predicate: '${sentence}'):\n${out}")
+  endif()
+  message(STATUS "composition ${index}: ${mode} ${sentence}")
+  math(EXPR checked "${checked} + 1")
+endforeach()
+if(rejected LESS 4)
+  message(FATAL_ERROR "only ${rejected} rejected samples: the predicate or the sample listing is broken")
+endif()
+message(STATUS "${checked} lattice samples agree with the compiler (${rejected} rejected)")
