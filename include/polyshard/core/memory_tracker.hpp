@@ -15,9 +15,12 @@ enum class MemoryCategory : std::uint8_t {
   OptimizerState,
   Activations,
   Communication,
+  /// Float copies a host keeps of 16-bit parameters and gradients to compute with (a device
+  /// computes in the 16-bit buffers themselves).
+  WorkingCopies,
   Other,
 };
-inline constexpr std::size_t memory_category_count = 6;
+inline constexpr std::size_t memory_category_count = 7;
 
 constexpr std::string_view memory_category_name(MemoryCategory c) {
   switch (c) {
@@ -26,6 +29,7 @@ constexpr std::string_view memory_category_name(MemoryCategory c) {
     case MemoryCategory::OptimizerState: return "optimizer_state";
     case MemoryCategory::Activations: return "activations";
     case MemoryCategory::Communication: return "communication";
+    case MemoryCategory::WorkingCopies: return "working_copies";
     case MemoryCategory::Other: return "other";
   }
   return "?";

@@ -626,9 +626,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   // (one skips a unit, freezes a parameter the others train, runs an extra micro-batch) stop at
   // the first collective that differs, with an error naming it on every rank.
 
-  static std::string unit_name(const State& u) {
-    return u.layout->name.empty() ? std::string("the root unit") : "unit '" + u.layout->name + "'";
-  }
+  static std::string unit_name(const State& u) { return u.layout->display_name(); }
   /// "WHAT (step S)", for the step's own collectives.
   std::string step_site(const std::string& what) const { return what + " (step " + std::to_string(step_number_) + ")"; }
   /// "WHAT (step S, micro-batch M)", or "(step S, evaluation)" for a forward without gradients.
@@ -648,8 +646,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     std::string frozen, without_gradient;
     for (const auto& e : u.layout->entries) {
       if (e.numel() == 0) continue;
-      bool is_frozen = false;
-      for (const auto& [lo, hi] : u.frozen) is_frozen = is_frozen || (lo <= e.offset && e.offset < hi);
+      const bool is_frozen = u.is_frozen(e);
       std::string& list = is_frozen ? frozen : without_gradient;
       if (is_frozen || !e.parameter->leaf().node()->has_grad) list += (list.empty() ? "" : ", ") + e.name;
     }

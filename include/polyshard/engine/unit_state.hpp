@@ -29,7 +29,7 @@ struct PendingReduction {
 /// offload policy moves to the host (master weights and optimizer state; parameter shards).
 /// Dtypes: CT compute (gathered parameters, local gradients), RT reduce, MT master. A host
 /// model computes in float: when CT is a 16-bit type, `work` and `grad_work` are float copies
-/// the modules bind to (counted under Other); a device model computes in CT on the
+/// the modules bind to (counted under WorkingCopies); a device model computes in CT on the
 /// compute-dtype buffers themselves.
 template <class CT, class RT, class MT, Device D = Cpu, class Offload = NoOffload>
 struct UnitState {
@@ -47,6 +47,10 @@ struct UnitState {
   static constexpr bool work_is_full = std::is_same_v<CT, work_type>;
   /// Backward writes straight into the buffer that is reduced (no cast in between).
   static constexpr bool reduces_work = work_is_full && std::is_same_v<RT, work_type>;
+  /// What `grad_work` is counted as: the local gradients in compute dtype, or the host's float
+  /// working copy of them when the compute dtype is 16-bit.
+  static constexpr MemoryCategory grad_work_category =
+      work_is_full ? MemoryCategory::Gradients : MemoryCategory::WorkingCopies;
   template <class X>
   using tensor = Tensor<X, D>;
 
@@ -87,7 +91,7 @@ struct UnitState {
     // a copy of the names: the view may outlive the engine).
     auto names = std::make_shared<std::vector<std::pair<std::int64_t, std::string>>>();
     for (const auto& e : layout->entries) names->emplace_back(e.offset + e.numel(), e.name);
-    const std::string unit = layout->name.empty() ? std::string("the root unit") : "unit '" + layout->name + "'";
+    const std::string unit = layout->display_name();
     work.storage()->describe_views([names, unit](std::int64_t offset) { return describe(*names, unit, offset, ""); });
     if (grad_work.storage() != work.storage())
       grad_work.storage()->describe_views(
@@ -116,13 +120,14 @@ struct UnitState {
   }
   /// Re-reads which parameters are frozen (FairScale's refresh_trainable).
   void read_trainable() { frozen = frozen_ranges_now(); }
+  /// Whether entry `e` was frozen when the flags were last read.
+  bool is_frozen(const UnitEntry<work_type, D>& e) const {
+    return std::any_of(frozen.begin(), frozen.end(), [&](const auto& r) { return r.first <= e.offset && e.offset < r.second; });
+  }
   /// The first parameter whose requires_grad differs from what was last read, or null.
   const UnitEntry<work_type, D>* trainable_changed() const {
-    for (const auto& e : layout->entries) {
-      bool was_frozen = false;
-      for (const auto& [lo, hi] : frozen) was_frozen = was_frozen || (lo <= e.offset && e.offset < hi);
-      if (e.numel() > 0 && was_frozen == e.parameter->requires_grad()) return &e;
-    }
+    for (const auto& e : layout->entries)
+      if (e.numel() > 0 && is_frozen(e) == e.parameter->requires_grad()) return &e;
     return nullptr;
   }
 

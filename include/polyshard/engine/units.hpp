@@ -34,6 +34,9 @@ struct UnitLayout {
   std::vector<UnitEntry<T, D>> entries;
   std::int64_t numel = 0;      // parameters, without padding
   std::int64_t padded = 0;     // a multiple of the world size
+
+  /// "the root unit" or "unit 'NAME'", as errors and call sites name it.
+  std::string display_name() const { return name.empty() ? std::string("the root unit") : "unit '" + name + "'"; }
 };
 
 /// The units of a model and the wrapped modules, for the engine's call hooks.

@@ -4,8 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <concepts>
 #include <type_traits>
 
+#include "polyshard/core/device.hpp"
+#include "polyshard/policy/config.hpp"
 #include "polyshard/policy/strategy.hpp"
 
 namespace polyshard {
@@ -39,6 +42,70 @@ constexpr double model_state_bytes(std::int64_t params, int world_size, int stat
   const double copies = resident_states + (std::is_same_v<MT, CT> ? 0 : 1);
   const double optimizer = sizeof(MT) * copies * p / (sharding::shards_optimizer_state ? n : 1.0);
   return parameters + gradients + optimizer;
+}
+
+/// What one rank holds between steps, per memory category (core/memory_tracker.hpp), in bytes.
+/// Activations are freed with the step, and what a communicator keeps for its collectives is
+/// its backend's (the in-process backend's rule is in docs/communication.md).
+struct ResidentMemory {
+  double parameters = 0, gradients = 0, optimizer_state = 0, working_copies = 0;
+  double other = 0;  // NVMe offload's I/O staging buffers
+  constexpr double model_state() const { return parameters + gradients + optimizer_state; }
+};
+
+/// Every byte of model state one rank holds between steps under S, per category, for a model
+/// on device D with `params` padded parameters (UnitPlan::padded_total(), padded for the ranks
+/// that shard: the world, or the group under HybridShard, whose size `world_size` then is) and
+/// an optimizer of `states_per_param` state values per parameter. Unlike model_state_bytes
+/// (ZeRO's formula), it counts the copies the engine really keeps:
+///   parameters      sizeof(compute) P        / N if parameters are sharded
+///   gradients       sizeof(reduce) P         / N if gradients are sharded; and, where the
+///                   local gradients are kept whole in another dtype than the reduce dtype,
+///                   the compute-dtype gradients backward writes into, sizeof(compute) P; and
+///                   a device's optimizer offloaded to the host steps on a host copy of the
+///                   reduced gradients, sizeof(reduce) P / N if optimizer state is sharded
+///   optimizer state sizeof(master) (states + 1 if the masters are a copy of their own) P
+///                                            / N if optimizer state is sharded; the masters are
+///                   the parameters themselves when master and compute dtypes agree and the
+///                   optimizer steps where the parameters (or, sharded, their shards) live;
+///                   under OffloadOptimizer<Nvme> the states are in the file between steps
+///   working copies  on the host with a 16-bit compute dtype, the float copies the modules
+///                   compute with: 4 P of parameters unless they are sharded (gathered copies
+///                   are freed with their unit), 4 P of gradients unless they are sharded.
+///   other           under NVMe offload, the file's staging buffers: queue_depth x block_size
+///                   (`config`'s).
+template <StrategyType S, Device D = Cpu>
+constexpr ResidentMemory resident_memory(std::int64_t params, int world_size, int states_per_param = 2,
+                                         const StrategyConfig& config = {}) {
+  using sharding = typename S::sharding;
+  using offload = typename S::offload;
+  using CT = typename S::compute_type;
+  using RT = typename S::reduce_type;
+  using MT = typename S::master_type;
+  const double p = static_cast<double>(params), n = static_cast<double>(world_size);
+  constexpr bool host = std::same_as<D, Cpu>;
+  // A host computes in float; a 16-bit compute dtype then has float working copies.
+  constexpr bool work_copies = host && !std::is_same_v<CT, float>;
+  // Where the optimizer steps, and where the parameters it would alias live.
+  constexpr bool steps_elsewhere = !host && offload::offloads_optimizer;
+  constexpr bool shards_elsewhere = !host && offload::offloads_parameters;
+  constexpr bool masters_alias = std::is_same_v<MT, CT> && (sharding::shards_parameters
+                                                                 ? steps_elsewhere == shards_elsewhere
+                                                                 : !steps_elsewhere);
+  ResidentMemory m;
+  m.parameters = sizeof(CT) * p / (sharding::shards_parameters ? n : 1.0);
+  m.gradients = sizeof(RT) * p / (sharding::shards_gradients ? n : 1.0);
+  if (!sharding::shards_gradients && !work_copies && !std::is_same_v<RT, CT>) m.gradients += sizeof(CT) * p;
+  // A device's optimizer offloaded to the host steps on a host copy of its reduced gradients.
+  if (steps_elsewhere) m.gradients += sizeof(RT) * p / (sharding::shards_optimizer_state ? n : 1.0);
+  const double states = offload::to_nvme ? 0 : states_per_param;
+  m.optimizer_state = sizeof(MT) * (states + (masters_alias ? 0 : 1)) * p / (sharding::shards_optimizer_state ? n : 1.0);
+  if (offload::to_nvme) m.other = static_cast<double>(config.queue_depth) * static_cast<double>(config.block_size);
+  if (work_copies) {
+    if (!sharding::shards_parameters) m.working_copies += sizeof(float) * p;
+    if (!sharding::shards_gradients) m.working_copies += sizeof(float) * p;
+  }
+  return m;
 }
 
 /// The most bytes of optimizer state values that an offloading strategy brings back into

@@ -42,8 +42,8 @@ void allocate_full_params(U& u, MemoryCategory category, bool materialized = tru
   u.full = materialized ? buffer<CT>(u, n, category) : U::template tensor<CT>::unmaterialized({n}, category);
   if constexpr (U::work_is_full) u.work = u.full;
   else
-    u.work = materialized ? buffer<W>(u, n, MemoryCategory::Other)
-                          : U::template tensor<W>::unmaterialized({n}, MemoryCategory::Other);
+    u.work = materialized ? buffer<W>(u, n, MemoryCategory::WorkingCopies)
+                          : U::template tensor<W>::unmaterialized({n}, MemoryCategory::WorkingCopies);
 }
 
 /// The local gradients of a unit as the reduce dtype: grad_work itself when that is the reduce
@@ -140,7 +140,7 @@ struct WholeGradients {
       u.reduced = u.grad_work;
     } else {
       using RT = typename decltype(u.reduced)::value_type;
-      u.grad_work = buffer<W>(u, n, MemoryCategory::Other);
+      u.grad_work = buffer<W>(u, n, U::grad_work_category);
       u.reduced = buffer<RT>(u, n, MemoryCategory::Gradients);
     }
   }
@@ -180,7 +180,7 @@ struct ShardedGradients {
   template <class U>
   static void allocate_grads(U& u) {
     using RT = typename decltype(u.reduced)::value_type;
-    u.grad_work = U::template tensor<typename U::work_type>::unmaterialized({u.layout->padded}, MemoryCategory::Gradients);
+    u.grad_work = U::template tensor<typename U::work_type>::unmaterialized({u.layout->padded}, U::grad_work_category);
     u.reduced = buffer<RT>(u, u.shard, MemoryCategory::Gradients);
   }
 
