@@ -83,10 +83,6 @@ constexpr Covering make_covering() {
 }
 inline constexpr Covering kCovering = make_covering();
 
-/// The i-th composition of the covering subset, as a Strategy.
-template <std::size_t I>
-using covering_strategy_t = strategy_t<kCovering.picks[I]>;
-
 namespace detail {
 template <std::size_t First, class Seq>
 struct covering_slice;
