@@ -31,8 +31,8 @@ static_assert(PrecisionPolicy<Fp16Fp32Reduce>);
 
 // [wrap]
 /// Every module with a residual projection `c_proj` (each block's attention and MLP) is a unit
-/// of its own: a predicate on the module's type, which WrapByType (a list of templates) cannot
-/// express.
+/// of its own: a predicate on the module's type, which WrapByType and WrapByClass (lists of names)
+/// cannot express.
 struct WrapResidualBranches {
   using family = wrap_family;
   template <class M>

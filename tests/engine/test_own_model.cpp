@@ -24,10 +24,18 @@ struct Residual {
   Var<T, D> operator()(const Var<T, D>& x) const { return add(x, call(down, call(act, call(up, call(norm, x))))); }
 };
 
+/// The untied output head: a plain struct, which WrapByClass and ActivationCheckpointingByClass
+/// name as it is. (B, T, C) -> (B, T, vocabulary).
+struct Head {
+  BOOST_HANA_DEFINE_STRUCT(Head, (LayerNorm<float>, norm), (Linear<float>, proj));
+
+  Head(std::int64_t dim, std::int64_t vocabulary) : norm(dim), proj(dim, vocabulary) {}
+  Var<float> operator()(const Var<float>& x) const { return call(proj, call(norm, x)); }
+};
+
 /// Token embedding, `layers` residual layers, an untied head: 13 tokens, 7 channels.
 struct TinyLm {
-  BOOST_HANA_DEFINE_STRUCT(TinyLm, (Embedding<float>, embed), (std::vector<Residual<float>>, layers),
-                           (Linear<float>, head));
+  BOOST_HANA_DEFINE_STRUCT(TinyLm, (Embedding<float>, embed), (std::vector<Residual<float>>, layers), (Head, head));
 
   explicit TinyLm(int layers_count) : embed(13, 7), head(7, 13) {
     layers.reserve(static_cast<std::size_t>(layers_count));
@@ -50,6 +58,7 @@ struct Trained {
   test::Parameters parameters;
   std::vector<double> losses;
   std::size_t units = 0;
+  std::size_t checkpointed_units = 0;
 };
 
 template <class S>
@@ -61,6 +70,7 @@ Trained train_own(int world) {
     const SgdConfig sgd = test::momentum_sgd();
     Engine<S, TinyLm, ThreadCommunicator, Sgd<float>> engine(model, comm, sgd, {}, 42);
     run.units = engine.units().units.size();
+    for (const auto& unit : engine.units().units) run.checkpointed_units += unit.checkpointed ? 1 : 0;
     BatchSampler sampler(test::tiny_data(), 8, 6, 7);
     const RowRange rows = rank_rows(6, comm.rank(), world);
     const double weight = double(rows.end - rows.begin) / 6.0;
@@ -83,7 +93,17 @@ Trained train_own(int world) {
 using OwnStrategies =
     std::tuple<DDP, ZeRO<1>, ZeRO<2>, ZeRO<3>, Strategy<ShardParameters<true>, WrapByType<Residual>>,
                Strategy<ShardParameters<true>, WrapByType<Residual>, ActivationCheckpointing<Residual>>,
-               Strategy<ShardParameters<false>, WrapBySize<200>>, Strategy<ShardGradients, OffloadOptimizer<Cpu>>>;
+               Strategy<ShardParameters<false>, WrapBySize<200>>, Strategy<ShardGradients, OffloadOptimizer<Cpu>>,
+               Strategy<ShardParameters<true>, WrapByClass<Head, Residual<float>>,
+                        ActivationCheckpointingByClass<Residual<float>>>>;
+
+/// The units a wrap policy makes of TinyLm(3), the root included.
+template <class Wrap>
+constexpr std::size_t expected_units() {
+  if constexpr (std::is_same_v<Wrap, WrapWhole>) return 1;
+  else if constexpr (Wrap::template wraps_type<Head>) return 5;  // the head a unit too
+  else return 4;  // one per layer: WrapBySize<200> cuts each (336 parameters), neither linear
+}
 
 }  // namespace
 
@@ -94,11 +114,9 @@ TEMPLATE_LIST_TEST_CASE("a model defined outside the library trains under every 
   for (const int world : {2, 3}) {
     INFO("world size " << world);
     const Trained run = train_own<TestType>(world);
-    // The root (embedding and head) plus one unit per layer where the layers are wrapped:
-    // WrapBySize<200> cuts each layer (norm 14, up 168, down 154: 336 parameters) and neither
-    // of its linears.
-    const bool wraps_layers = !std::is_same_v<typename TestType::wrap, WrapWhole>;
-    CHECK(run.units == (wraps_layers ? 4u : 1u));
+    CHECK(run.units == expected_units<typename TestType::wrap>());
+    const bool checkpoints = !std::is_same_v<typename TestType::checkpointing, NoActivationCheckpointing>;
+    CHECK(run.checkpointed_units == (checkpoints ? 3u : 0u));
     CHECK(test::max_difference(run.parameters, one.parameters) < 1e-6);
     REQUIRE(run.losses.size() == one.losses.size());
     for (std::size_t s = 0; s < one.losses.size(); ++s) CHECK(run.losses[s] == Approx(one.losses[s]).epsilon(1e-6));

@@ -16,6 +16,7 @@
 #include "polyshard/engine/gradient_ops.hpp"
 #include "polyshard/engine/host_optimizer_view.hpp"
 #include "polyshard/engine/loss_scaler.hpp"
+#include "polyshard/engine/model_contract.hpp"
 #include "polyshard/engine/offload.hpp"
 #include "polyshard/engine/sharding/no_shard.hpp"
 #include "polyshard/engine/sharding/shard_gradients.hpp"
@@ -108,6 +109,8 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
                 "Engine<S, Model, ...>: the model's element type does not fit the strategy: a host model computes in "
                 "float (Gpt<float>; the precision policy's 16-bit types are storage there), a device model in the "
                 "precision policy's compute type (Gpt<bfloat16, Cuda> for a bf16 policy)");
+  static_assert(keeps_model_contract<Model, typename S::wrap, typename S::checkpointing, work_type, device>(),
+                "Engine<S, Model, ...>: the model breaks its contract (docs/models.md): see the sentence above");
   static_assert(std::same_as<device, Cpu> || moves_device_buffers<Comm>,
                 "Engine<S, Model, Comm, ...>: a model on a device needs a communicator of device buffers "
                 "(NcclCommunicator, one GPU per rank): ThreadCommunicator and MpiCommunicator move host memory");

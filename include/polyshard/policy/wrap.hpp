@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <tuple>
 #include <type_traits>
 
 #include "polyshard/core/device.hpp"
@@ -41,7 +42,7 @@ struct WrapBySize : WrapWhole {
 };
 
 /// Transformer auto-wrap: every instance of one of the module templates `Ms` (for example
-/// Block) is a unit of its own.
+/// Block) is a unit of its own. For a plain struct, use WrapByClass.
 template <template <class> class... Ms>
 struct WrapByType : WrapWhole {
   static_assert(sizeof...(Ms) >= 1, "WrapByType<Ms...>: name at least one module type to wrap");
@@ -55,7 +56,21 @@ struct WrapByType : WrapWhole {
   struct matches<M<T, D>> : std::bool_constant<(std::is_same_v<M<T, Cpu>, Ms<T>> || ...)> {};
   template <class M>
   static constexpr bool wraps_type = matches<M>::value;
+  /// One policy per name, for the check that each name matches a module of the model.
+  using each_name = std::tuple<WrapByType<Ms>...>;
   static constexpr const char* name = "WrapByType";
+};
+
+/// Every instance of one of the module classes `Ms` is a unit of its own: plain structs
+/// (WrapByClass<Head>) or instances of class templates (WrapByClass<Residual<float>>). C++ takes
+/// classes and class templates in different parameter lists, hence WrapByType beside it.
+template <class... Ms>
+struct WrapByClass : WrapWhole {
+  static_assert(sizeof...(Ms) >= 1, "WrapByClass<Ms...>: name at least one module class to wrap");
+  template <class M>
+  static constexpr bool wraps_type = (std::is_same_v<M, Ms> || ...);
+  using each_name = std::tuple<WrapByClass<Ms>...>;
+  static constexpr const char* name = "WrapByClass";
 };
 
 /// FairScale's manual wrapping: the units are the modules marked with wrap(module) in the
@@ -88,7 +103,19 @@ struct ActivationCheckpointing : NoActivationCheckpointing {
   static_assert(sizeof...(Ms) >= 1, "ActivationCheckpointing<Ms...>: name at least one module type");
   template <class M>
   static constexpr bool checkpoints_type = WrapByType<Ms...>::template wraps_type<M>;
+  using each_name = std::tuple<ActivationCheckpointing<Ms>...>;
   static constexpr const char* name = "ActivationCheckpointing";
+};
+
+/// Instances of the module classes `Ms` (plain structs, or class template instances) recompute
+/// their activations in backward: ActivationCheckpointing for what WrapByClass wraps.
+template <class... Ms>
+struct ActivationCheckpointingByClass : NoActivationCheckpointing {
+  static_assert(sizeof...(Ms) >= 1, "ActivationCheckpointingByClass<Ms...>: name at least one module class");
+  template <class M>
+  static constexpr bool checkpoints_type = (std::is_same_v<M, Ms> || ...);
+  using each_name = std::tuple<ActivationCheckpointingByClass<Ms>...>;
+  static constexpr const char* name = "ActivationCheckpointingByClass";
 };
 
 }  // namespace polyshard
