@@ -1,6 +1,7 @@
 // The tape on device tensors: a GPT-shaped graph (embedding, layer norm, attention, MLP with
-// GELU, residual adds, cross-entropy) run forward and backward on the GPU and on the host from
-// the same values; every leaf's gradient and the loss agree within the element type's bound.
+// GELU, residual adds, cross-entropy) and a Llama-style layer (RMSNorm, rotary grouped-query
+// attention, SwiGLU) run forward and backward on the GPU and on the host from the same values;
+// every leaf's gradient and the loss agree within the element type's bound.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -90,4 +91,54 @@ TEST_CASE("gradients accumulate over two backward passes on the GPU as on the ho
     backward(mean(mul(linear(dx, dw), linear(dx, dw))));
   }
   check_grad("accumulated weight gradient", dw, w);
+}
+
+namespace {
+/// The leaves of a Llama-style layer on device D: RMSNorm, grouped-query attention (4 query heads
+/// of 8, 2 key-value heads) with rotary embeddings, SwiGLU with bias-free projections, and its input.
+template <Device D>
+struct LlamaLeaves {
+  Var<float, D> x, norm_w, wq, wk, wv, wo, w1, w2, w3;
+};
+template <Device D>
+LlamaLeaves<D> make_llama_leaves(int c, int hidden) {
+  auto w = [](Shape s, std::uint64_t seed, double scale) { return leaf<D>(test::random_floats(s, seed, scale)); };
+  return {w({2, 17, c}, 11, 2.0), w({c}, 12, 1.0),           w({c, c}, 16, 0.3),          w({c / 2, c}, 17, 0.3),
+          w({c / 2, c}, 18, 0.3), w({c, c}, 19, 0.3),         w({hidden, c}, 13, 0.3),     w({c, hidden}, 14, 0.3),
+          w({hidden, c}, 15, 0.3)};
+}
+/// h = rms_norm(x); r = x + attention(h) (rotary q and k at positions from 3, key-value heads
+/// shared by pairs of query heads); r + w2(silu(w1 r) * w3 r), reduced to a scalar: the same
+/// code for both devices.
+template <Device D>
+Var<float, D> llama_loss(const LlamaLeaves<D>& p) {
+  const Var<float, D> h = rms_norm(p.x, p.norm_w, 1e-6);                                              // (B, T, C)
+  const Var<float, D> q = reshape(rope(reshape(linear(h, p.wq), {2, 17, 4, 8}), 10000.0, 3), {2, 17, 32});
+  const Var<float, D> k = reshape(rope(reshape(linear(h, p.wk), {2, 17, 2, 8}), 10000.0, 3), {2, 17, 16});
+  const Var<float, D> a = causal_self_attention(grouped_qkv(q, k, linear(h, p.wv), 4, 2), 4);         // (B, T, C)
+  const Var<float, D> r = p.x + linear(a, p.wo);                                                     // (B, T, C)
+  const Var<float, D> gate = mul(silu(linear(r, p.w1)), linear(r, p.w3));                            // (B, T, H)
+  const Var<float, D> y = r + linear(gate, p.w2);                                                    // (B, T, C)
+  return mean(mul(y, y));
+}
+}  // namespace
+
+TEST_CASE("Llama's blocks (RMSNorm, rotary grouped-query attention, SwiGLU) on the GPU match the host's",
+          "[cuda][autograd]") {
+  const LlamaLeaves<Cpu> host = make_llama_leaves<Cpu>(32, 48);
+  const LlamaLeaves<Cuda> device = make_llama_leaves<Cuda>(32, 48);
+  const auto host_loss = llama_loss(host);
+  const auto device_loss = llama_loss(device);
+  CHECK(detail::scalar_value(device_loss.value()) == Approx(detail::scalar_value(host_loss.value())).epsilon(1e-5));
+  backward(host_loss);
+  backward(device_loss);
+  check_grad("input", device.x, host.x);
+  check_grad("rms_norm weight", device.norm_w, host.norm_w);
+  check_grad("q_proj", device.wq, host.wq);
+  check_grad("k_proj", device.wk, host.wk);
+  check_grad("v_proj", device.wv, host.wv);
+  check_grad("o_proj", device.wo, host.wo);
+  check_grad("w1 (gate)", device.w1, host.w1);
+  check_grad("w2 (down)", device.w2, host.w2);
+  check_grad("w3 (up)", device.w3, host.w3);
 }

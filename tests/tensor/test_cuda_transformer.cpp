@@ -9,6 +9,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "polyshard/tensor/cuda/transformer_kernels.hpp"
@@ -85,28 +86,67 @@ pc::DeviceGradOut<T> grad_out(T* p, bool accumulate) {
 
 // ---- elementwise ----------------------------------------------------------------------------
 
-TEMPLATE_TEST_CASE("gelu forward and backward match the CPU twin, with packs and misaligned", "[cuda][tensor]", float,
-                   half, bfloat16) {
-  using T = TestType;
+namespace {
+/// An activation's device launchers and CPU twins, for one comparison of both.
+struct Gelu {
+  static constexpr const char* name = "gelu";
+  static constexpr double range = 3.0;  // beyond, gelu(x) of large negative x is too small to compare relatively
+  template <class T>
+  static void device(const T* x, T* y, std::int64_t n) { pc::gelu_forward(x, y, n, nullptr); }
+  template <class T>
+  static void device_backward(const T* x, const T* dy, pc::DeviceGradOut<T> dx, std::int64_t n) {
+    pc::gelu_backward(x, dy, dx, n, nullptr);
+  }
+  static void host(const Tensor<float>& x, const Tensor<float>& y) { gelu_forward(x, y); }
+  static void host_backward(const Tensor<float>& x, const Tensor<float>& dy, const GradOut<float>& dx) {
+    gelu_backward(x, dy, dx);
+  }
+};
+struct Silu {
+  static constexpr const char* name = "silu";
+  static constexpr double range = 6.0;
+  template <class T>
+  static void device(const T* x, T* y, std::int64_t n) { pc::silu_forward(x, y, n, nullptr); }
+  template <class T>
+  static void device_backward(const T* x, const T* dy, pc::DeviceGradOut<T> dx, std::int64_t n) {
+    pc::silu_backward(x, dy, dx, n, nullptr);
+  }
+  static void host(const Tensor<float>& x, const Tensor<float>& y) { silu_forward(x, y); }
+  static void host_backward(const Tensor<float>& x, const Tensor<float>& dy, const GradOut<float>& dx) {
+    silu_backward(x, dy, dx);
+  }
+};
+
+/// Activation A's forward and backward kernels against the CPU twins on n elements, `off`
+/// elements into their buffers (1: every pointer misaligned for packs); x within A::range.
+template <class A, class T>
+void check_activation(std::size_t n, std::size_t off, bool accumulate) {
+  const auto x = test::random_values<T>(n, 1, A::range), dy = test::random_values<T>(n, 2),
+             dx0 = test::random_values<T>(n, 3);
+  const Shape s{std::int64_t(n)};
+  auto y_dev = offset_poisoned<T>(n, off);
+  const auto x_dev = offset_copy(x, off), dy_dev = offset_copy(dy, off);
+  A::device(x_dev.get(), y_dev.get(), std::int64_t(n));
+  auto want_y = Tensor<float>::empty(s);
+  A::host(host_tensor(s, floats(x)), want_y);
+  check_host(std::string(A::name) + " y", y_dev.to_host(), want_y.to_vector());
+
+  auto dx = accumulate ? offset_copy(dx0, off) : offset_poisoned<T>(n, off);
+  A::device_backward(x_dev.get(), dy_dev.get(), grad_out(dx.get(), accumulate), std::int64_t(n));
+  auto want_dx = host_tensor(s, floats(dx0));
+  A::host_backward(host_tensor(s, floats(x)), host_tensor(s, floats(dy)), GradOut<float>{want_dx, accumulate});
+  check_host(std::string(A::name) + " dx", dx.to_host(), want_dx.to_vector());
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("gelu and silu forward and backward match the CPU twins, with packs and misaligned",
+                   "[cuda][tensor]", float, half, bfloat16) {
   const std::size_t n = GENERATE(1, 7, 91, 1000, 4099);
   const std::size_t off = GENERATE(0, 1);
   const bool accumulate = GENERATE(false, true);
   CAPTURE(n, off, accumulate);
-  const auto x = test::random_values<T>(n, 1, 3.0), dy = test::random_values<T>(n, 2), dx0 = test::random_values<T>(n, 3);
-  const Shape s{std::int64_t(n)};
-
-  auto y_dev = offset_poisoned<T>(n, off);
-  const auto x_dev = offset_copy(x, off), dy_dev = offset_copy(dy, off);
-  pc::gelu_forward(x_dev.get(), y_dev.get(), std::int64_t(n), nullptr);
-  auto want_y = Tensor<float>::empty(s);
-  gelu_forward(host_tensor(s, floats(x)), want_y);
-  check_host("gelu y", y_dev.to_host(), want_y.to_vector());
-
-  auto dx = accumulate ? offset_copy(dx0, off) : offset_poisoned<T>(n, off);
-  pc::gelu_backward(x_dev.get(), dy_dev.get(), grad_out(dx.get(), accumulate), std::int64_t(n), nullptr);
-  auto want_dx = host_tensor(s, floats(dx0));
-  gelu_backward(host_tensor(s, floats(x)), host_tensor(s, floats(dy)), GradOut<float>{want_dx, accumulate});
-  check_host("gelu dx", dx.to_host(), want_dx.to_vector());
+  check_activation<Gelu, TestType>(n, off, accumulate);
+  check_activation<Silu, TestType>(n, off, accumulate);
 }
 
 TEMPLATE_TEST_CASE("add, add_into_accumulate and scale match the CPU twins, with packs and misaligned",
@@ -140,6 +180,125 @@ TEMPLATE_TEST_CASE("add, add_into_accumulate and scale match the CPU twins, with
   pc::add_into(in_place.get(), b_dev.get(), in_place.get(), std::int64_t(n), nullptr);
   add_into(host_tensor(s, floats(a)), host_tensor(s, floats(b)), want);
   check_host("add in place", in_place.to_host(), want.to_vector());
+}
+
+// ---- grouped-query key-value sharing -----------------------------------------------------------
+
+TEMPLATE_TEST_CASE("grouped_qkv forward and backward match the CPU twin", "[cuda][tensor]", float, half, bfloat16) {
+  using T = TestType;
+  const auto [n_head, n_kv_head, hd] = GENERATE(std::tuple<std::int64_t, std::int64_t, std::int64_t>{4, 4, 8},
+                                                std::tuple<std::int64_t, std::int64_t, std::int64_t>{8, 2, 16},
+                                                std::tuple<std::int64_t, std::int64_t, std::int64_t>{6, 1, 5});
+  const bool accumulate = GENERATE(false, true);
+  CAPTURE(n_head, n_kv_head, hd, accumulate);
+  const std::int64_t b = 3, t = 7, c = n_head * hd, ckv = n_kv_head * hd, rows = b * t;
+  const Shape qs{b, t, c}, kvs{b, t, ckv}, qkvs{b, t, 3 * c};
+  const std::size_t nq = std::size_t(rows * c), nkv = std::size_t(rows * ckv), nqkv = 3 * nq;
+  const auto q = test::random_values<T>(nq, 1), k = test::random_values<T>(nkv, 2), v = test::random_values<T>(nkv, 3);
+  const auto q_dev = test::device_copy(q), k_dev = test::device_copy(k), v_dev = test::device_copy(v);
+  auto qkv_dev = test::poisoned_device<T>(nqkv);
+  pc::grouped_qkv_forward(q_dev.data(), k_dev.data(), v_dev.data(), qkv_dev.data(), rows, hd, n_head, n_kv_head, nullptr);
+  auto want = Tensor<float>::empty(qkvs);
+  grouped_qkv_forward(host_tensor(qs, floats(q)), host_tensor(kvs, floats(k)), host_tensor(kvs, floats(v)),
+                      int(n_head), int(n_kv_head), want);
+  check_host("grouped_qkv", qkv_dev.to_host(), want.to_vector());
+
+  const auto g = test::random_values<T>(nqkv, 4);
+  const auto g_dev = test::device_copy(g);
+  const auto dq0 = test::random_values<T>(nq, 5), dk0 = test::random_values<T>(nkv, 6), dv0 = test::random_values<T>(nkv, 7);
+  auto dq = accumulate ? test::device_copy(dq0) : test::poisoned_device<T>(nq);
+  auto dk = accumulate ? test::device_copy(dk0) : test::poisoned_device<T>(nkv);
+  auto dv = accumulate ? test::device_copy(dv0) : test::poisoned_device<T>(nkv);
+  pc::grouped_qkv_backward(g_dev.data(), grad_out(dq.data(), accumulate), grad_out(dk.data(), accumulate),
+                           grad_out(dv.data(), accumulate), rows, hd, n_head, n_kv_head, nullptr);
+  auto want_dq = host_tensor(qs, floats(dq0)), want_dk = host_tensor(kvs, floats(dk0)), want_dv = host_tensor(kvs, floats(dv0));
+  grouped_qkv_backward(host_tensor(qkvs, floats(g)), int(n_head), int(n_kv_head), GradOut<float>{want_dq, accumulate},
+                       GradOut<float>{want_dk, accumulate}, GradOut<float>{want_dv, accumulate});
+  check_host("grouped_qkv dq", dq.to_host(), want_dq.to_vector());
+  check_host("grouped_qkv dk", dk.to_host(), want_dk.to_vector(), 2);  // a group's sum, in another order
+  check_host("grouped_qkv dv", dv.to_host(), want_dv.to_vector(), 2);
+}
+
+// ---- rotary position embedding ----------------------------------------------------------------
+
+TEMPLATE_TEST_CASE("rope forward and backward match the CPU twin", "[cuda][tensor]", float, half, bfloat16) {
+  using T = TestType;
+  const auto [t, h, d] = GENERATE(std::tuple<std::int64_t, std::int64_t, std::int64_t>{1, 1, 2},
+                                  std::tuple<std::int64_t, std::int64_t, std::int64_t>{5, 3, 8},
+                                  std::tuple<std::int64_t, std::int64_t, std::int64_t>{64, 4, 64},
+                                  std::tuple<std::int64_t, std::int64_t, std::int64_t>{300, 2, 128});
+  const std::int64_t offset = GENERATE(0, 1000);
+  const bool accumulate = GENERATE(false, true);
+  CAPTURE(t, h, d, offset, accumulate);
+  const std::int64_t b = 2;
+  const std::size_t n = std::size_t(b * t * h * d);
+  const Shape s{b, t, h, d};
+  const double theta = 10000.0;
+  const auto x = test::random_values<T>(n, 1, 2.0), dy = test::random_values<T>(n, 2), dx0 = test::random_values<T>(n, 3);
+  const auto x_dev = test::device_copy(x), dy_dev = test::device_copy(dy);
+
+  auto y_dev = test::poisoned_device<T>(n);
+  pc::rope_rotate(x_dev.data(), grad_out(y_dev.data(), false), b, t, h, d, theta, offset, false, nullptr);
+  auto want_y = Tensor<float>::empty(s);
+  rope_forward(host_tensor(s, floats(x)), theta, offset, want_y);
+  check_host("rope y", y_dev.to_host(), want_y.to_vector());
+
+  auto dx_dev = accumulate ? test::device_copy(dx0) : test::poisoned_device<T>(n);
+  pc::rope_rotate(dy_dev.data(), grad_out(dx_dev.data(), accumulate), b, t, h, d, theta, offset, true, nullptr);
+  auto want_dx = host_tensor(s, floats(dx0));
+  rope_backward(host_tensor(s, floats(dy)), theta, offset, GradOut<float>{want_dx, accumulate});
+  check_host("rope dx", dx_dev.to_host(), want_dx.to_vector());
+}
+
+// ---- RMS norm -------------------------------------------------------------------------------
+
+TEMPLATE_TEST_CASE("rms_norm forward and backward match the CPU twin", "[cuda][tensor]", float, half, bfloat16) {
+  using T = TestType;
+  const auto [rows, c] = GENERATE(std::pair<std::int64_t, std::int64_t>{1, 8}, std::pair<std::int64_t, std::int64_t>{7, 13},
+                                  std::pair<std::int64_t, std::int64_t>{64, 768},
+                                  std::pair<std::int64_t, std::int64_t>{300, 37},
+                                  std::pair<std::int64_t, std::int64_t>{9000, 24});
+  const bool accumulate = GENERATE(false, true);
+  CAPTURE(rows, c, accumulate);
+  const std::size_t n = std::size_t(rows * c);
+  const Shape xs{rows, c}, ws{c}, rs{rows};
+  const auto x = test::random_values<T>(n, 6, 2.0), dy = test::random_values<T>(n, 7);
+  const auto w = test::random_values<T>(std::size_t(c), 8);
+  const auto dx0 = test::random_values<T>(n, 10), dw0 = test::random_values<T>(std::size_t(c), 11);
+  const float eps = 1e-6f;
+
+  const auto x_dev = test::device_copy(x), w_dev = test::device_copy(w), dy_dev = test::device_copy(dy);
+  auto y_dev = test::poisoned_device<T>(n);
+  auto rstd_dev = test::poisoned_device<float>(std::size_t(rows));
+  pc::rms_norm_forward(x_dev.data(), w_dev.data(), eps, y_dev.data(), rstd_dev.data(), rows, c, nullptr);
+  auto y = Tensor<float>::empty(xs), rstd = Tensor<float>::empty(rs);
+  const auto xf = host_tensor(xs, floats(x)), wf = host_tensor(ws, floats(w));
+  rms_norm_forward(xf, wf, double(eps), y, rstd);
+  // The CPU sums rows in double, the GPU in float across a warp: a few roundings apart.
+  test::check_close("rms_norm y", y_dev, y.to_vector(), 4);
+  test::check_close("rms_norm rstd", rstd_dev, rstd.to_vector(), 4);
+
+  // Backward from the CPU's statistics, so that only the backward kernels are compared.
+  const auto rstd_in = test::device_copy(rstd.to_vector());
+  auto dx_dev = accumulate ? test::device_copy(dx0) : test::poisoned_device<T>(n);
+  auto dw_dev = accumulate ? test::device_copy(dw0) : test::poisoned_device<T>(std::size_t(c));
+  auto work = test::poisoned_device<float>(pc::rms_norm_backward_workspace_floats(rows, c));
+  pc::rms_norm_backward(x_dev.data(), w_dev.data(), rstd_in.data(), dy_dev.data(), grad_out(dx_dev.data(), accumulate),
+                        grad_out(dw_dev.data(), accumulate), rows, c, work.data(), work.numel(), nullptr);
+  auto dx = host_tensor(xs, floats(dx0)), dw = host_tensor(ws, floats(dw0));
+  rms_norm_backward(xf, wf, rstd, host_tensor(xs, floats(dy)), GradOut<float>{dx, accumulate},
+                    GradOut<float>{dw, accumulate});
+  test::check_close("rms_norm dx", dx_dev, dx.to_vector(), 4);
+  // dweight: the CPU adds rows one at a time in float, the GPU in chunks of rows.
+  test::check_close("rms_norm dweight", dw_dev, dw.to_vector(), 8);
+
+  // Only dweight wanted: dx is null (skipped), and dweight alone comes out the same.
+  auto dw_only = test::poisoned_device<T>(std::size_t(c));
+  pc::rms_norm_backward(x_dev.data(), w_dev.data(), rstd_in.data(), dy_dev.data(), {}, grad_out(dw_only.data(), false),
+                        rows, c, work.data(), work.numel(), nullptr);
+  auto dw_fresh = Tensor<float>::empty(ws);
+  rms_norm_backward(xf, wf, rstd, host_tensor(xs, floats(dy)), GradOut<float>{}, GradOut<float>{dw_fresh, false});
+  test::check_close("rms_norm dweight alone", dw_only, dw_fresh.to_vector(), 8);
 }
 
 // ---- layer norm -----------------------------------------------------------------------------

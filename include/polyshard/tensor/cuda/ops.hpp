@@ -17,6 +17,8 @@
 #include "polyshard/tensor/ops/grad_out.hpp"
 #include "polyshard/tensor/ops/linear.hpp"  // detail::check_linear
 #include "polyshard/tensor/ops/matmul.hpp"
+#include "polyshard/tensor/ops/grouped_qkv.hpp"  // detail::grouped_qkv_dims
+#include "polyshard/tensor/ops/rope.hpp"         // detail::check_rope
 #include "polyshard/tensor/tensor.hpp"
 
 namespace polyshard {
@@ -190,6 +192,102 @@ void layer_norm_backward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& weight
                             input("layer_norm backward", "mean", mean), input("layer_norm backward", "rstd", rstd),
                             input("layer_norm backward", "dy", dy), device_grad(dx), device_grad(dweight),
                             device_grad(dbias), rows, c, workspace.data(), floats, cuda::current_stream());
+}
+
+/// RMS normalization over the last dimension (torch.nn.RMSNorm). x, y: (..., C); weight: (C,);
+/// rstd: (...) in float, saved for the backward pass.
+template <CudaFloatElement T>
+void rms_norm_forward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& weight, double eps, const Tensor<T, Cuda>& y,
+                      const Tensor<float, Cuda>& rstd) {
+  POLYSHARD_CHECK(x.rank() >= 1, "rms_norm: input needs at least 1 dimension, got shape ", x.shape());
+  const std::int64_t c = x.size(-1), rows = x.shape().leading(1);
+  POLYSHARD_CHECK(weight.shape() == Shape{c}, "rms_norm: weight of shape ", weight.shape(),
+                  " does not fit input of shape ", x.shape());
+  detail::check_output("rms_norm", "y", y, x.shape());
+  detail::check_output("rms_norm", "rstd", rstd, detail::row_shape(x.shape()));
+  using detail::cuda_ops::input;
+  cuda::rms_norm_forward(input("rms_norm", "x", x), input("rms_norm", "weight", weight), static_cast<float>(eps),
+                         y.data(), rstd.data(), rows, c, cuda::current_stream());
+}
+template <CudaFloatElement T>
+void rms_norm_backward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& weight, const Tensor<float, Cuda>& rstd,
+                       const Tensor<T, Cuda>& dy, const GradOut<T, Cuda>& dx, const GradOut<T, Cuda>& dweight) {
+  check_same_shape("rms_norm backward", x.shape(), dy.shape());
+  const std::int64_t c = x.size(-1), rows = x.shape().leading(1);
+  POLYSHARD_CHECK(weight.shape() == Shape{c} && rstd.numel() == rows, "rms_norm backward: weight ", weight.shape(),
+                  " and rstd ", rstd.shape(), " do not fit input of shape ", x.shape());
+  if (dx.wanted()) detail::check_output("rms_norm backward", "dx", dx.tensor, x.shape());
+  if (dweight.wanted()) detail::check_output("rms_norm backward", "dweight", dweight.tensor, Shape{c});
+  const std::size_t floats = dweight.wanted() ? cuda::rms_norm_backward_workspace_floats(rows, c) : 0;
+  const auto workspace = detail::cuda_ops::scratch_floats(floats);
+  using detail::cuda_ops::device_grad;
+  using detail::cuda_ops::input;
+  cuda::rms_norm_backward(input("rms_norm backward", "x", x), input("rms_norm backward", "weight", weight),
+                          input("rms_norm backward", "rstd", rstd), input("rms_norm backward", "dy", dy),
+                          device_grad(dx), device_grad(dweight), rows, c, workspace.data(), floats,
+                          cuda::current_stream());
+}
+
+/// Grouped-query key-value sharing (see the CPU grouped_qkv_forward). q: (B, T, n_head head_dim);
+/// k, v: (B, T, n_kv_head head_dim); qkv: (B, T, 3 n_head head_dim).
+template <CudaFloatElement T>
+void grouped_qkv_forward(const Tensor<T, Cuda>& q, const Tensor<T, Cuda>& k, const Tensor<T, Cuda>& v, int n_head,
+                         int n_kv_head, const Tensor<T, Cuda>& qkv) {
+  const auto d = detail::grouped_qkv_dims("grouped_qkv", q, k, v, n_head, n_kv_head);
+  detail::check_output("grouped_qkv", "qkv", qkv, Shape{d.b, d.t, 3 * d.n_head * d.head_dim});
+  using detail::cuda_ops::input;
+  cuda::grouped_qkv_forward(input("grouped_qkv", "q", q), input("grouped_qkv", "k", k), input("grouped_qkv", "v", v),
+                            qkv.data(), d.b * d.t, d.head_dim, d.n_head, d.n_kv_head, cuda::current_stream());
+}
+template <CudaFloatElement T>
+void grouped_qkv_backward(const Tensor<T, Cuda>& dqkv, int n_head, int n_kv_head, const GradOut<T, Cuda>& dq,
+                          const GradOut<T, Cuda>& dk, const GradOut<T, Cuda>& dv) {
+  POLYSHARD_CHECK(dqkv.rank() == 3 && n_head > 0 && n_kv_head > 0 && n_head % n_kv_head == 0 &&
+                      dqkv.size(2) % (3 * std::int64_t(n_head)) == 0,
+                  "grouped_qkv backward: dqkv of shape ", dqkv.shape(), " does not fit n_head = ", n_head,
+                  " and n_kv_head = ", n_kv_head);
+  const std::int64_t c = dqkv.size(2) / 3, hd = c / n_head;
+  const Shape q_shape{dqkv.size(0), dqkv.size(1), c}, kv_shape{dqkv.size(0), dqkv.size(1), hd * n_kv_head};
+  if (dq.wanted()) detail::check_output("grouped_qkv backward", "dq", dq.tensor, q_shape);
+  if (dk.wanted()) detail::check_output("grouped_qkv backward", "dk", dk.tensor, kv_shape);
+  if (dv.wanted()) detail::check_output("grouped_qkv backward", "dv", dv.tensor, kv_shape);
+  using detail::cuda_ops::device_grad;
+  cuda::grouped_qkv_backward(detail::cuda_ops::input("grouped_qkv backward", "dqkv", dqkv), device_grad(dq),
+                             device_grad(dk), device_grad(dv), dqkv.size(0) * dqkv.size(1), hd, n_head, n_kv_head,
+                             cuda::current_stream());
+}
+
+/// Rotary position embedding (see the CPU rope_forward). x, y: (B, T, H, head_dim).
+template <CudaFloatElement T>
+void rope_forward(const Tensor<T, Cuda>& x, double theta, std::int64_t offset, const Tensor<T, Cuda>& y) {
+  detail::check_rope("rope", x, theta, offset);
+  detail::check_output("rope", "y", y, x.shape());
+  cuda::rope_rotate(detail::cuda_ops::input("rope", "x", x), cuda::DeviceGradOut<T>{y.data(), false}, x.size(0),
+                    x.size(1), x.size(2), x.size(3), theta, offset, false, cuda::current_stream());
+}
+template <CudaFloatElement T>
+void rope_backward(const Tensor<T, Cuda>& dy, double theta, std::int64_t offset, const GradOut<T, Cuda>& dx) {
+  detail::check_rope("rope backward", dy, theta, offset);
+  if (!dx.wanted()) return;
+  detail::check_output("rope backward", "dx", dx.tensor, dy.shape());
+  cuda::rope_rotate(detail::cuda_ops::input("rope backward", "dy", dy), detail::cuda_ops::device_grad(dx), dy.size(0),
+                    dy.size(1), dy.size(2), dy.size(3), theta, offset, true, cuda::current_stream());
+}
+
+/// y = x sigmoid(x). x, y: same shape.
+template <CudaFloatElement T>
+void silu_forward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& y) {
+  detail::check_output("silu", "y", y, x.shape());
+  cuda::silu_forward(detail::cuda_ops::input("silu", "x", x), y.data(), x.numel(), cuda::current_stream());
+}
+template <CudaFloatElement T>
+void silu_backward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& dy, const GradOut<T, Cuda>& dx) {
+  check_same_shape("silu backward", x.shape(), dy.shape());
+  if (!dx.wanted()) return;
+  detail::check_output("silu backward", "dx", dx.tensor, x.shape());
+  cuda::silu_backward(detail::cuda_ops::input("silu backward", "x", x),
+                      detail::cuda_ops::input("silu backward", "dy", dy), detail::cuda_ops::device_grad(dx), x.numel(),
+                      cuda::current_stream());
 }
 
 /// Softmax over the last dimension. x, y: (..., N).

@@ -150,6 +150,21 @@ struct GeluBackward {
   }
 };
 
+/// x sigmoid(x); expf(-x) overflows to infinity below about -88, giving -0, the limit.
+struct SiluForward {
+  __device__ float operator()(float x, float, float) const { return x / (1.f + expf(-x)); }
+};
+
+/// dy * silu'(x) = dy s (1 + x (1 - s)) with s = sigmoid(x), plus the old dx when accumulating.
+template <bool Acc>
+struct SiluBackward {
+  __device__ float operator()(float x, float dy, float old) const {
+    const float s = 1.f / (1.f + expf(-x));
+    const float grad = dy * (s * (1.f + x * (1.f - s)));
+    return Acc ? old + grad : grad;
+  }
+};
+
 struct Add {
   __device__ float operator()(float a, float b, float) const { return a + b; }
 };
@@ -164,14 +179,16 @@ struct Scale {
   __device__ float operator()(float x, float, float) const { return x * s; }
 };
 
-template <class D>
-__global__ void gelu_forward_kernel(const D* x, D* y, std::int64_t n, bool packs) {
-  map_elements<1>(x, static_cast<const D*>(nullptr), static_cast<const D*>(nullptr), y, n, packs, GeluForward{});
+/// y = F()(x), elementwise: an activation's forward (GeluForward, SiluForward).
+template <class D, class F>
+__global__ void activation_forward_kernel(const D* x, D* y, std::int64_t n, bool packs) {
+  map_elements<1>(x, static_cast<const D*>(nullptr), static_cast<const D*>(nullptr), y, n, packs, F{});
 }
 
-template <class D, bool Acc>
-__global__ void gelu_backward_kernel(const D* x, const D* dy, D* dx, std::int64_t n, bool packs) {
-  map_elements<Acc ? 3 : 2>(x, dy, static_cast<const D*>(dx), dx, n, packs, GeluBackward<Acc>{});
+/// dx (+)= B<Acc>()(x, dy, dx): an activation's backward (GeluBackward, SiluBackward).
+template <class D, template <bool> class B, bool Acc>
+__global__ void activation_backward_kernel(const D* x, const D* dy, D* dx, std::int64_t n, bool packs) {
+  map_elements<Acc ? 3 : 2>(x, dy, static_cast<const D*>(dx), dx, n, packs, B<Acc>{});
 }
 
 template <class D>
@@ -281,6 +298,18 @@ struct LayerNormParamTerms {
     const float d = to_float(dy[r * cols + c]);
     out[0] = d * ((to_float(x[r * cols + c]) - mean[r]) * rstd[r]);
     out[1] = d;
+  }
+};
+
+/// rms_norm_backward's one term per element: dy xhat (for dweight), xhat = x rstd.
+template <class D>
+struct RmsNormWeightTerms {
+  static constexpr int k = 1;
+  const D* x;          // (rows, cols)
+  const D* dy;         // (rows, cols)
+  const float* rstd;   // (rows,)
+  __device__ void operator()(std::int64_t r, int c, std::int64_t cols, float* out) const {
+    out[0] = to_float(dy[r * cols + c]) * (to_float(x[r * cols + c]) * rstd[r]);
   }
 };
 
@@ -564,6 +593,160 @@ __global__ void layer_norm_backward_kernel(const D* x, const D* weight, const fl
 void check_rows(const char* op, std::int64_t rows, std::int64_t cols) {
   check_count(op, "rows", rows);
   check_width(op, "the row length", cols);
+}
+
+// ---- grouped-query key-value sharing -----------------------------------------------------------
+
+/// One thread per element of qkv (rows, 3C), grid-stride: q copied, each key-value head read by
+/// its group of `group` query heads.
+template <class D>
+__global__ void grouped_qkv_forward_kernel(const D* q, const D* k, const D* v, D* qkv, std::int64_t rows,
+                                           std::int64_t c, std::int64_t head_dim, std::int64_t group) {
+  const std::int64_t width = 3 * c, ckv = c / group, n = rows * width;
+  for (std::int64_t idx = global_thread(); idx < n; idx += grid_threads()) {
+    const std::int64_t row = idx / width, col = idx % width, part = col / c, j = col % c;
+    if (part == 0) {
+      qkv[idx] = q[row * c + j];
+    } else {
+      const std::int64_t from = row * ckv + (j / head_dim) / group * head_dim + j % head_dim;
+      qkv[idx] = part == 1 ? k[from] : v[from];
+    }
+  }
+}
+
+/// One thread per element of out (part 0: dq, (rows, C); 1 and 2: dk and dv, (rows, C / group)):
+/// the q part copied, or a key-value element's group of copies summed in head order, in float.
+template <class D>
+__global__ void grouped_qkv_backward_kernel(const D* dqkv, D* out, bool accumulate, int part, std::int64_t rows,
+                                            std::int64_t c, std::int64_t head_dim, std::int64_t group) {
+  const std::int64_t width = part == 0 ? c : c / group, n = rows * width;
+  for (std::int64_t idx = global_thread(); idx < n; idx += grid_threads()) {
+    const std::int64_t row = idx / width, j = idx % width;
+    const D* in = dqkv + row * 3 * c + part * c;
+    float s = 0.f;
+    if (part == 0) {
+      s = to_float(in[j]);
+    } else {
+      const std::int64_t first = (j / head_dim) * group * head_dim + j % head_dim;
+      for (std::int64_t g = 0; g < group; ++g) s += to_float(in[first + g * head_dim]);
+    }
+    if (accumulate) s += to_float(out[idx]);
+    out[idx] = from_float<D>(s);
+  }
+}
+
+// ---- rotary position embedding ----------------------------------------------------------------
+
+/// One thread per pair (row, i), grid-stride: the pair (i, i + d/2) of the row at position
+/// ((row / heads) % positions) + offset turns by sign * that position * theta^(-2i/d). Angle,
+/// cosine and sine in double, as the CPU twin computes them.
+template <class D, bool Acc>
+__global__ void rope_kernel(const D* x, D* out, std::int64_t rows, std::int64_t positions, std::int64_t heads,
+                            std::int64_t head_dim, double theta, std::int64_t offset, double sign) {
+  const std::int64_t half = head_dim / 2, pairs = rows * half;
+  for (std::int64_t k = global_thread(); k < pairs; k += grid_threads()) {
+    const std::int64_t row = k / half, i = k % half;
+    const std::int64_t p = (row / heads) % positions + offset;
+    const double angle = sign * (double(p) * pow(theta, -2.0 * double(i) / double(head_dim)));
+    const float c = static_cast<float>(cos(angle)), s = static_cast<float>(sin(angle));
+    const D* xr = x + row * head_dim;
+    D* yr = out + row * head_dim;
+    const float lo_in = to_float(xr[i]), hi_in = to_float(xr[i + half]);
+    float lo = lo_in * c - hi_in * s, hi = hi_in * c + lo_in * s;
+    if constexpr (Acc) {
+      lo += to_float(yr[i]);
+      hi += to_float(yr[i + half]);
+    }
+    yr[i] = from_float<D>(lo);
+    yr[i + half] = from_float<D>(hi);
+  }
+}
+
+// ---- RMS norm -------------------------------------------------------------------------------
+
+/// One warp per row (grid-stride over rows, warp-uniform): the sum of squares, then y.
+template <class D>
+__global__ void rms_norm_forward_kernel(const D* x, const D* weight, float eps, D* y, float* rstd, std::int64_t rows,
+                                        int c) {
+  constexpr int P = Pack<D>::size;
+  const int lane = threadIdx.x % 32;
+  const std::int64_t warps = std::int64_t(gridDim.x) * (blockDim.x / 32);
+  for (std::int64_t r = std::int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
+    const D* xr = x + r * c;  // (C,)
+    D* yr = y + r * c;        // (C,)
+    const int head = co_aligned(xr, yr) && co_aligned(xr, weight) ? pack_head<D>(xr) : -1;
+    float ss = 0.f;
+    row_loop<D>(
+        c, head, lane, 32,
+        [&](int i) {
+          const float v = to_float(xr[i]);
+          ss += v * v;
+        },
+        [&](int i) {
+          const Pack<D> p = load_pack(xr + i);
+#pragma unroll
+          for (int e = 0; e < P; ++e) {
+            const float v = to_float(p.v[e]);
+            ss += v * v;
+          }
+        });
+    const float rs = 1.f / sqrtf(warp_sum(ss) / static_cast<float>(c) + eps);
+    row_loop<D>(
+        c, head, lane, 32, [&](int i) { yr[i] = from_float<D>(to_float(xr[i]) * rs * to_float(weight[i])); },
+        [&](int i) {
+          const Pack<D> px = load_pack(xr + i), pw = load_pack(weight + i);
+          Pack<D> py;
+#pragma unroll
+          for (int e = 0; e < P; ++e) py.v[e] = from_float<D>(to_float(px.v[e]) * rs * to_float(pw.v[e]));
+          store_pack(yr + i, py);
+        });
+    if (lane == 0 && rstd != nullptr) rstd[r] = rs;
+  }
+}
+
+/// dx of RMS norm, one warp per row: mean(g xhat), then dx (+)= rstd (g - xhat mean(g xhat)).
+template <class D, bool Acc>
+__global__ void rms_norm_backward_kernel(const D* x, const D* weight, const float* rstd, const D* dy, D* dx,
+                                         std::int64_t rows, int c) {
+  constexpr int P = Pack<D>::size;
+  const int lane = threadIdx.x % 32;
+  const std::int64_t warps = std::int64_t(gridDim.x) * (blockDim.x / 32);
+  for (std::int64_t r = std::int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
+    const D* xr = x + r * c;    // (C,)
+    const D* dyr = dy + r * c;  // (C,)
+    D* dxr = dx + r * c;        // (C,)
+    const int head =
+        co_aligned(xr, dyr) && co_aligned(xr, dxr) && co_aligned(xr, weight) ? pack_head<D>(xr) : -1;
+    const float rs = rstd[r];
+    float sgx = 0.f;
+    row_loop<D>(
+        c, head, lane, 32, [&](int i) { sgx += to_float(dyr[i]) * to_float(weight[i]) * (to_float(xr[i]) * rs); },
+        [&](int i) {
+          const Pack<D> px = load_pack(xr + i), pd = load_pack(dyr + i), pw = load_pack(weight + i);
+#pragma unroll
+          for (int e = 0; e < P; ++e) sgx += to_float(pd.v[e]) * to_float(pw.v[e]) * (to_float(px.v[e]) * rs);
+        });
+    const float gx_mean = warp_sum(sgx) / static_cast<float>(c);
+    row_loop<D>(
+        c, head, lane, 32,
+        [&](int i) {
+          float d = rs * (to_float(dyr[i]) * to_float(weight[i]) - to_float(xr[i]) * rs * gx_mean);
+          if constexpr (Acc) d += to_float(dxr[i]);
+          dxr[i] = from_float<D>(d);
+        },
+        [&](int i) {
+          const Pack<D> px = load_pack(xr + i), pd = load_pack(dyr + i), pw = load_pack(weight + i);
+          Pack<D> po;
+          if constexpr (Acc) po = load_pack(static_cast<const D*>(dxr) + i);
+#pragma unroll
+          for (int e = 0; e < P; ++e) {
+            float d = rs * (to_float(pd.v[e]) * to_float(pw.v[e]) - to_float(px.v[e]) * rs * gx_mean);
+            if constexpr (Acc) d += to_float(po.v[e]);
+            po.v[e] = from_float<D>(d);
+          }
+          store_pack(dxr + i, po);
+        });
+  }
 }
 
 // ---- softmax --------------------------------------------------------------------------------
@@ -949,31 +1132,161 @@ void layer_norm_backward(const T* x, const T* weight, const float* mean, const f
   }
 }
 
-template <class T>
-void gelu_forward(const T* x, T* y, std::int64_t n, cudaStream_t stream) {
-  using D = device_t<T>;
-  check_count("gelu", "n", n);
-  if (n == 0) return;
-  const bool packs = all_aligned16(x, y);
-  launch<gelu_forward_kernel<D>>(elementwise_grid<D>(n, packs), block_threads, 0, stream, device_ptr(x), device_ptr(y),
-                                 n, packs);
-  POLYSHARD_CUDA_CHECK_LAUNCH("gelu");
+void check_grouped_heads(const char* op, std::int64_t rows, std::int64_t head_dim, std::int64_t n_head,
+                         std::int64_t n_kv_head) {
+  check_count(op, "rows", rows);
+  POLYSHARD_CHECK(n_head > 0 && n_kv_head > 0 && n_head % n_kv_head == 0, op, ": n_head (", n_head,
+                  ") must be a positive multiple of n_kv_head (", n_kv_head, ")");
+  check_width(op, "3 * n_head * head_dim", 3 * n_head * head_dim);
 }
 
 template <class T>
-void gelu_backward(const T* x, const T* dy, DeviceGradOut<T> dx, std::int64_t n, cudaStream_t stream) {
+void grouped_qkv_forward(const T* q, const T* k, const T* v, T* qkv, std::int64_t rows, std::int64_t head_dim,
+                         std::int64_t n_head, std::int64_t n_kv_head, cudaStream_t stream) {
   using D = device_t<T>;
-  check_count("gelu backward", "n", n);
+  check_grouped_heads("grouped_qkv", rows, head_dim, n_head, n_kv_head);
+  const std::int64_t c = n_head * head_dim;
+  if (rows == 0) return;
+  launch<grouped_qkv_forward_kernel<D>>(grid_for(static_cast<std::size_t>(rows * 3 * c), 1), block_threads, 0, stream,
+                                        device_ptr(q), device_ptr(k), device_ptr(v), device_ptr(qkv), rows, c, head_dim,
+                                        n_head / n_kv_head);
+  POLYSHARD_CUDA_CHECK_LAUNCH("grouped_qkv");
+}
+
+template <class T>
+void grouped_qkv_backward(const T* dqkv, DeviceGradOut<T> dq, DeviceGradOut<T> dk, DeviceGradOut<T> dv,
+                          std::int64_t rows, std::int64_t head_dim, std::int64_t n_head, std::int64_t n_kv_head,
+                          cudaStream_t stream) {
+  using D = device_t<T>;
+  const char* op = "grouped_qkv backward";
+  check_grouped_heads(op, rows, head_dim, n_head, n_kv_head);
+  const std::int64_t c = n_head * head_dim, group = n_head / n_kv_head;
+  if (rows == 0) return;
+  const DeviceGradOut<T> outs[3] = {dq, dk, dv};
+  for (int part = 0; part < 3; ++part) {
+    if (!outs[part].wanted()) continue;
+    const std::int64_t width = part == 0 ? c : c / group;
+    launch<grouped_qkv_backward_kernel<D>>(grid_for(static_cast<std::size_t>(rows * width), 1), block_threads, 0,
+                                           stream, device_ptr(dqkv), device_ptr(outs[part].data),
+                                           outs[part].accumulate, part, rows, c, head_dim, group);
+    POLYSHARD_CUDA_CHECK_LAUNCH(op);
+  }
+}
+
+template <class T>
+void rope_rotate(const T* x, DeviceGradOut<T> out, std::int64_t batch, std::int64_t positions, std::int64_t heads,
+                 std::int64_t head_dim, double theta, std::int64_t offset, bool inverse, cudaStream_t stream) {
+  using D = device_t<T>;
+  const char* op = inverse ? "rope backward" : "rope";
+  check_count(op, "batch", batch);
+  check_count(op, "positions", positions);
+  check_count(op, "heads", heads);
+  POLYSHARD_CHECK(head_dim > 0 && head_dim % 2 == 0 && head_dim <= max_width, op,
+                  ": head_dim must be even and in [2, 2^30], got ", head_dim);
+  POLYSHARD_CHECK(theta > 0.0, op, ": theta must be positive, got ", theta);
+  POLYSHARD_CHECK(offset >= 0, op, ": the position offset must not be negative, got ", offset);
+  const std::int64_t rows = batch * positions * heads;
+  if (rows == 0 || !out.wanted()) return;
+  const unsigned grid = grid_for(static_cast<std::size_t>(rows * (head_dim / 2)), 1);
+  const double sign = inverse ? -1.0 : 1.0;
+  if (out.accumulate)
+    launch<rope_kernel<D, true>>(grid, block_threads, 0, stream, device_ptr(x), device_ptr(out.data), rows, positions,
+                                 heads, head_dim, theta, offset, sign);
+  else
+    launch<rope_kernel<D, false>>(grid, block_threads, 0, stream, device_ptr(x), device_ptr(out.data), rows, positions,
+                                  heads, head_dim, theta, offset, sign);
+  POLYSHARD_CUDA_CHECK_LAUNCH(op);
+}
+
+template <class T>
+void rms_norm_forward(const T* x, const T* weight, float eps, T* y, float* rstd, std::int64_t rows, std::int64_t c,
+                      cudaStream_t stream) {
+  using D = device_t<T>;
+  check_rows("rms_norm", rows, c);
+  POLYSHARD_CHECK(eps >= 0.f, "rms_norm: eps must not be negative, got ", eps);
+  if (rows == 0) return;
+  launch<rms_norm_forward_kernel<D>>(grid_for(static_cast<std::size_t>(rows), warps_per_block), block_threads, 0, stream,
+                                     device_ptr(x), device_ptr(weight), eps, device_ptr(y), rstd, rows, int(c));
+  POLYSHARD_CUDA_CHECK_LAUNCH("rms_norm");
+}
+
+std::size_t rms_norm_backward_workspace_floats(std::int64_t rows, std::int64_t c) {
+  check_rows("rms_norm backward", rows, c);
+  return static_cast<std::size_t>(chunk_count(rows) * c);
+}
+
+template <class T>
+void rms_norm_backward(const T* x, const T* weight, const float* rstd, const T* dy, DeviceGradOut<T> dx,
+                       DeviceGradOut<T> dweight, std::int64_t rows, std::int64_t c, float* workspace,
+                       std::size_t workspace_floats, cudaStream_t stream) {
+  using D = device_t<T>;
+  const char* op = "rms_norm backward";
+  check_rows(op, rows, c);
+  if (dx.wanted() && rows > 0) {
+    const unsigned grid = grid_for(static_cast<std::size_t>(rows), warps_per_block);
+    if (dx.accumulate)
+      launch<rms_norm_backward_kernel<D, true>>(grid, block_threads, 0, stream, device_ptr(x), device_ptr(weight), rstd,
+                                                device_ptr(dy), device_ptr(dx.data), rows, int(c));
+    else
+      launch<rms_norm_backward_kernel<D, false>>(grid, block_threads, 0, stream, device_ptr(x), device_ptr(weight),
+                                                 rstd, device_ptr(dy), device_ptr(dx.data), rows, int(c));
+    POLYSHARD_CUDA_CHECK_LAUNCH(op);
+  }
+  if (dweight.wanted()) {
+    const RmsNormWeightTerms<D> terms{device_ptr(x), device_ptr(dy), rstd};
+    launch_column_sums(op, terms, rows, c, workspace, workspace_floats, device_ptr(dweight.data), dweight.accumulate,
+                       static_cast<D*>(nullptr), false, stream);
+  }
+}
+
+/// Launches an activation's forward kernel F over n elements.
+template <class F, class T>
+void launch_activation_forward(const char* op, const T* x, T* y, std::int64_t n, cudaStream_t stream) {
+  using D = device_t<T>;
+  check_count(op, "n", n);
+  if (n == 0) return;
+  const bool packs = all_aligned16(x, y);
+  launch<activation_forward_kernel<D, F>>(elementwise_grid<D>(n, packs), block_threads, 0, stream, device_ptr(x),
+                                          device_ptr(y), n, packs);
+  POLYSHARD_CUDA_CHECK_LAUNCH(op);
+}
+
+/// Launches an activation's backward kernel B over n elements, if dx is wanted.
+template <template <bool> class B, class T>
+void launch_activation_backward(const char* op, const T* x, const T* dy, DeviceGradOut<T> dx, std::int64_t n,
+                                cudaStream_t stream) {
+  using D = device_t<T>;
+  check_count(op, "n", n);
   if (n == 0 || !dx.wanted()) return;
   const bool packs = all_aligned16(x, dy, dx.data);
   const unsigned grid = elementwise_grid<D>(n, packs);
   if (dx.accumulate)
-    launch<gelu_backward_kernel<D, true>>(grid, block_threads, 0, stream, device_ptr(x), device_ptr(dy),
-                                          device_ptr(dx.data), n, packs);
+    launch<activation_backward_kernel<D, B, true>>(grid, block_threads, 0, stream, device_ptr(x), device_ptr(dy),
+                                                   device_ptr(dx.data), n, packs);
   else
-    launch<gelu_backward_kernel<D, false>>(grid, block_threads, 0, stream, device_ptr(x), device_ptr(dy),
-                                           device_ptr(dx.data), n, packs);
-  POLYSHARD_CUDA_CHECK_LAUNCH("gelu backward");
+    launch<activation_backward_kernel<D, B, false>>(grid, block_threads, 0, stream, device_ptr(x), device_ptr(dy),
+                                                    device_ptr(dx.data), n, packs);
+  POLYSHARD_CUDA_CHECK_LAUNCH(op);
+}
+
+template <class T>
+void silu_forward(const T* x, T* y, std::int64_t n, cudaStream_t stream) {
+  launch_activation_forward<SiluForward>("silu", x, y, n, stream);
+}
+
+template <class T>
+void silu_backward(const T* x, const T* dy, DeviceGradOut<T> dx, std::int64_t n, cudaStream_t stream) {
+  launch_activation_backward<SiluBackward>("silu backward", x, dy, dx, n, stream);
+}
+
+template <class T>
+void gelu_forward(const T* x, T* y, std::int64_t n, cudaStream_t stream) {
+  launch_activation_forward<GeluForward>("gelu", x, y, n, stream);
+}
+
+template <class T>
+void gelu_backward(const T* x, const T* dy, DeviceGradOut<T> dx, std::int64_t n, cudaStream_t stream) {
+  launch_activation_backward<GeluBackward>("gelu backward", x, dy, dx, n, stream);
 }
 
 template <class T>
@@ -1260,6 +1573,17 @@ void column_sum(const T* x, DeviceGradOut<T> out, std::int64_t rows, std::int64_
   template void layer_norm_backward<T>(const T*, const T*, const float*, const float*, const T*, DeviceGradOut<T>,    \
                                        DeviceGradOut<T>, DeviceGradOut<T>, std::int64_t, std::int64_t, float*,        \
                                        std::size_t, cudaStream_t);                                                    \
+  template void rms_norm_forward<T>(const T*, const T*, float, T*, float*, std::int64_t, std::int64_t, cudaStream_t);  \
+  template void rms_norm_backward<T>(const T*, const T*, const float*, const T*, DeviceGradOut<T>, DeviceGradOut<T>,   \
+                                     std::int64_t, std::int64_t, float*, std::size_t, cudaStream_t);                   \
+  template void grouped_qkv_forward<T>(const T*, const T*, const T*, T*, std::int64_t, std::int64_t, std::int64_t,  \
+                                       std::int64_t, cudaStream_t);                                                   \
+  template void grouped_qkv_backward<T>(const T*, DeviceGradOut<T>, DeviceGradOut<T>, DeviceGradOut<T>, std::int64_t, \
+                                        std::int64_t, std::int64_t, std::int64_t, cudaStream_t);                      \
+  template void rope_rotate<T>(const T*, DeviceGradOut<T>, std::int64_t, std::int64_t, std::int64_t, std::int64_t,    \
+                               double, std::int64_t, bool, cudaStream_t);                                             \
+  template void silu_forward<T>(const T*, T*, std::int64_t, cudaStream_t);                                            \
+  template void silu_backward<T>(const T*, const T*, DeviceGradOut<T>, std::int64_t, cudaStream_t);                   \
   template void gelu_forward<T>(const T*, T*, std::int64_t, cudaStream_t);                                            \
   template void gelu_backward<T>(const T*, const T*, DeviceGradOut<T>, std::int64_t, cudaStream_t);                   \
   template void add_into<T>(const T*, const T*, T*, std::int64_t, cudaStream_t);                                      \

@@ -73,6 +73,67 @@ void layer_norm_backward(const T* x, const T* weight, const float* mean, const f
                          DeviceGradOut<T> dx, DeviceGradOut<T> dweight, DeviceGradOut<T> dbias, std::int64_t rows,
                          std::int64_t c, float* workspace, std::size_t workspace_floats, cudaStream_t stream);
 
+// ---- grouped-query key-value sharing ---------------------------------------------------------------
+
+/// qkv = [q | repeat(k) | repeat(v)] per row, query head j reading key-value head
+/// j / (n_head / n_kv_head) (see the CPU grouped_qkv_forward).
+// q: (rows, n_head * head_dim); k, v: (rows, n_kv_head * head_dim); qkv: (rows, 3 * n_head * head_dim)
+template <class T>
+void grouped_qkv_forward(const T* q, const T* k, const T* v, T* qkv, std::int64_t rows, std::int64_t head_dim,
+                         std::int64_t n_head, std::int64_t n_kv_head, cudaStream_t stream);
+
+/// dq (+)= the q part of dqkv; dk, dv (+)= each key-value element's group of copies, summed in
+/// head order in float (deterministic). Each output skipped when not wanted.
+template <class T>
+void grouped_qkv_backward(const T* dqkv, DeviceGradOut<T> dq, DeviceGradOut<T> dk, DeviceGradOut<T> dv,
+                          std::int64_t rows, std::int64_t head_dim, std::int64_t n_head, std::int64_t n_kv_head,
+                          cudaStream_t stream);
+
+// ---- rotary position embedding -------------------------------------------------------------------
+
+/// out (+)= x with each pair (i, i + d/2) of the row at (b, t, h) turned by the angle
+/// (t + offset) theta^(-2i/d), or back by it (`inverse`: the backward pass); Hugging Face's
+/// rotate-half layout. Angles, cosines and sines in double, as the CPU twin. `out` must not
+/// alias `x`.
+// x, out: (batch, positions, heads, head_dim), head_dim even
+template <class T>
+void rope_rotate(const T* x, DeviceGradOut<T> out, std::int64_t batch, std::int64_t positions, std::int64_t heads,
+                 std::int64_t head_dim, double theta, std::int64_t offset, bool inverse, cudaStream_t stream);
+
+// ---- RMS norm -----------------------------------------------------------------------------------
+
+/// y = x rstd weight over each row, rstd = 1 / sqrt(mean(x^2) + eps) (torch.nn.RMSNorm); rstd
+/// saved for backward (may be null). One warp per row, the sum of squares in float.
+// x, y: (rows, C); weight: (C,); rstd: (rows,) float
+template <class T>
+void rms_norm_forward(const T* x, const T* weight, float eps, T* y, float* rstd, std::int64_t rows, std::int64_t c,
+                      cudaStream_t stream);
+
+/// Floats of device workspace rms_norm_backward needs when dweight is wanted.
+std::size_t rms_norm_backward_workspace_floats(std::int64_t rows, std::int64_t c);
+
+/// Gradients of rms_norm_forward. With xhat = x rstd and g = dy weight: dx = rstd (g - xhat
+/// mean(g xhat)) per row (one warp per row); dweight = sum over rows of dy xhat (deterministic,
+/// as layer_norm_backward's). Each output is skipped when not wanted; `workspace` (at least
+/// rms_norm_backward_workspace_floats(rows, c) floats) may be null when dweight is not wanted.
+// x, dy, dx: (rows, C); weight, dweight: (C,); rstd: (rows,) float
+template <class T>
+void rms_norm_backward(const T* x, const T* weight, const float* rstd, const T* dy, DeviceGradOut<T> dx,
+                       DeviceGradOut<T> dweight, std::int64_t rows, std::int64_t c, float* workspace,
+                       std::size_t workspace_floats, cudaStream_t stream);
+
+// ---- SiLU ---------------------------------------------------------------------------------------
+
+/// y = x sigmoid(x), elementwise; y may alias x.
+// x, y: (n,)
+template <class T>
+void silu_forward(const T* x, T* y, std::int64_t n, cudaStream_t stream);
+
+/// dx (+)= dy * silu'(x), from the forward input x; dx may alias dy.
+// x, dy, dx: (n,)
+template <class T>
+void silu_backward(const T* x, const T* dy, DeviceGradOut<T> dx, std::int64_t n, cudaStream_t stream);
+
 // ---- GELU (tanh approximation) -----------------------------------------------------------------
 
 /// y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), elementwise; y may alias x.
