@@ -11,7 +11,7 @@
 
 #include "options.hpp"
 #include "polyshard/core/device.hpp"
-#include "polyshard/data/text_dataset.hpp"
+#include "datasets.hpp"
 #include "polyshard/profile/trace.hpp"
 
 namespace train {
@@ -26,7 +26,7 @@ enum class Precision { fp32, bf16_mixed, fp16_mixed };
 /// computing on device D with communicator Comm. Defined in trainer.hpp and instantiated in
 /// strategies.cpp, one translation unit per precision and device.
 template <Family F, Precision P, class D, class Comm>
-void train_strategy(const Options& o, Comm& comm, const polyshard::TextDataset& data, polyshard::Trace* trace);
+void train_strategy(const Options& o, Comm& comm, const Datasets& data, polyshard::Trace* trace);
 
 /// Calls f.template operator()<F>() with the family of the strategy the options name.
 template <class Fn>
@@ -46,7 +46,7 @@ void with_family(const Options& o, Fn&& f) {
 
 /// Calls train_strategy<F, P, D>(o, comm, data, trace) with the family and precision the options name.
 template <class D, class Comm>
-void train_named_strategy(const Options& o, Comm& comm, const polyshard::TextDataset& data, polyshard::Trace* trace) {
+void train_named_strategy(const Options& o, Comm& comm, const Datasets& data, polyshard::Trace* trace) {
   with_family(o, [&]<Family F>() {
     if (o.precision == "fp32") train_strategy<F, Precision::fp32, D>(o, comm, data, trace);
     else if (o.precision == "bf16-mixed") train_strategy<F, Precision::bf16_mixed, D>(o, comm, data, trace);

@@ -9,6 +9,7 @@
 #include "polyshard/comm/any_communicator.hpp"
 #include "polyshard/comm/thread_communicator.hpp"
 #include "polyshard/data/builtin_corpus.hpp"
+#include "polyshard/data/token_file.hpp"
 #include "polyshard/optim/detail/elementwise.hpp"
 #include "polyshard/tensor/cpu/blas.hpp"
 #ifdef POLYSHARD_WITH_MPI
@@ -39,8 +40,18 @@ int run(int argc, char** argv) {
                   " needs a build with CUDA and NCCL (none was found when this one was configured)");
 #endif
   const bool on_gpus = o.device == "cuda";
-  const TextDataset data = o.data.empty() ? TextDataset::from_text(builtin_corpus(), "<built-in corpus>")
-                                          : TextDataset::from_file(o.data);
+  // The format from --data-format or the file; the vocabulary from --vocab or the format.
+  auto format_of = [&](const std::string& path) {
+    return o.data_format == "auto" ? detect_token_format(path) : parse_token_format(o.data_format);
+  };
+  const TokenFormat format = o.data.empty() ? TokenFormat::text : format_of(o.data);
+  if (o.vocab == 0) o.vocab = format == TokenFormat::text ? ByteTokenizer::vocab_size : gpt2_vocab_size;
+  POLYSHARD_CHECK(!o.data.empty() || o.vocab >= ByteTokenizer::vocab_size, "polyshard-train: the built-in corpus ",
+                  "is tokenized as bytes, which needs --vocab of at least 256, not ", o.vocab);
+  train::Datasets data{o.data.empty() ? TextDataset::from_text(builtin_corpus(), "<built-in corpus>")
+                                      : read_token_file(o.data, format, o.vocab),
+                       std::nullopt};
+  if (!o.val_data.empty()) data.validation = read_token_file(o.val_data, format_of(o.val_data), o.vocab);
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   if (o.backend == "mpi") {
 #ifdef POLYSHARD_WITH_MPI

@@ -42,6 +42,11 @@ struct Options {
   std::string nvme_path = "/local_nvme";  // --strategy zero_infinity: directory of the optimizer-state files
   // Input and output.
   std::string data;     // empty: the built-in corpus
+  std::string data_format = "auto";  // auto (from the file's header and name) | text | nanogpt | llmc
+  std::int64_t vocab = 0;            // 0: 256 for text (bytes), 50257 for token files (GPT-2's)
+  std::string val_data;              // validation set, in --data's format (or its own, detected)
+  std::int64_t eval_every = 0;       // steps between validation losses (0: at the end only)
+  std::int64_t eval_batches = 4;     // batches each validation loss averages, the same ones every time
   std::string metrics;  // JSON lines, one per step
   std::string trace;    // Chrome trace of compute and communication per rank
   std::int64_t log_every = 1;
@@ -69,7 +74,10 @@ Strategy:   --strategy ddp|sharded_ddp|fsdp|fsdp_grad_op|zero1|zero2|zero3|zero_
             --precision fp32|fp16-mixed|bf16-mixed (fp32)  --wrap whole|block|size:N (block)
             --accum K (1 micro-batch per step)  --hybrid-group N (hybrid: ranks per group; half the world)
             --nvme-path DIR (zero_infinity: directory on a local NVMe drive for the optimizer state; /local_nvme)
-Data:       --data FILE (default: the built-in corpus)
+Data:       --data FILE (default: the built-in corpus): text (byte tokens) or a token file of uint16 ids
+            --data-format auto|text|nanogpt|llmc (auto: llm.c's header, else nanoGPT's for a .bin name, else text)
+            --vocab N (256 for text, 50257 for token files; every token is checked against it)
+            --val-data FILE (a validation set)  --eval-every K (0: at the end only)  --eval-batches M (4)
 Output:     --metrics FILE.jsonl  --trace FILE.json (Chrome trace per rank)  --log-every N (1)
             --threads N (0: every core)
 Checkpoints: --save DIR (sharded checkpoint at the end)  --save-every K (also every K steps)
@@ -126,6 +134,11 @@ inline bool parse(int argc, char** argv, Options& o) {
     else if (flag == "--schedule") o.schedule = value();
     else if (flag == "--optimizer") o.optimizer = value();
     else if (flag == "--data") o.data = value();
+    else if (flag == "--data-format") o.data_format = value();
+    else if (flag == "--vocab") integer(o.vocab, 1);
+    else if (flag == "--val-data") o.val_data = value();
+    else if (flag == "--eval-every") integer(o.eval_every, 1);
+    else if (flag == "--eval-batches") integer(o.eval_batches, 1);
     else if (flag == "--strategy") o.strategy = value();
     else if (flag == "--world-size") integer(o.world_size, 1);
     else if (flag == "--backend") o.backend = value();
@@ -152,6 +165,10 @@ inline bool parse(int argc, char** argv, Options& o) {
       polyshard::detail::throw_error("polyshard-train: unknown option '", flag, "' (see --help)");
     }
   }
+  POLYSHARD_CHECK(o.data_format == "auto" || o.data_format == "text" || o.data_format == "nanogpt" ||
+                      o.data_format == "llmc",
+                  "polyshard-train: --data-format must be auto, text, nanogpt or llmc, got '", o.data_format, "'");
+  POLYSHARD_CHECK(o.eval_every == 0 || !o.val_data.empty(), "polyshard-train: --eval-every needs --val-data FILE");
   POLYSHARD_CHECK(o.schedule == "constant" || o.schedule == "cosine",
                   "polyshard-train: --schedule must be constant or cosine, got '", o.schedule, "'");
   POLYSHARD_CHECK(o.optimizer == "sgd" || o.optimizer == "adam" || o.optimizer == "adamw",

@@ -19,11 +19,11 @@ namespace train {
 #ifdef POLYSHARD_TRAIN_ON_CUDA
 #define POLYSHARD_TRAIN_INSTANCE(family)                                                                           \
   template void train_strategy<Family::family, Precision::POLYSHARD_TRAIN_PRECISION, polyshard::Cuda>(             \
-      const Options&, polyshard::NcclCommunicator&, const polyshard::TextDataset&, polyshard::Trace*);
+      const Options&, polyshard::NcclCommunicator&, const Datasets&, polyshard::Trace*);
 #else
 #define POLYSHARD_TRAIN_INSTANCE(family)                                                                           \
   template void train_strategy<Family::family, Precision::POLYSHARD_TRAIN_PRECISION, polyshard::Cpu>(              \
-      const Options&, polyshard::AnyCommunicator&, const polyshard::TextDataset&, polyshard::Trace*);
+      const Options&, polyshard::AnyCommunicator&, const Datasets&, polyshard::Trace*);
 #endif
 
 POLYSHARD_TRAIN_INSTANCE(ddp)

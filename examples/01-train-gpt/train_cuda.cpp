@@ -16,7 +16,7 @@
 
 namespace train {
 
-void train_on_cuda(const Options& o, const polyshard::TextDataset& data, int rank, int world, int device,
+void train_on_cuda(const Options& o, const Datasets& data, int rank, int world, int device,
                    const std::function<void(std::span<float>)>& share, polyshard::Trace* trace) {
   using namespace polyshard;
   const auto devices = cuda::available_devices();

@@ -7,7 +7,7 @@
 #include <span>
 
 #include "options.hpp"
-#include "polyshard/data/text_dataset.hpp"
+#include "datasets.hpp"
 #include "polyshard/profile/trace.hpp"
 
 namespace train {
@@ -15,7 +15,7 @@ namespace train {
 /// Trains under the options' strategy as rank `rank` of `world`, on CUDA device `device`, the
 /// ranks joined by an NCCL communicator whose id rank 0 makes and `share` broadcasts from rank 0
 /// over the launcher's communicator (the id's bytes, as floats).
-void train_on_cuda(const Options& o, const polyshard::TextDataset& data, int rank, int world, int device,
+void train_on_cuda(const Options& o, const Datasets& data, int rank, int world, int device,
                    const std::function<void(std::span<float>)>& share, polyshard::Trace* trace);
 
 }  // namespace train

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "families.hpp"
@@ -57,14 +58,14 @@ struct RankFigures {
 /// Trains on one rank of `comm` under strategy S, computing on device D (a device needs
 /// polyshard/engine/cuda/engine.hpp included first). Rank 0 prints progress and writes metrics.
 template <class S, class D = Cpu, class Comm>
-void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* trace = nullptr) {
+void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace = nullptr) {
   constexpr bool on_host = std::same_as<D, Cpu>;
   // A host model computes in float; a device model in the precision policy's compute type.
   using Model = Gpt<std::conditional_t<on_host, float, typename S::compute_type>, D>;
   MemoryTracker memory;
   TrackerScope scope(memory);
   const int world = comm.size(), rank = comm.rank();
-  GptConfig cfg{.vocab_size = ByteTokenizer::vocab_size, .block_size = o.seq, .n_layer = o.layers,
+  GptConfig cfg{.vocab_size = o.vocab, .block_size = o.seq, .n_layer = o.layers,
                 .n_head = o.heads, .n_embd = o.embd};
   Model model(cfg);
   model.checkpoint_blocks = o.checkpoint_activations;
@@ -80,7 +81,7 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
   // Where the data stands is the step and the seed (every draw is a pure function of both); the
   // batch shape and the data set must match for the positions to mean the same batches.
   const std::vector<std::pair<std::string, std::string>> run_values = {
-      {"batch", std::to_string(o.batch)}, {"accum", std::to_string(o.accum)}, {"data", data.origin()}};
+      {"batch", std::to_string(o.batch)}, {"accum", std::to_string(o.accum)}, {"data", data.train.origin()}};
   std::int64_t first_step = 0;
   std::uint64_t seed = o.seed;
   const auto tied = tied_parameters<Model>::of(model);
@@ -105,7 +106,7 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
   };
 
   const std::int64_t micro_rows = o.batch / o.accum;
-  const BatchSampler sampler(data, o.seq, micro_rows, seed);
+  const BatchSampler sampler(data.train, o.seq, micro_rows, seed);
   const int states = engine.optimizers().empty() ? 0 : engine.optimizers()[0].states_per_param();
   const std::int64_t padded = engine.units().padded_total(), root = engine.units().units[0].padded;
   const int shard_ranks = engine.shard_comm().size();
@@ -121,7 +122,7 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
                 "micro-batch(es); optimizer %s, lr %g\n",
                 o.strategy.c_str(), S::sharding::name, S::precision::name, world, on_host ? "the host" : "GPUs",
                 engine.units().units.size(),
-                data.origin().c_str(), static_cast<long long>(data.size()), static_cast<long long>(o.batch),
+                data.train.origin().c_str(), static_cast<long long>(data.train.size()), static_cast<long long>(o.batch),
                 static_cast<long long>(o.accum), o.optimizer.c_str(), o.lr);
     if (!o.metrics.empty()) {
       metrics.open(o.metrics);
@@ -129,6 +130,24 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
       POLYSHARD_CHECK(metrics.good(), "polyshard-train: cannot write metrics to '", o.metrics, "'");
     }
   }
+
+  // --val-data: the mean loss over the same eval_batches batches every time (a fixed seed), each
+  // rank its rows of each, summed over ranks; a forward without gradients, under every strategy.
+  std::optional<BatchSampler> val_sampler;
+  if (data.validation) val_sampler.emplace(*data.validation, o.seq, micro_rows, /*seed=*/0);
+  auto validation_loss = [&] {
+    NoGradGuard no_grad;
+    double sum = 0;
+    for (std::int64_t m = 0; m < o.eval_batches; ++m) {
+      const Batch batch = val_sampler->batch(m, rank, world);
+      const double weight = static_cast<double>(batch.inputs.size(0)) / static_cast<double>(micro_rows);
+      auto loss = engine.forward(
+          [&] { return model.loss(on_device<D>(batch.inputs), on_device<D>(batch.targets)); });
+      sum += weight * static_cast<double>(static_cast<float>(loss.value().to_vector()[0]));
+    }
+    all_reduce_host<D>(comm, std::span<double>(&sum, 1), ReduceOp::Sum);
+    return sum / static_cast<double>(o.eval_batches);
+  };
 
   const auto start = std::chrono::steady_clock::now();
   double first_loss = NAN, last_loss = NAN;
@@ -164,6 +183,8 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
     all_gather_host<D>(comm, std::span<const double>(mine), std::span<double>(all));
     double loss_sum = local_loss;
     all_reduce_host<D>(comm, std::span<double>(&loss_sum, 1), ReduceOp::Sum);
+    const bool evaluate = val_sampler && ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || step + 1 == o.steps);
+    const double val_loss = evaluate ? validation_loss() : NAN;
     if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < o.steps) save(step + 1);
     if (rank != 0) continue;
 
@@ -177,8 +198,11 @@ void train_rank(const Options& o, Comm& comm, const TextDataset& data, Trace* tr
       std::printf("step %5lld | loss %.4f | lr %.2e | grad norm %.3f | %8.0f tok/s | %.1f ms | elapsed %.1f s%s\n",
                   static_cast<long long>(step), loss_sum, lr, engine.last_grad_norm(), tokens_per_s, step_s * 1e3,
                   elapsed, applied ? "" : " | skipped (overflow)");
+    if (evaluate) std::printf("step %5lld | validation loss %.4f\n", static_cast<long long>(step), val_loss);
     if (metrics.is_open()) {
-      metrics << "{\"step\":" << step << ",\"loss\":" << loss_sum << ",\"lr\":" << lr << ",\"grad_norm\":"
+      metrics << "{\"step\":" << step << ",\"loss\":" << loss_sum;
+      if (evaluate) metrics << ",\"val_loss\":" << val_loss;
+      metrics << ",\"lr\":" << lr << ",\"grad_norm\":"
               << engine.last_grad_norm() << ",\"skipped\":" << (applied ? "false" : "true")
               << ",\"loss_scale\":" << engine.loss_scaler().scale() << ",\"tokens_per_s\":" << tokens_per_s
               << ",\"step_s\":" << step_s << ",\"elapsed_s\":" << elapsed
@@ -239,7 +263,7 @@ using PrecisionOf = std::conditional_t<P == Precision::fp32, Fp32,
                                            std::conditional_t<P == Precision::bf16_mixed, Bf16Mixed, Fp16Mixed>>;
 
 template <Family F, Precision P, class D, class Comm>
-void train_strategy(const Options& o, Comm& comm, const TextDataset& data, Trace* trace) {
+void train_strategy(const Options& o, Comm& comm, const Datasets& data, Trace* trace) {
   using Sharding = typename FamilyPolicies<F>::sharding;
   using Offload = typename FamilyPolicies<F>::offload;
   if (o.wrap == "block") train_rank<Strategy<Sharding, Offload, PrecisionOf<P>, WrapByType<Block>>, D>(o, comm, data, trace);

@@ -5,3 +5,4 @@
 #include "polyshard/data/builtin_corpus.hpp"
 #include "polyshard/data/byte_tokenizer.hpp"
 #include "polyshard/data/text_dataset.hpp"
+#include "polyshard/data/token_file.hpp"
