@@ -18,6 +18,7 @@
 #include "polyshard/tensor/ops/linear.hpp"  // detail::check_linear
 #include "polyshard/tensor/ops/matmul.hpp"
 #include "polyshard/tensor/ops/grouped_qkv.hpp"  // detail::grouped_qkv_dims
+#include "polyshard/tensor/ops/rms_norm.hpp"     // detail::check_rms_norm_backward
 #include "polyshard/tensor/ops/rope.hpp"         // detail::check_rope
 #include "polyshard/tensor/tensor.hpp"
 
@@ -212,12 +213,8 @@ void rms_norm_forward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& weight, d
 template <CudaFloatElement T>
 void rms_norm_backward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& weight, const Tensor<float, Cuda>& rstd,
                        const Tensor<T, Cuda>& dy, const GradOut<T, Cuda>& dx, const GradOut<T, Cuda>& dweight) {
-  check_same_shape("rms_norm backward", x.shape(), dy.shape());
+  detail::check_rms_norm_backward(x, weight, rstd, dy, dx, dweight);
   const std::int64_t c = x.size(-1), rows = x.shape().leading(1);
-  POLYSHARD_CHECK(weight.shape() == Shape{c} && rstd.numel() == rows, "rms_norm backward: weight ", weight.shape(),
-                  " and rstd ", rstd.shape(), " do not fit input of shape ", x.shape());
-  if (dx.wanted()) detail::check_output("rms_norm backward", "dx", dx.tensor, x.shape());
-  if (dweight.wanted()) detail::check_output("rms_norm backward", "dweight", dweight.tensor, Shape{c});
   const std::size_t floats = dweight.wanted() ? cuda::rms_norm_backward_workspace_floats(rows, c) : 0;
   const auto workspace = detail::cuda_ops::scratch_floats(floats);
   using detail::cuda_ops::device_grad;
@@ -242,18 +239,10 @@ void grouped_qkv_forward(const Tensor<T, Cuda>& q, const Tensor<T, Cuda>& k, con
 template <CudaFloatElement T>
 void grouped_qkv_backward(const Tensor<T, Cuda>& dqkv, int n_head, int n_kv_head, const GradOut<T, Cuda>& dq,
                           const GradOut<T, Cuda>& dk, const GradOut<T, Cuda>& dv) {
-  POLYSHARD_CHECK(dqkv.rank() == 3 && n_head > 0 && n_kv_head > 0 && n_head % n_kv_head == 0 &&
-                      dqkv.size(2) % (3 * std::int64_t(n_head)) == 0,
-                  "grouped_qkv backward: dqkv of shape ", dqkv.shape(), " does not fit n_head = ", n_head,
-                  " and n_kv_head = ", n_kv_head);
-  const std::int64_t c = dqkv.size(2) / 3, hd = c / n_head;
-  const Shape q_shape{dqkv.size(0), dqkv.size(1), c}, kv_shape{dqkv.size(0), dqkv.size(1), hd * n_kv_head};
-  if (dq.wanted()) detail::check_output("grouped_qkv backward", "dq", dq.tensor, q_shape);
-  if (dk.wanted()) detail::check_output("grouped_qkv backward", "dk", dk.tensor, kv_shape);
-  if (dv.wanted()) detail::check_output("grouped_qkv backward", "dv", dv.tensor, kv_shape);
+  const auto d = detail::check_grouped_qkv_backward(dqkv, n_head, n_kv_head, dq, dk, dv);
   using detail::cuda_ops::device_grad;
   cuda::grouped_qkv_backward(detail::cuda_ops::input("grouped_qkv backward", "dqkv", dqkv), device_grad(dq),
-                             device_grad(dk), device_grad(dv), dqkv.size(0) * dqkv.size(1), hd, n_head, n_kv_head,
+                             device_grad(dk), device_grad(dv), d.b * d.t, d.head_dim, n_head, n_kv_head,
                              cuda::current_stream());
 }
 

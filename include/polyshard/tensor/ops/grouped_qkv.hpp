@@ -30,6 +30,22 @@ GroupedQkvDims grouped_qkv_dims(const char* op, const Tensor<T, D>& q, const Ten
                   " for q ", q.shape(), " and n_kv_head = ", n_kv_head, ", got ", k.shape(), " and ", v.shape());
   return {q.size(0), q.size(1), hd, n_head, n_kv_head};
 }
+
+/// The checks grouped_qkv_backward makes on either device; returns the sizes dqkv implies.
+template <class T, class D>
+GroupedQkvDims check_grouped_qkv_backward(const Tensor<T, D>& dqkv, int n_head, int n_kv_head, const GradOut<T, D>& dq,
+                                          const GradOut<T, D>& dk, const GradOut<T, D>& dv) {
+  POLYSHARD_CHECK(dqkv.rank() == 3 && n_head > 0 && n_kv_head > 0 && n_head % n_kv_head == 0 &&
+                      dqkv.size(2) % (3 * std::int64_t(n_head)) == 0,
+                  "grouped_qkv backward: dqkv of shape ", dqkv.shape(), " does not fit n_head = ", n_head,
+                  " and n_kv_head = ", n_kv_head);
+  const std::int64_t hd = dqkv.size(2) / 3 / n_head;
+  const Shape q_shape{dqkv.size(0), dqkv.size(1), hd * n_head}, kv_shape{dqkv.size(0), dqkv.size(1), hd * n_kv_head};
+  if (dq.wanted()) check_output("grouped_qkv backward", "dq", dq.tensor, q_shape);
+  if (dk.wanted()) check_output("grouped_qkv backward", "dk", dk.tensor, kv_shape);
+  if (dv.wanted()) check_output("grouped_qkv backward", "dv", dv.tensor, kv_shape);
+  return {dqkv.size(0), dqkv.size(1), hd, n_head, n_kv_head};
+}
 }  // namespace detail
 
 /// qkv = [q | repeat(k) | repeat(v)] along the last dimension: (B, T, 3 n_head head_dim), where
@@ -58,16 +74,8 @@ void grouped_qkv_forward(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>
 template <FloatElement T>
 void grouped_qkv_backward(const Tensor<T>& dqkv, int n_head, int n_kv_head, const GradOut<T>& dq, const GradOut<T>& dk,
                           const GradOut<T>& dv) {
-  POLYSHARD_CHECK(dqkv.rank() == 3 && n_head > 0 && n_kv_head > 0 && n_head % n_kv_head == 0 &&
-                      dqkv.size(2) % (3 * std::int64_t(n_head)) == 0,
-                  "grouped_qkv backward: dqkv of shape ", dqkv.shape(), " does not fit n_head = ", n_head,
-                  " and n_kv_head = ", n_kv_head);
-  const std::int64_t rows = dqkv.size(0) * dqkv.size(1), c = dqkv.size(2) / 3, hd = c / n_head;
-  const std::int64_t ckv = hd * n_kv_head, group = n_head / n_kv_head;
-  const Shape q_shape{dqkv.size(0), dqkv.size(1), c}, kv_shape{dqkv.size(0), dqkv.size(1), ckv};
-  if (dq.wanted()) detail::check_output("grouped_qkv backward", "dq", dq.tensor, q_shape);
-  if (dk.wanted()) detail::check_output("grouped_qkv backward", "dk", dk.tensor, kv_shape);
-  if (dv.wanted()) detail::check_output("grouped_qkv backward", "dv", dv.tensor, kv_shape);
+  const auto d = detail::check_grouped_qkv_backward(dqkv, n_head, n_kv_head, dq, dk, dv);
+  const std::int64_t rows = d.b * d.t, hd = d.head_dim, c = hd * n_head, ckv = hd * n_kv_head, group = n_head / n_kv_head;
   const Tensor<T> g = dqkv.contiguous();
   for (std::int64_t row = 0; row < rows; ++row) {
     const T* in = g.data() + row * 3 * c;

@@ -9,6 +9,20 @@
 
 namespace polyshard {
 
+namespace detail {
+/// The checks rms_norm_backward makes on either device. x, dy: (..., C); weight: (C,); rstd: (...).
+template <class T, class S, class D>
+void check_rms_norm_backward(const Tensor<T, D>& x, const Tensor<T, D>& weight, const Tensor<S, D>& rstd,
+                             const Tensor<T, D>& dy, const GradOut<T, D>& dx, const GradOut<T, D>& dweight) {
+  check_same_shape("rms_norm backward", x.shape(), dy.shape());
+  const std::int64_t c = x.size(-1), rows = x.shape().leading(1);
+  POLYSHARD_CHECK(weight.shape() == Shape{c} && rstd.numel() == rows, "rms_norm backward: weight ", weight.shape(),
+                  " and rstd ", rstd.shape(), " do not fit input of shape ", x.shape());
+  if (dx.wanted()) check_output("rms_norm backward", "dx", dx.tensor, x.shape());
+  if (dweight.wanted()) check_output("rms_norm backward", "dweight", dweight.tensor, Shape{c});
+}
+}  // namespace detail
+
 /// y = x * rstd * weight over each row of the last dimension, rstd = 1 / sqrt(mean(x^2) + eps):
 /// eps inside the square root, no mean subtracted and no bias, as torch.nn.RMSNorm. The sum of
 /// squares is added in double. x, y: (..., C); weight: (C,); rstd: (...) (x's shape without its
@@ -46,12 +60,8 @@ void rms_norm_backward(const Tensor<T>& x, const Tensor<T>& weight, const Tensor
                        const GradOut<T>& dx, const GradOut<T>& dweight) {
   static_assert(detail::is_compute_float_v<T>,
                 "rms_norm computes in float or double: cast half and bfloat16 tensors to float first");
-  check_same_shape("rms_norm backward", x.shape(), dy.shape());
+  detail::check_rms_norm_backward(x, weight, rstd, dy, dx, dweight);
   const std::int64_t c = x.size(-1), rows = x.shape().leading(1);
-  POLYSHARD_CHECK(weight.shape() == Shape{c} && rstd.numel() == rows, "rms_norm backward: weight ", weight.shape(),
-                  " and rstd ", rstd.shape(), " do not fit input of shape ", x.shape());
-  if (dx.wanted()) detail::check_output("rms_norm backward", "dx", dx.tensor, x.shape());
-  if (dweight.wanted()) detail::check_output("rms_norm backward", "dweight", dweight.tensor, Shape{c});
   const Tensor<T> xc = x.contiguous(), dyc = dy.contiguous(), wc = weight.contiguous(), rc = rstd.contiguous();
   auto w = detail::array_map(wc.data(), c);
   if (dweight.wanted() && !dweight.accumulate) dweight.tensor.fill(T(0));
