@@ -57,6 +57,14 @@ struct Options {
   std::string resume;           // sharded checkpoint directory to continue from
   std::string init;             // full weights (safetensors, PyTorch names) to start from
   std::string export_weights;   // full weights written at the end
+  std::string init_hf;          // a save_pretrained directory (config.json sets the sizes) to start from
+  std::string export_hf;        // a save_pretrained directory written at the end (GPT2LMHeadModel loads it)
+  // Sampling.
+  std::int64_t sample_every = 0;   // steps between samples (0: none)
+  std::int64_t sample_tokens = 32; // tokens each sample generates
+  double temperature = 1.0;        // 0: greedy (the most likely token)
+  std::int64_t top_k = 0;          // 0: every token
+  std::string prompt;              // text (byte tokens) or token ids "1,2,3"; empty: the first token of --data
 };
 
 inline const char* usage =
