@@ -22,6 +22,16 @@ struct Block {
     const Var<T, D> h = add(x, call(attn, call(ln_1, x)));
     return add(h, call(mlp, call(ln_2, h)));
   }
+
+  /// The same at positions cache.length() onwards, caching the attention's keys and values in
+  /// layer `layer` of `cache` (CausalSelfAttention::forward_cached).
+  Var<T, D> forward_cached(const Var<T, D>& x, KvCache<T>& cache, std::size_t layer) const
+    requires std::same_as<D, Cpu>
+  {
+    const auto cached = [&](const Var<T, D>& in) { return attn.forward_cached(in, cache, layer); };
+    const Var<T, D> h = add(x, call_as(attn, call(ln_1, x), cached));
+    return add(h, call(mlp, call(ln_2, h)));
+  }
 };
 
 }  // namespace polyshard

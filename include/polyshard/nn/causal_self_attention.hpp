@@ -2,6 +2,7 @@
 #pragma once
 
 #include "polyshard/autograd/ops.hpp"
+#include "polyshard/nn/kv_cache.hpp"
 #include "polyshard/nn/linear.hpp"
 #include "polyshard/nn/module_hooks.hpp"
 
@@ -22,6 +23,14 @@ struct CausalSelfAttention {
   /// x: (B, T, C) -> (B, T, C).
   Var<T, D> operator()(const Var<T, D>& x) const {
     return call(c_proj, causal_self_attention(call(c_attn, x), n_head));  // qkv: (B, T, 3C)
+  }
+
+  /// x: (B, T, C) at positions cache.length() onwards -> (B, T, C), caching their keys and
+  /// values in layer `layer` of `cache`. For generation (no backward); on the host.
+  Var<T, D> forward_cached(const Var<T, D>& x, KvCache<T>& cache, std::size_t layer) const
+    requires std::same_as<D, Cpu>
+  {
+    return call(c_proj, attend_cached(call(c_attn, x), cache, layer, n_head));
   }
 };
 

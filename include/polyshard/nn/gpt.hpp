@@ -9,6 +9,7 @@
 #include "polyshard/autograd/ops.hpp"
 #include "polyshard/nn/block.hpp"
 #include "polyshard/nn/embedding.hpp"
+#include "polyshard/nn/generate.hpp"
 
 namespace polyshard {
 
@@ -80,6 +81,46 @@ struct Gpt {
   /// Mean cross-entropy of predicting `targets` (B, T) from `ids` (B, T).
   Var<T, D> loss(const Tensor<std::int32_t, D>& ids, const Tensor<std::int32_t, D>& targets) const {
     return cross_entropy(logits(ids), targets);
+  }
+
+  /// An empty key-value cache for `batch` sequences of up to block_size positions.
+  KvCache<T> make_kv_cache(std::int64_t batch = 1) const
+    requires std::same_as<D, Cpu>
+  {
+    return KvCache<T>(config.n_layer, batch, config.block_size, config.n_embd);
+  }
+
+  /// ids: (B, T) tokens at positions cache.length() onwards -> logits (B, T, vocab_size), the
+  /// rows logits() gives for them after the cached prefix; caches their keys and values. For
+  /// generation (no backward).
+  Var<T, D> logits(const Tensor<std::int32_t, D>& ids, KvCache<T>& cache) const
+    requires std::same_as<D, Cpu>
+  {
+    POLYSHARD_CHECK(ids.rank() == 2, "Gpt: token ids must have shape (B, T), got ", ids.shape());
+    const std::int64_t batch = ids.size(0), steps = ids.size(1), past = cache.length();
+    POLYSHARD_CHECK(cache.layers() == transformer.h.size(), "Gpt: a cache of ", cache.layers(),
+                    " layers for a model of ", transformer.h.size());
+    POLYSHARD_CHECK(past + steps <= config.block_size, "Gpt: ", past, " cached and ", steps,
+                    " new positions exceed the model's ", config.block_size, " positions");
+    auto positions = Tensor<std::int32_t>::empty({batch, steps});
+    for (std::int64_t b = 0; b < batch; ++b)
+      for (std::int64_t t = 0; t < steps; ++t) positions.data()[b * steps + t] = static_cast<std::int32_t>(past + t);
+    Var<T, D> x = add(transformer.wte(ids), transformer.wpe(positions));
+    for (std::size_t i = 0; i < transformer.h.size(); ++i) {
+      const Block<T, D>& block = transformer.h[i];
+      x = call_as(block, x, [&](const Var<T, D>& in) { return block.forward_cached(in, cache, i); });
+    }
+    x = call(transformer.ln_f, x);
+    cache.advance(steps);
+    return linear(x, transformer.wte.weight.var());
+  }
+
+  /// The prompt followed by c.new_tokens tokens drawn from this model, with a key-value cache
+  /// (polyshard::generate). On the host.
+  std::vector<std::int32_t> generate(std::span<const std::int32_t> prompt, const SamplingConfig& c) const
+    requires std::same_as<D, Cpu>
+  {
+    return polyshard::generate(*this, prompt, c);
   }
 };
 

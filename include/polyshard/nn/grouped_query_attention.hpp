@@ -3,6 +3,7 @@
 // names.
 #pragma once
 
+#include "polyshard/nn/kv_cache.hpp"
 #include "polyshard/nn/linear_no_bias.hpp"
 #include "polyshard/nn/module_hooks.hpp"
 
@@ -41,6 +42,23 @@ struct GroupedQueryAttention {
                                       call(v_proj, x), n_head, n_kv_head);  // (B, T, 3 dim)
     return call(o_proj, causal_self_attention(qkv, n_head));
   }
+
+  /// x: (B, T, dim) at positions cache.length() onwards -> (B, T, dim), caching their rotated
+  /// keys and their values (n_kv_head heads, not repeated) in layer `layer` of `cache`. For
+  /// generation (no backward); on the host.
+  Var<T, D> forward_cached(const Var<T, D>& x, KvCache<T>& cache, std::size_t layer) const
+    requires std::same_as<D, Cpu>
+  {
+    POLYSHARD_CHECK(x.shape().rank() == 3, "GroupedQueryAttention: input must be (B, T, dim), got shape ", x.shape());
+    const std::int64_t b = x.shape()[0], t = x.shape()[1], hd = x.shape()[2] / n_head, past = cache.length();
+    const Var<T, D> q = rope(reshape(call(q_proj, x), {b, t, n_head, hd}), rope_theta, past);
+    const Var<T, D> k = rope(reshape(call(k_proj, x), {b, t, n_kv_head, hd}), rope_theta, past);
+    return call(o_proj, attend_cached(reshape(q, {b, t, n_head * hd}), reshape(k, {b, t, n_kv_head * hd}),
+                                      call(v_proj, x), cache, layer, n_head, n_kv_head));
+  }
+
+  /// Width of one position's cached keys: n_kv_head head_dim.
+  std::int64_t kv_width() const { return k_proj.weight.shape()[0]; }
 
  private:
   static std::int64_t checked_head_dim(std::int64_t dim, int heads, int kv_heads) {

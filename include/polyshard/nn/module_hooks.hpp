@@ -63,4 +63,15 @@ Var<T, D> call(const M& module, const Var<T, D>& x) {
   return module(x);
 }
 
+/// Calls `body(x)` in place of `module(x)`, with the engine's work around it as call() has it:
+/// for another forward of the module (one that also reads and extends a key-value cache) that
+/// needs the module's unit gathered as its forward does.
+template <class M, FloatElement T, Device D, class Body>
+  requires std::same_as<std::invoke_result_t<Body&, const Var<T, D>&>, Var<T, D>>
+Var<T, D> call_as(const M& module, const Var<T, D>& x, Body&& body) {
+  if (ModuleHooks<T, D>* hooks = detail::thread_module_hooks<T, D>())
+    return hooks->around(&module, std::type_index(typeid(M)), [&body](const Var<T, D>& in) { return body(in); }, x);
+  return body(x);
+}
+
 }  // namespace polyshard

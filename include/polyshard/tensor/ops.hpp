@@ -2,6 +2,7 @@
 #pragma once
 
 #include "polyshard/tensor/ops/attention.hpp"
+#include "polyshard/tensor/ops/cached_attention.hpp"
 #include "polyshard/tensor/ops/cast.hpp"
 #include "polyshard/tensor/ops/cross_entropy.hpp"
 #include "polyshard/tensor/ops/elementwise.hpp"
