@@ -21,5 +21,6 @@
 #include "polyshard/comm/comm.hpp"
 #include "polyshard/policy/policy.hpp"
 #include "polyshard/engine/engine.hpp"
+#include "polyshard/engine/generate.hpp"
 #include "polyshard/io/io.hpp"
 #include "polyshard/profile/trace.hpp"
