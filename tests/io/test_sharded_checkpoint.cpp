@@ -13,6 +13,7 @@
 
 #include "../engine/engine_fixture.hpp"
 #include "polyshard/io/full_weights.hpp"
+#include "polyshard/io/hf_gpt2.hpp"
 #include "polyshard/io/sharded_checkpoint.hpp"
 #include "polyshard/io/state_dict.hpp"
 #include "temp_dir.hpp"
@@ -38,6 +39,7 @@ struct RunSpec {
   int first_step = 0, steps = 0;
   std::optional<fs::path> load = {}, save = {};
   std::optional<fs::path> init = {}, export_to = {};  // full weights in, full weights out
+  std::optional<fs::path> init_hf = {}, export_hf = {};  // Hugging Face save_pretrained directories
   GptConfig model = tiny_gpt();
 };
 
@@ -62,6 +64,7 @@ CheckpointRun run(const RunSpec& spec, StrategyConfig config = {}) {
       Engine<S, Gpt<float>, ThreadCommunicator, Opt> engine(model, comm, opt, config, 42);
       if (spec.load) out.resumed_step = load_checkpoint(engine, *spec.load).step;
       if (spec.init) load_full_weights(engine, *spec.init, tied_parameters<Gpt<float>>::of(model));
+      if (spec.init_hf) load_hf_gpt2_pretrained(engine, *spec.init_hf);
       const std::int64_t batch = 6;
       BatchSampler sampler(tiny_data(), 8, batch, 7);
       const RowRange rows = rank_rows(batch, comm.rank(), world);
@@ -77,6 +80,7 @@ CheckpointRun run(const RunSpec& spec, StrategyConfig config = {}) {
       if (spec.save)
         save_checkpoint(engine, *spec.save, {.step = spec.first_step + spec.steps, .seed = 7, .extra = {{"run", "test"}}});
       if (spec.export_to) save_full_weights(engine, *spec.export_to, tied_parameters<Gpt<float>>::of(model));
+      if (spec.export_hf) save_hf_gpt2_pretrained(engine, spec.model, *spec.export_hf);
       out.parameters = engine.full_parameters();
       out.loss_scale = engine.loss_scaler().scale();
       out.good_steps = engine.loss_scaler().good_steps();
@@ -410,6 +414,62 @@ TEST_CASE("full weights leave a sharded engine as one PyTorch state dict and loa
   const CheckpointRun wrong = run<Zero3Blocks>({.world = 2, .init = file, .model = wider});
   for (const std::string& e : wrong.errors) CHECK(!e.empty());
   CHECK_THAT(wrong.errors[0], Catch::Contains("does not match the model") && Catch::Contains("different shapes for"));
+}
+
+TEST_CASE("Hugging Face GPT-2 directories leave a sharded engine and load into any other", "[io][checkpoint]") {
+  TempDir dir;
+  const fs::path hf = dir / "hf";
+  const CheckpointRun a = run<Zero3Blocks>({.world = 4, .steps = 2, .export_hf = hf});
+  REQUIRE(succeeded(a));
+  // GPT2LMHeadModel's layout, read by load_hf_gpt2 (the mapping of a model without an engine).
+  const SafetensorsFile file = SafetensorsFile::open(hf / "model.safetensors");
+  REQUIRE(file.find("h.0.attn.c_attn.weight"));
+  CHECK(file.find("h.0.attn.c_attn.weight")->shape == std::vector<std::int64_t>{6, 18});  // Conv1D: (in, out)
+  CHECK_FALSE(file.find("transformer.wte.weight"));
+  CHECK_FALSE(file.find("lm_head.weight"));
+  {
+    const GptConfig c = read_hf_gpt2_config(hf / "config.json");
+    CHECK((c.vocab_size == 13 && c.block_size == 8 && c.n_layer == 2 && c.n_head == 2 && c.n_embd == 6));
+    Gpt<float> model(c);
+    FlatParameters<float> flat(model);
+    load_hf_gpt2(model, hf / "model.safetensors");
+    Parameters plain;
+    visit_parameters(model, [&](const std::string& name, auto& p) { plain.emplace_back(name, p.value().to_vector()); });
+    std::sort(plain.begin(), plain.end());
+    CHECK(bit_identical(plain, a.parameters));
+  }
+  // Every rank of another strategy and world size reads its slices, transposing Conv1D's.
+  const CheckpointRun zero1 = run<ZeRO<1>>({.world = 3, .init_hf = hf});
+  REQUIRE(succeeded(zero1));
+  CHECK(bit_identical(zero1.parameters, a.parameters));
+  const CheckpointRun zero3 = run<Zero3Blocks>({.world = 3, .init_hf = hf});
+  REQUIRE(succeeded(zero3));
+  CHECK(bit_identical(zero3.parameters, a.parameters));
+  // A published file also holds the attention-mask buffers and perhaps lm_head.weight: ignored.
+  {
+    Gpt<float> model(tiny_gpt());
+    FlatParameters<float> flat(model);
+    load_hf_gpt2(model, hf / "model.safetensors");
+    SafetensorsWriter writer;
+    writer.add_metadata("format", "pt");
+    visit_parameters(model, [&](const std::string& name, auto& p) {
+      const std::string bare = name.substr(12);  // no "transformer."
+      bool conv1d = false;  // GPT-2's Conv1D matrices, stored (in, out)
+      for (const char* s : {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"})
+        conv1d = conv1d || bare.ends_with(s);
+      writer.add(bare, conv1d ? p.value().transpose().contiguous() : p.value());
+    });
+    writer.add("h.0.attn.bias", Tensor<float>::zeros({1, 1, 8, 8})).add("lm_head.weight", model.transformer.wte.weight.value());
+    fs::create_directories(dir / "published");
+    writer.write(dir / "published" / "model.safetensors");
+    const CheckpointRun published = run<Zero3Blocks>({.world = 2, .init_hf = dir / "published"});
+    REQUIRE(succeeded(published));
+    CHECK(bit_identical(published.parameters, a.parameters));
+  }
+  GptConfig wider = tiny_gpt();
+  wider.n_embd = 8;
+  const CheckpointRun wrong = run<Zero3Blocks>({.world = 2, .init_hf = hf, .model = wider});
+  for (const std::string& e : wrong.errors) CHECK_THAT(e, Catch::Contains("does not match the model"));
 }
 
 TEST_CASE("resuming on another strategy with the same reduction order is bit-identical", "[io][checkpoint]") {

@@ -2,6 +2,8 @@
 // and errors that name the missing, unexpected or mis-shaped tensor.
 #include <catch2/catch.hpp>
 
+#include <fstream>
+
 #include "io/temp_dir.hpp"
 #include "polyshard/io/hf_gpt2.hpp"
 #include "polyshard/io/state_dict.hpp"
@@ -188,4 +190,62 @@ TEST_CASE("save_hf_gpt2 writes Hugging Face's layout and load_hf_gpt2 reads it b
   CHECK_FALSE(f.find("transformer.wte.weight"));
   load_hf_gpt2(b.gpt, dir / "model.safetensors");
   CHECK(b.values() == a.values());
+}
+
+TEST_CASE("read_hf_gpt2_config reads GPT-2's published config.json and refuses what Gpt cannot compute", "[io]") {
+  TempDir dir;
+  // The published gpt2 config.json's keys and values (fractions, booleans, a nested object).
+  const std::string published = R"({
+  "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+  "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
+  "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768, "n_head": 12,
+  "n_layer": 12, "n_positions": 1024, "resid_pdrop": 0.1, "summary_activation": null,
+  "summary_first_dropout": 0.1, "summary_proj_to_labels": true, "summary_type": "cls_index",
+  "summary_use_proj": true, "task_specific_params": {"text-generation": {"do_sample": true, "max_length": 50}},
+  "vocab_size": 50257})";
+  auto write = [&](const std::string& text) {
+    std::ofstream(dir / "config.json") << text;
+    return dir / "config.json";
+  };
+  const GptConfig c = read_hf_gpt2_config(write(published));
+  CHECK((c.vocab_size == 50257 && c.block_size == 1024 && c.n_layer == 12 && c.n_head == 12 && c.n_embd == 768));
+
+  // What write_hf_gpt2_config writes reads back.
+  write_hf_gpt2_config({.vocab_size = 300, .block_size = 64, .n_layer = 3, .n_head = 4, .n_embd = 32}, dir / "out.json");
+  const GptConfig back = read_hf_gpt2_config(dir / "out.json");
+  CHECK((back.vocab_size == 300 && back.block_size == 64 && back.n_layer == 3 && back.n_head == 4 && back.n_embd == 32));
+
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string text = published;
+    text.replace(text.find(from), from.size(), to);
+    return write(text);
+  };
+  CHECK_THROWS_WITH(read_hf_gpt2_config(with("\"gelu_new\"", "\"relu\"")),
+                    Catch::Contains("\"activation_function\" is \"relu\""));
+  CHECK_THROWS_WITH(read_hf_gpt2_config(with("1e-05", "1e-06")), Catch::Contains("\"layer_norm_epsilon\" is 1e-06"));
+  CHECK_THROWS_WITH(read_hf_gpt2_config(with("\"n_layer\": 12", "\"n_layer\": \"12\"")),
+                    Catch::Contains("\"n_layer\" must be a positive integer, not a string"));
+  CHECK_THROWS_WITH(read_hf_gpt2_config(with("\"n_embd\": 768,", "")), Catch::Contains("has no \"n_embd\""));
+  CHECK_THROWS_WITH(read_hf_gpt2_config(with("\"vocab_size\": 50257}", "\"vocab_size\": 50257,}")),
+                    Catch::Contains("invalid JSON at byte"));
+  CHECK_THROWS_WITH(read_hf_gpt2_config(dir / "absent.json"), Catch::Contains("cannot open"));
+}
+
+TEST_CASE("parse_json_document reads the whole grammar; parse_json stays strict for tensor headers", "[io]") {
+  const JsonValue v = parse_json_document(R"([1.5e3, -0.25, 2E-2, true, false, null, 7])");
+  REQUIRE(v.elements.size() == 7);
+  CHECK(v.elements[0].kind == JsonValue::Kind::Number);
+  CHECK(v.elements[0].number == 1500.0);
+  CHECK(v.elements[1].number == -0.25);
+  CHECK(v.elements[2].number == 0.02);
+  CHECK((v.elements[3].kind == JsonValue::Kind::Boolean && v.elements[3].boolean));
+  CHECK((v.elements[4].kind == JsonValue::Kind::Boolean && !v.elements[4].boolean));
+  CHECK(v.elements[5].kind == JsonValue::Kind::Null);
+  CHECK((v.elements[6].kind == JsonValue::Kind::Integer && v.elements[6].integer == 7));
+  CHECK_THROWS_WITH(parse_json_document("[1.]"), Catch::Contains("expected a digit after '.'"));
+  CHECK_THROWS_WITH(parse_json_document("[1e+]"), Catch::Contains("expected a digit in the exponent"));
+  CHECK_THROWS_WITH(parse_json_document("[nul]"), Catch::Contains("unexpected 'n'"));
+  CHECK_THROWS_WITH(parse_json_document("[1e999]"), Catch::Contains("out of a double's range"));
+  CHECK_THROWS_WITH(parse_json("[1.5]"), Catch::Contains("only integers are expected here"));
+  CHECK_THROWS_WITH(parse_json("[true]"), Catch::Contains("true, false and null are not expected here"));
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -13,17 +14,36 @@
 
 namespace polyshard {
 
+/// How a full-weights file names and lays out the model's parameters. The default is
+/// polyshard's own: PyTorch's names and nn.Linear's (out, in). Another library's layout (Hugging
+/// Face's GPT-2: hf_gpt2_layout()) renames, stores some matrices transposed, and may hold
+/// tensors that are not parameters.
+struct WeightLayout {
+  /// The file's name of a parameter.
+  std::function<std::string(const std::string&)> file_name = [](const std::string& name) { return name; };
+  /// True for a matrix the file stores as its transpose (Conv1D's (in, out)).
+  std::function<bool(const std::string&)> transposed = [](const std::string&) { return false; };
+  /// True for a tensor of the file that is not a parameter and is not read (a buffer).
+  std::function<bool(const std::string&)> ignored = [](const std::string&) { return false; };
+};
+
 namespace detail {
 /// Writes units laid out as `units`, whole (`whole[u]` the padded flat masters of unit u), as one
 /// safetensors file with PyTorch names and shapes and the `tied` aliases.
 template <class Plan, class MT>
 void write_full_weights(const std::filesystem::path& path, const Plan& units, const std::vector<Tensor<MT>>& whole,
-                        const std::vector<TiedParameter>& tied, const std::optional<DType>& dtype) {
+                        const std::vector<TiedParameter>& tied, const std::optional<DType>& dtype,
+                        const WeightLayout& layout) {
   SafetensorsWriter writer;
   writer.add_metadata("format", "pt");
   for (std::size_t u = 0; u < units.units.size(); ++u)
-    for (const auto& e : units.units[u].entries)
-      add_with_aliases(writer, e.name, whole[u].flat_view(e.offset, e.numel()).reshape(e.shape), tied, dtype);
+    for (const auto& e : units.units[u].entries) {
+      const Tensor<MT> value = whole[u].flat_view(e.offset, e.numel()).reshape(e.shape);
+      const std::string name = layout.file_name(e.name);
+      add_stored(writer, name, layout.transposed(e.name) ? value.transpose().contiguous() : value, dtype);
+      for (const TiedParameter& tie : tied)
+        if (tie.source == e.name) add_stored(writer, tie.alias, value, dtype);
+    }
   writer.write(path);
 }
 
@@ -31,21 +51,23 @@ void write_full_weights(const std::filesystem::path& path, const Plan& units, co
 /// shapes (and perhaps `tied` aliases); throws naming every difference.
 template <class Plan>
 void check_full_weights(const SafetensorsFile& file, const Plan& units, const std::vector<TiedParameter>& tied,
-                        const std::filesystem::path& path) {
+                        const std::filesystem::path& path, const WeightLayout& layout) {
   std::vector<std::string> missing, unexpected, misshaped;
   std::set<std::string> names;
   for (const auto& unit : units.units)
     for (const auto& e : unit.entries) {
-      names.insert(e.name);
-      const SafetensorsTensorInfo* t = file.find(e.name);
-      if (!t) missing.push_back(e.name);
-      else if (!std::equal(t->shape.begin(), t->shape.end(), e.shape.begin(), e.shape.end()))
-        misshaped.push_back(e.name + " (file " + shape_string(t->shape) + ", model " +
-                            shape_string(std::vector<std::int64_t>(e.shape.begin(), e.shape.end())) + ")");
+      const std::string name = layout.file_name(e.name);
+      names.insert(name);
+      std::vector<std::int64_t> shape(e.shape.begin(), e.shape.end());
+      if (layout.transposed(e.name) && shape.size() == 2) std::swap(shape[0], shape[1]);
+      const SafetensorsTensorInfo* t = file.find(name);
+      if (!t) missing.push_back(name);
+      else if (!std::equal(t->shape.begin(), t->shape.end(), shape.begin(), shape.end()))
+        misshaped.push_back(name + " (file " + shape_string(t->shape) + ", model " + shape_string(shape) + ")");
     }
   for (const SafetensorsTensorInfo& t : file.tensors()) {
     const bool alias = std::any_of(tied.begin(), tied.end(), [&](const TiedParameter& tie) { return tie.alias == t.name; });
-    if (!names.count(t.name) && !alias) unexpected.push_back(t.name);
+    if (!names.count(t.name) && !alias && !layout.ignored(t.name)) unexpected.push_back(t.name);
   }
   if (std::string msg = mismatch_message("load_full_weights: '" + path.string() + "' does not match the model:",
                                          "tensors", missing, unexpected, misshaped);
@@ -56,12 +78,21 @@ void check_full_weights(const SafetensorsFile& file, const Plan& units, const st
 /// Reads the master weights `params` of `unit` (the rank's span from element `offset`) from
 /// `file`; padding is zeroed.
 template <class Layout, class MT>
-void read_full_unit(const SafetensorsFile& file, const Layout& unit, std::int64_t offset, std::span<MT> params) {
+void read_full_unit(const SafetensorsFile& file, const Layout& unit, std::int64_t offset, std::span<MT> params,
+                    const WeightLayout& layout) {
   std::fill(params.begin(), params.end(), MT(0));
-  for (const SpanSlice& s : span_slices(unit, offset, std::int64_t(params.size())))
-    file.read_elements(unit.entries[s.entry].name, static_cast<std::uint64_t>(s.begin),
-                       params.subspan(static_cast<std::size_t>(s.span_offset), static_cast<std::size_t>(s.end - s.begin)),
-                       DTypeConversion::convert);
+  for (const SpanSlice& s : span_slices(unit, offset, std::int64_t(params.size()))) {
+    const std::string& name = unit.entries[s.entry].name;
+    const auto out = params.subspan(static_cast<std::size_t>(s.span_offset), static_cast<std::size_t>(s.end - s.begin));
+    if (layout.transposed(name)) {
+      // Stored (in, out): this rank's slice of the (out, in) matrix is strided in the file, so
+      // the matrix is read whole and transposed.
+      const Tensor<MT> matrix = file.read<MT>(layout.file_name(name), DTypeConversion::convert).transpose().contiguous();
+      std::copy_n(matrix.data() + s.begin, out.size(), out.begin());
+    } else {
+      file.read_elements(layout.file_name(name), static_cast<std::uint64_t>(s.begin), out, DTypeConversion::convert);
+    }
+  }
 }
 }  // namespace detail
 
@@ -69,9 +100,10 @@ void read_full_unit(const SafetensorsFile& file, const Layout& unit, std::int64_
 /// them from rank 0 as one safetensors file with PyTorch names and shapes, atomically: a
 /// PyTorch state_dict (FSDP's full state dict with rank0_only and state_dict_to_cpu). `tied`
 /// aliases (tied_parameters<Gpt<float>>::of(model)) are written too; stored as `dtype` if given.
+/// `layout`: another library's names and matrix layout (hf_gpt2_layout()); polyshard's by default.
 template <class E>
 void save_full_weights(E& engine, const std::filesystem::path& path, const std::vector<TiedParameter>& tied = {},
-                       std::optional<DType> dtype = std::nullopt) {
+                       std::optional<DType> dtype = std::nullopt, const WeightLayout& layout = {}) {
   using MT = typename E::MT;
   auto& comm = engine.communicator();
   // The master weights, whole: the most precise copy of the parameters under every precision.
@@ -90,7 +122,7 @@ void save_full_weights(E& engine, const std::filesystem::path& path, const std::
     });
   }
   std::string error = detail::attempt([&] {
-    if (comm.rank() == 0) detail::write_full_weights(path, engine.units(), whole, tied, dtype);
+    if (comm.rank() == 0) detail::write_full_weights(path, engine.units(), whole, tied, dtype, layout);
   });
   detail::agree_or_throw<typename E::device>(comm, error, "save_full_weights", path);
 }
@@ -99,14 +131,16 @@ void save_full_weights(E& engine, const std::filesystem::path& path, const std::
 /// layout) into `engine`: every rank reads from the file only the slices of its own shards into
 /// its master weights, then rebuilds its parameters; optimizer state is untouched. Names and
 /// shapes must match the model exactly; `tied` aliases may be present and are not read (FSDP's
-/// load_full_weights). A collective; an error on one rank is an error on all.
+/// load_full_weights). A collective; an error on one rank is an error on all. `layout`: another
+/// library's names and matrix layout (hf_gpt2_layout()); polyshard's by default.
 template <class E>
-void load_full_weights(E& engine, const std::filesystem::path& path, const std::vector<TiedParameter>& tied = {}) {
+void load_full_weights(E& engine, const std::filesystem::path& path, const std::vector<TiedParameter>& tied = {},
+                       const WeightLayout& layout = {}) {
   auto& comm = engine.communicator();
   std::optional<SafetensorsFile> file;
   std::string error = detail::attempt([&] {
     file.emplace(SafetensorsFile::open(path));
-    detail::check_full_weights(*file, engine.units(), tied, path);
+    detail::check_full_weights(*file, engine.units(), tied, path, layout);
   });
   detail::agree_or_throw<typename E::device>(comm, error, "load_full_weights", path);
 
@@ -114,7 +148,8 @@ void load_full_weights(E& engine, const std::filesystem::path& path, const std::
     for (std::size_t u = 0; u < engine.units().units.size(); ++u) {
       const auto& unit = engine.units().units[u];
       engine.access_optimizer_on_host(
-          u, true, [&](auto&, auto params) { detail::read_full_unit(*file, unit, engine.optimizer_offset(u), params); });
+          u, true,
+          [&](auto&, auto params) { detail::read_full_unit(*file, unit, engine.optimizer_offset(u), params, layout); });
     }
   });
   detail::agree_or_throw<typename E::device>(comm, error, "load_full_weights", path);

@@ -2,6 +2,8 @@
 // escapes and integers; anything else, and any malformed byte, is an error with its position.
 #pragma once
 
+#include <algorithm>
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -17,15 +19,19 @@ namespace polyshard {
 
 struct JsonMember;
 
-/// A parsed JSON value restricted to what tensor-file headers use. Objects keep their members
-/// in file order and never hold two members of one name (the parser rejects duplicates).
+/// A parsed JSON value. Tensor-file headers use objects, arrays, strings and integers only; the
+/// whole grammar (fractions, true, false, null) is parsed on request, for configuration files.
+/// Objects keep their members in file order and never hold two members of one name (the parser
+/// rejects duplicates).
 struct JsonValue {
-  enum class Kind { Object, Array, String, Integer };
+  enum class Kind { Object, Array, String, Integer, Number, Boolean, Null };
   Kind kind = Kind::Object;
   std::vector<JsonMember> members;  ///< Kind::Object
   std::vector<JsonValue> elements;  ///< Kind::Array
   std::string string;               ///< Kind::String (UTF-8)
   std::int64_t integer = 0;         ///< Kind::Integer
+  double number = 0;                ///< Kind::Number (a fraction or an exponent was written)
+  bool boolean = false;             ///< Kind::Boolean
 
   /// The member named `key`, or nullptr (objects only).
   const JsonValue* find(std::string_view key) const;
@@ -50,6 +56,9 @@ inline const char* json_kind_name(JsonValue::Kind k) {
     case JsonValue::Kind::Array: return "an array";
     case JsonValue::Kind::String: return "a string";
     case JsonValue::Kind::Integer: return "an integer";
+    case JsonValue::Kind::Number: return "a number";
+    case JsonValue::Kind::Boolean: return "a boolean";
+    case JsonValue::Kind::Null: return "null";
   }
   return "a value";
 }
@@ -60,8 +69,10 @@ namespace detail {
 /// exhaust the stack; every read is bounds-checked against the text.
 class JsonParser {
  public:
-  JsonParser(std::string_view text, int max_depth, std::size_t max_array, std::size_t max_values)
-      : text_(text), max_depth_(max_depth), max_array_(max_array), max_values_(max_values) {}
+  JsonParser(std::string_view text, int max_depth, std::size_t max_array, std::size_t max_values,
+             bool whole_grammar = false)
+      : text_(text), max_depth_(max_depth), max_array_(max_array), max_values_(max_values),
+        whole_grammar_(whole_grammar) {}
 
   JsonValue parse_document() {
     skip_whitespace();
@@ -113,8 +124,18 @@ class JsonParser {
       return v;
     }
     if (c == '-' || (c >= '0' && c <= '9')) return parse_integer();
-    if (c == 't' || c == 'f' || c == 'n')
-      fail("true, false and null are not expected here (only objects, arrays, strings and integers)");
+    if (c == 't' || c == 'f' || c == 'n') {
+      if (!whole_grammar_) fail("true, false and null are not expected here (only objects, arrays, strings and integers)");
+      for (const std::string_view word : {std::string_view("true"), std::string_view("false"), std::string_view("null")})
+        if (text_.substr(pos_, word.size()) == word) {
+          pos_ += word.size();
+          JsonValue v;
+          v.kind = word == "null" ? JsonValue::Kind::Null : JsonValue::Kind::Boolean;
+          v.boolean = word == "true";
+          return v;
+        }
+      fail("unexpected '", printable(c), "' where a value should start");
+    }
     fail("unexpected '", printable(c), "' where a value should start");
   }
 
@@ -195,8 +216,10 @@ class JsonParser {
       value = value * 10 - digit;
       ++pos_;
     }
-    if (!at_end() && (peek() == '.' || peek() == 'e' || peek() == 'E'))
-      fail("only integers are expected here, not fractions or exponents");
+    if (!at_end() && (peek() == '.' || peek() == 'e' || peek() == 'E')) {
+      if (!whole_grammar_) fail("only integers are expected here, not fractions or exponents");
+      return parse_fraction(start);
+    }
     if (!negative) {
       if (value == min) {
         pos_ = start;
@@ -207,6 +230,33 @@ class JsonParser {
     JsonValue v;
     v.kind = JsonValue::Kind::Integer;
     v.integer = value;
+    return v;
+  }
+
+  /// The rest of a number whose integer part [start, pos_) has been read: JSON's grammar
+  /// ('.' digits, then e or E, a sign and digits), converted by from_chars.
+  JsonValue parse_fraction(std::size_t start) {
+    auto digits = [&](const char* what) {
+      if (at_end() || peek() < '0' || peek() > '9') fail("expected a digit ", what);
+      while (!at_end() && peek() >= '0' && peek() <= '9') ++pos_;
+    };
+    if (peek() == '.') {
+      ++pos_;
+      digits("after '.'");
+    }
+    if (!at_end() && (peek() == 'e' || peek() == 'E')) {
+      ++pos_;
+      if (!at_end() && (peek() == '+' || peek() == '-')) ++pos_;
+      digits("in the exponent");
+    }
+    JsonValue v;
+    v.kind = JsonValue::Kind::Number;
+    const auto [end, error] = std::from_chars(text_.data() + start, text_.data() + pos_, v.number);
+    if (error != std::errc() || end != text_.data() + pos_) {
+      pos_ = start;
+      fail("number ", std::string(text_.substr(start, std::min<std::size_t>(40, text_.size() - start))),
+           " is out of a double's range");
+    }
     return v;
   }
 
@@ -326,6 +376,7 @@ class JsonParser {
   int max_depth_;
   std::size_t max_array_;
   std::size_t max_values_;
+  bool whole_grammar_;
   std::size_t values_ = 0;
 };
 
@@ -341,6 +392,14 @@ class JsonParser {
 inline JsonValue parse_json(std::string_view text, int max_depth = 16, std::size_t max_array = 1 << 20,
                             std::size_t max_values = 1 << 22) {
   return detail::JsonParser(text, max_depth, max_array, max_values).parse_document();
+}
+
+/// Parses `text` with the whole JSON grammar: also fractions and exponents (Kind::Number),
+/// true, false and null; for configuration files such as Hugging Face's config.json. Limits and
+/// errors as parse_json's.
+inline JsonValue parse_json_document(std::string_view text, int max_depth = 16, std::size_t max_array = 1 << 20,
+                                     std::size_t max_values = 1 << 22) {
+  return detail::JsonParser(text, max_depth, max_array, max_values, true).parse_document();
 }
 
 /// Appends `s` to `out` as a JSON string literal (quotes, escapes for '"', '\\' and controls).
