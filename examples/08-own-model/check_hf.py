@@ -5,7 +5,9 @@ The weights are loaded with the safetensors library, as transformers loads model
 their names must be exactly LlamaForCausalLM's state dict for config.json's sizes. The logits
 the program computed (check.safetensors) must equal those of a NumPy forward pass written here
 from Hugging Face's modeling_llama definitions (RMSNorm, rotate-half rotary embeddings,
-repeat_kv grouped-query attention, SwiGLU MLP, untied lm_head), in float64.
+repeat_kv grouped-query attention, SwiGLU MLP, untied lm_head), in float64; and the tokens it
+generated greedily with its key-value cache must be what that forward pass, run on each whole
+prefix, finds most likely.
 
 usage: check_hf.py DIR
 """
@@ -94,6 +96,25 @@ def main():
     # The program computes in float32: a few roundings per op, over a dozen ops.
     if error > 1e-5:
         print("the logits differ from Hugging Face's Llama")
+        return 1
+    # Greedy generation with the program's key-value cache: every generated token must be the
+    # most likely next token of the whole prefix computed afresh, wherever the runner-up is not
+    # within float32 rounding of it.
+    generated = check["generated"].astype(np.int64)
+    full = logits(generated[None, :-1], weights, cfg)[0]  # (T - 1, vocab)
+    prompt = len(generated) - 20
+    checked = 0
+    for p in range(prompt - 1, len(generated) - 1):
+        top2 = np.sort(full[p])[-2:]
+        if top2[1] - top2[0] < 1e-4 * np.max(np.abs(full[p])):
+            continue
+        checked += 1
+        if np.argmax(full[p]) != generated[p + 1]:
+            print(f"generated token {p + 1} is {generated[p + 1]}, the full forward's most likely is {np.argmax(full[p])}")
+            return 1
+    print(f"greedy generation with the key-value cache: {checked} of 20 tokens checked against the full forward")
+    if checked < 15:
+        print("too few tokens were clear of ties to check the generation")
         return 1
     print("the export is Hugging Face's Llama")
     return 0

@@ -43,6 +43,12 @@ struct DecoderLayer {
     const Var<float> h = x + call(self_attn, call(input_layernorm, x));
     return h + call(mlp, call(post_attention_layernorm, h));
   }
+  /// The same at positions cache.length() onwards, caching keys and values in layer `i`.
+  Var<float> forward_cached(const Var<float>& x, KvCache<float>& cache, std::size_t i) const {
+    const auto attend = [&](const Var<float>& in) { return self_attn.forward_cached(in, cache, i); };
+    const Var<float> h = x + call_as(self_attn, call(input_layernorm, x), attend);
+    return h + call(mlp, call(post_attention_layernorm, h));
+  }
 };
 
 /// Hugging Face's LlamaModel: the token embedding, the layers and the final norm.
@@ -59,7 +65,8 @@ struct Decoder {
 struct Llama {
   BOOST_HANA_DEFINE_STRUCT(Llama, (Decoder, model), (LinearNoBias<float>, lm_head));
 
-  explicit Llama(const LlamaConfig& c) : model(c), lm_head(c.hidden_size, c.vocab_size) {}
+  explicit Llama(const LlamaConfig& c)
+      : model(c), lm_head(c.hidden_size, c.vocab_size), positions(c.max_position_embeddings) {}
   // Parameters are bound by address: the model must not move once an engine holds it.
   Llama(const Llama&) = delete;
   Llama& operator=(const Llama&) = delete;
@@ -74,6 +81,22 @@ struct Llama {
   Var<float> loss(const Tensor<std::int32_t>& ids, const Tensor<std::int32_t>& targets) const {
     return cross_entropy(logits(ids), targets);
   }
+
+  // What polyshard::generate needs: a cache, and logits of new positions after the cached ones.
+  KvCache<float> make_kv_cache(std::int64_t batch) const {
+    return KvCache<float>(std::int64_t(model.layers.size()), batch, positions, model.layers.at(0).self_attn.kv_width());
+  }
+  Var<float> logits(const Tensor<std::int32_t>& ids, KvCache<float>& cache) const {
+    Var<float> x = model.embed_tokens(ids);
+    for (std::size_t i = 0; i < model.layers.size(); ++i) {
+      const DecoderLayer& layer = model.layers[i];
+      x = call_as(layer, x, [&](const Var<float>& in) { return layer.forward_cached(in, cache, i); });
+    }
+    cache.advance(ids.size(1));
+    return call(lm_head, call(model.norm, x));
+  }
+
+  std::int64_t positions;  // the longest sequence a cache holds (max_position_embeddings)
 };
 // [model]
 

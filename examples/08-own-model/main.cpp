@@ -6,8 +6,8 @@
 //   polyshard-own-model                 every preset, world sizes 1 and 3
 //   polyshard-own-model --export DIR    also writes DIR/model.safetensors and DIR/config.json (a
 //                                       save_pretrained directory LlamaForCausalLM loads) and
-//                                       DIR/check.safetensors (input ids and the logits this
-//                                       program computes), for check_hf.py
+//                                       DIR/check.safetensors (input ids, the logits this
+//                                       program computes and a greedy generation), for check_hf.py
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -62,8 +62,18 @@ std::vector<double> train(const LlamaConfig& config, const TextDataset& data, in
       const Batch b = sampler.batch(kSteps, 0, 1);
       NoGradGuard no_grad;
       const Var<float> logits = engine.forward([&] { return model.logits(b.inputs); });
-      if (comm.rank() == 0)
-        SafetensorsWriter().add("input_ids", b.inputs).add("logits", logits.value()).write(export_dir / "check.safetensors");
+      // Greedy generation through the engine with the model's key-value cache: check_hf.py
+      // recomputes every prefix in full and checks that each token is its most likely next one.
+      const std::vector<std::int32_t> prompt(b.inputs.data(), b.inputs.data() + 8);
+      const std::vector<std::int32_t> generated = generate(engine, model, prompt, {.new_tokens = 20, .temperature = 0});
+      if (comm.rank() == 0) {
+        SafetensorsWriter()
+            .add("input_ids", b.inputs)
+            .add("logits", logits.value())
+            .add("generated", Tensor<std::int32_t>::from({std::int64_t(generated.size())}, generated))
+            .write(export_dir / "check.safetensors");
+        std::printf("generated after 12 steps: \"%s\"\n", ByteTokenizer::decode(generated).c_str());
+      }
     }
   });
   std::vector<double> total(kSteps, 0.0);
