@@ -2,8 +2,9 @@
 """polyshard-train on token files: makes a nanoGPT file (uint16 ids) and an llm.c file (its
 256-int32 header, then the same ids), trains a few steps on each, and checks that the
 vocabulary is the one asked for, that a token outside it stops the run with the file, the byte
-offset and the value, and that --val-data's validation loss comes when asked and is the same on
-one process and on three ranks.
+offset and the value, that --val-data's validation loss comes when asked and is the same on
+one process and on three ranks, and that --sample-every draws token ids on the steps asked for,
+deterministically.
 
 usage: check_token_files.py PROGRAM WORK_DIR
 """
@@ -80,11 +81,39 @@ def main():
         if any(abs(x - y) > 1e-5 * abs(x) for x, y in zip(a, b)):
             failures.append(f"validation losses differ between one process and three ranks: {a} vs {b}")
 
+    # --sample-every: token ids drawn after the second and the last step, under ZeRO-3 on three
+    # ranks as on one process, each below the vocabulary, the same again for the same seed.
+    samples = {}
+    for name, extra in (("ddp-1", []), ("ddp-1-again", []), ("zero3-3", ["--strategy", "zero3", "--world-size", "3"])):
+        metrics = f"{work}/sample-metrics-{name}.jsonl"
+        r = run(program, "--data", nanogpt, "--val-data", llmc, "--vocab", "300", "--eval-every", "2",
+                "--sample-every", "2", "--sample-tokens", "6", "--prompt", "5,7 9", "--top-k", "40",
+                "--metrics", metrics, *common, *extra)
+        if r.returncode != 0:
+            failures.append(f"--sample-every ({name}): exit {r.returncode}\n{r.stdout}\n{r.stderr}")
+            continue
+        with open(metrics) as f:
+            drawn = [json.loads(line).get("sample") for line in f]
+        printed = [line for line in r.stdout.splitlines() if "| sample: " in line]
+        if [d is not None for d in drawn] != [False, True, True] or len(printed) != 2:
+            failures.append(f"--sample-every ({name}): samples {drawn}, printed {printed}; expected two")
+        elif any(len(d) != 6 or not all(0 <= t < 300 for t in d) for d in drawn if d is not None):
+            failures.append(f"--sample-every ({name}): samples {drawn} are not 6 ids below 300")
+        elif printed[0].split("| sample: ")[1] != " ".join(map(str, drawn[1])):
+            failures.append(f"--sample-every ({name}): printed '{printed[0]}', sampled {drawn[1]}")
+        else:
+            samples[name] = drawn
+    if len(samples) == 3 and samples["ddp-1"] != samples["ddp-1-again"]:
+        failures.append(f"the same seed drew {samples['ddp-1']} and then {samples['ddp-1-again']}")
+    r = run(program, "--data", nanogpt, "--vocab", "300", "--sample-every", "1", "--prompt", "5,x", *common)
+    if r.returncode == 0 or "--prompt '5,x': 'x' is not a token id below the vocabulary size 300" not in r.stderr:
+        failures.append(f"--prompt 5,x: exit {r.returncode}, stderr {r.stderr}")
+
     if failures:
         print("\n".join(failures))
         return 1
     print("token files: nanoGPT and llm.c files train with the vocabulary asked for, ids outside it are errors, "
-          "and the validation loss is the same on one process and on three ranks")
+          "the validation loss is the same on one process and on three ranks, and samples come as asked")
     return 0
 
 

@@ -10,6 +10,7 @@
 #include "polyshard/comm/thread_communicator.hpp"
 #include "polyshard/data/builtin_corpus.hpp"
 #include "polyshard/data/token_file.hpp"
+#include "polyshard/io/hf_gpt2.hpp"
 #include "polyshard/optim/detail/elementwise.hpp"
 #include "polyshard/tensor/cpu/blas.hpp"
 #ifdef POLYSHARD_WITH_MPI
@@ -40,6 +41,19 @@ int run(int argc, char** argv) {
                   " needs a build with CUDA and NCCL (none was found when this one was configured)");
 #endif
   const bool on_gpus = o.device == "cuda";
+  // --init-hf: the model's sizes are the directory's config.json.
+  if (!o.init_hf.empty()) {
+    const GptConfig hf = read_hf_gpt2_config(std::filesystem::path(o.init_hf) / "config.json");
+    POLYSHARD_CHECK(o.vocab == 0 || o.vocab == hf.vocab_size, "polyshard-train: --vocab ", o.vocab, " differs from ",
+                    o.init_hf, "'s vocab_size ", hf.vocab_size);
+    POLYSHARD_CHECK(o.seq <= hf.block_size, "polyshard-train: --seq ", o.seq, " is longer than ", o.init_hf,
+                    "'s n_positions ", hf.block_size);
+    o.layers = hf.n_layer;
+    o.heads = hf.n_head;
+    o.embd = hf.n_embd;
+    o.vocab = hf.vocab_size;
+    o.positions = hf.block_size;
+  }
   // The format from --data-format or the file; the vocabulary from --vocab or the format.
   auto format_of = [&](const std::string& path) {
     return o.data_format == "auto" ? detect_token_format(path) : parse_token_format(o.data_format);
@@ -52,6 +66,16 @@ int run(int argc, char** argv) {
                                       : read_token_file(o.data, format, o.vocab),
                        std::nullopt};
   if (!o.val_data.empty()) data.validation = read_token_file(o.val_data, format_of(o.val_data), o.vocab);
+  data.bytes = format == TokenFormat::text;
+  if (o.sample_every > 0) {
+    POLYSHARD_CHECK(!on_gpus, "polyshard-train: --sample-every generates on host models; --device cuda does not "
+                              "sample (its cached attention has no device kernel)");
+    data.prompt = train::prompt_tokens(o.prompt, data.bytes, o.vocab, data.train);
+    const std::int64_t positions = o.positions > 0 ? o.positions : o.seq;
+    POLYSHARD_CHECK(std::int64_t(data.prompt.size()) + o.sample_tokens - 1 <= positions, "polyshard-train: --prompt's ",
+                    data.prompt.size(), " tokens and --sample-tokens ", o.sample_tokens, " exceed the model's ",
+                    positions, " positions (--seq)");
+  }
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   if (o.backend == "mpi") {
 #ifdef POLYSHARD_WITH_MPI

@@ -16,6 +16,7 @@ namespace train {
 struct Options {
   // Model.
   std::int64_t layers = 4, heads = 4, embd = 128, seq = 64;
+  std::int64_t positions = 0;  // the model's positions (block size); 0: seq. --init-hf's config.json sets it
   // Training.
   std::int64_t batch = 16, steps = 200;
   std::uint64_t seed = 1337;

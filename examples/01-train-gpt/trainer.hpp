@@ -13,7 +13,9 @@
 #include "options.hpp"
 #include "polyshard/data/data.hpp"
 #include "polyshard/engine/engine.hpp"
+#include "polyshard/engine/generate.hpp"
 #include "polyshard/io/full_weights.hpp"
+#include "polyshard/io/hf_gpt2.hpp"
 #include "polyshard/io/sharded_checkpoint.hpp"
 #include "polyshard/nn/nn.hpp"
 #include "polyshard/optim/optim.hpp"
@@ -43,6 +45,31 @@ inline AnyOptimizerConfig optimizer_config(const Options& o) {
   return configure(AdamWConfig{});
 }
 
+/// Generated tokens on one line: bytes as text, with C escapes for control characters, quotes
+/// and bytes outside ASCII, when the tokens are bytes; ids separated by spaces otherwise.
+inline std::string printable_tokens(const std::vector<std::int32_t>& tokens, bool bytes) {
+  std::string out;
+  if (!bytes) {
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      if (i) out += ' ';  // appended, not an operator+ chain: GCC 12 warns falsely on that at -O3
+      out += std::to_string(tokens[i]);
+    }
+    return out;
+  }
+  out += '"';
+  for (const std::int32_t t : tokens) {
+    const auto c = static_cast<unsigned char>(t);
+    if (c == '\n') out += "\\n";
+    else if (c == '"' || c == '\\') (out += '\\') += static_cast<char>(c);
+    else if (c >= 0x20 && c < 0x7f) out += static_cast<char>(c);
+    else {
+      static constexpr char hex[] = "0123456789abcdef";
+      ((out += "\\x") += hex[c >> 4]) += hex[c & 15];
+    }
+  }
+  return out + '"';
+}
+
 /// Per-rank figures of one step, gathered to rank 0 for the metrics file.
 struct RankFigures {
   static constexpr std::size_t kinds = 5;  // all-reduce, reduce-scatter, all-gather, broadcast, reduce
@@ -65,7 +92,7 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
   MemoryTracker memory;
   TrackerScope scope(memory);
   const int world = comm.size(), rank = comm.rank();
-  GptConfig cfg{.vocab_size = o.vocab, .block_size = o.seq, .n_layer = o.layers,
+  GptConfig cfg{.vocab_size = o.vocab, .block_size = o.positions > 0 ? o.positions : o.seq, .n_layer = o.layers,
                 .n_head = o.heads, .n_embd = o.embd};
   Model model(cfg);
   model.checkpoint_blocks = o.checkpoint_activations;
@@ -86,6 +113,7 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
   std::uint64_t seed = o.seed;
   const auto tied = tied_parameters<Model>::of(model);
   if (!o.init.empty()) load_full_weights(engine, o.init, tied);
+  if (!o.init_hf.empty()) load_hf_gpt2_pretrained(engine, o.init_hf);
   if (!o.resume.empty()) {
     const TrainingState state = load_checkpoint(engine, o.resume);
     for (const auto& [key, value] : run_values) {
@@ -149,6 +177,19 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
     return sum / static_cast<double>(o.eval_batches);
   };
 
+  // --sample-every: a continuation of the prompt drawn from the current weights. Every rank runs
+  // the forwards (a sharded model is gathered unit by unit for each token); rank 0 prints it.
+  auto sample = [&](std::int64_t step) {
+    std::vector<std::int32_t> drawn;
+    if constexpr (on_host) {
+      const SamplingConfig c{.new_tokens = o.sample_tokens, .temperature = o.temperature, .top_k = o.top_k,
+                             .seed = counter_bits(o.seed, static_cast<std::uint64_t>(step))};
+      drawn = generate(engine, model, data.prompt, c);
+      drawn.erase(drawn.begin(), drawn.begin() + static_cast<std::ptrdiff_t>(data.prompt.size()));
+    }
+    return drawn;
+  };
+
   const auto start = std::chrono::steady_clock::now();
   double first_loss = NAN, last_loss = NAN;
   for (std::int64_t step = first_step; step < o.steps; ++step) {
@@ -185,6 +226,8 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
     all_reduce_host<D>(comm, std::span<double>(&loss_sum, 1), ReduceOp::Sum);
     const bool evaluate = val_sampler && ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || step + 1 == o.steps);
     const double val_loss = evaluate ? validation_loss() : NAN;
+    const bool sampling = o.sample_every > 0 && ((step + 1) % o.sample_every == 0 || step + 1 == o.steps);
+    const std::vector<std::int32_t> drawn = sampling ? sample(step) : std::vector<std::int32_t>{};
     if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < o.steps) save(step + 1);
     if (rank != 0) continue;
 
@@ -199,9 +242,17 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
                   static_cast<long long>(step), loss_sum, lr, engine.last_grad_norm(), tokens_per_s, step_s * 1e3,
                   elapsed, applied ? "" : " | skipped (overflow)");
     if (evaluate) std::printf("step %5lld | validation loss %.4f\n", static_cast<long long>(step), val_loss);
+    if (sampling)
+      std::printf("step %5lld | sample: %s\n", static_cast<long long>(step),
+                  printable_tokens(drawn, data.bytes).c_str());
     if (metrics.is_open()) {
       metrics << "{\"step\":" << step << ",\"loss\":" << loss_sum;
       if (evaluate) metrics << ",\"val_loss\":" << val_loss;
+      if (sampling) {
+        metrics << ",\"sample\":[";
+        for (std::size_t i = 0; i < drawn.size(); ++i) metrics << (i ? "," : "") << drawn[i];
+        metrics << "]";
+      }
       metrics << ",\"lr\":" << lr << ",\"grad_norm\":"
               << engine.last_grad_norm() << ",\"skipped\":" << (applied ? "false" : "true")
               << ",\"loss_scale\":" << engine.loss_scaler().scale() << ",\"tokens_per_s\":" << tokens_per_s
@@ -232,6 +283,10 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
   if (!o.export_weights.empty()) {
     save_full_weights(engine, o.export_weights, tied);
     if (rank == 0) std::printf("exported full weights to %s\n", o.export_weights.c_str());
+  }
+  if (!o.export_hf.empty()) {
+    save_hf_gpt2_pretrained(engine, cfg, o.export_hf);
+    if (rank == 0) std::printf("exported a Hugging Face GPT-2 directory to %s\n", o.export_hf.c_str());
   }
   if (rank == 0)
     std::printf("done: loss %.4f -> %.4f in %lld steps\n", first_loss, last_loss,
