@@ -88,6 +88,10 @@ inline void check_combinations(const Options& o) {
   POLYSHARD_CHECK(o.save_every == 0 || !o.save.empty(), "polyshard-train: --save-every needs --save DIR");
   POLYSHARD_CHECK(o.resume.empty() || o.init.empty(),
                   "polyshard-train: --resume and --init both set the weights; give one of them");
+  POLYSHARD_CHECK(o.init_hf.empty() || o.init.empty(),
+                  "polyshard-train: --init-hf and --init both set the weights; give one of them");
+  POLYSHARD_CHECK(o.init_hf.empty() || o.resume.empty(),
+                  "polyshard-train: --init-hf and --resume both set the weights; give one of them");
   POLYSHARD_CHECK(o.batch % o.accum == 0, "polyshard-train: --batch ", o.batch, " is not divisible by --accum ",
                   o.accum);
   POLYSHARD_CHECK(o.embd % o.heads == 0, "polyshard-train: --embd ", o.embd, " is not divisible by --heads ", o.heads);
@@ -221,6 +225,30 @@ inline bool parse(int argc, char** argv, Options& o) {
   checkpoints->add_option("--init", o.init, "start from full weights (PyTorch names)")->type_name("FILE.safetensors");
   checkpoints->add_option("--export", o.export_weights, "full weights written at the end")
       ->type_name("FILE.safetensors");
+  checkpoints
+      ->add_option("--init-hf", o.init_hf,
+                   "start from a Hugging Face save_pretrained directory (its config.json sets the sizes)")
+      ->type_name("DIR");
+  checkpoints
+      ->add_option("--export-hf", o.export_hf,
+                   "a save_pretrained directory written at the end (GPT2LMHeadModel.from_pretrained loads it)")
+      ->type_name("DIR");
+
+  auto* sampling = app.add_option_group("Sampling");
+  sampling->add_option("--sample-every", o.sample_every, "steps between printed samples (default: none)")
+      ->type_name("K")
+      ->transform(at_least(1))
+      ->default_str("");
+  sampling->add_option("--sample-tokens", o.sample_tokens, "tokens each sample generates")->type_name("N")
+      ->transform(at_least(1));
+  sampling->add_option("--temperature", o.temperature, "0: greedy (the most likely token)")->type_name("T")
+      ->transform(detail::number_at_least<double>(0));
+  sampling->add_option("--top-k", o.top_k, "sample among the K most likely tokens (0: all)")->type_name("K")
+      ->transform(at_least(0));
+  sampling
+      ->add_option("--prompt", o.prompt,
+                   "text for byte tokens, or token ids \"1,2,3\" for token files (default: the first token of --data)")
+      ->type_name("TEXT");
 
   try {
     app.parse(argc, argv);
