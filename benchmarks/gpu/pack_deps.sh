@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Copies the headers and CMake package files the GPU build needs (Eigen, Boost.Hana, Catch2) from
-# this Debian machine into .gpu-deps/usr, keeping their /usr layout so that their package files
-# find them again: a GPU machine with nvcc and CMake but none of these can then build polyshard
-# with -DCMAKE_PREFIX_PATH=$PWD/.gpu-deps/usr (benchmarks/gpu/run.sh does). About 14 MB.
+# Copies the headers and CMake package files the GPU build needs (Eigen, Boost.Hana, Catch2, and
+# CLI11 for polyshard-train) from this Debian machine into .gpu-deps/usr, keeping their /usr
+# layout so that their package files find them again: a GPU machine with nvcc and CMake but none
+# of these can then build polyshard with -DCMAKE_PREFIX_PATH=$PWD/.gpu-deps/usr
+# (benchmarks/gpu/run.sh does). About 14 MB.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dst=.gpu-deps/usr
@@ -21,4 +22,6 @@ copy lib/$arch/cmake/boost_headers-1.74.0
 copy include/catch2
 copy lib/cmake/Catch2
 copy lib/libCatch2WithMain.a
+copy include/CLI
+copy share/cmake/CLI11
 du -sh .gpu-deps

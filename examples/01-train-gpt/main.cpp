@@ -4,8 +4,8 @@
 #include <deque>
 #include <thread>
 
+#include "command_line.hpp"
 #include "families.hpp"
-#include "options.hpp"
 #include "polyshard/comm/any_communicator.hpp"
 #include "polyshard/comm/thread_communicator.hpp"
 #include "polyshard/data/builtin_corpus.hpp"

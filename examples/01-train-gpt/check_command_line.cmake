@@ -1,0 +1,84 @@
+# polyshard-train's command line and --config file: a TOML file sets the flags and the command
+# line wins over it; a bad value, on the command line or in the file, and an unknown flag or key
+# stop the run (exit 2) with a message naming them; --help exits 0 and shows every group. The
+# runs that train are two steps of a one-block model.
+set(failures "")
+
+# expect(name EXIT code SAYS text... ARGS arg...): runs PROGRAM with the arguments and records a
+# failure unless it exits with `code` and prints (on stdout or stderr) every `text`.
+function(expect name)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "EXIT" "SAYS;ARGS")
+  execute_process(COMMAND ${PROGRAM} ${arg_ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  set(wrong "")
+  if(NOT "${rc}" STREQUAL "${arg_EXIT}")
+    string(APPEND wrong " exit ${rc}, not ${arg_EXIT};")
+  endif()
+  foreach(text IN LISTS arg_SAYS)
+    string(FIND "${out}" "${text}" at)
+    if(at EQUAL -1)
+      string(APPEND wrong " no '${text}';")
+    endif()
+  endforeach()
+  if(wrong)
+    string(JOIN " " command ${arg_ARGS})
+    set(failures "${failures}\n${name}:${wrong} polyshard-train ${command} printed:\n${out}" PARENT_SCOPE)
+  endif()
+endfunction()
+
+# Keys are the long flags without their dashes; the sampling keys parse without --sample-every.
+set(config ${WORK_DIR}/command-line.toml)
+file(WRITE ${config} [=[
+# a tiny run: one block, two steps, ZeRO-3 on two ranks
+layers = 1
+embd = 32
+heads = 2
+seq = 16
+batch = 4
+steps = 2
+strategy = "zero3"
+world-size = 2
+log-every = 100
+sample-tokens = 8
+temperature = 0
+top-k = 5
+prompt = "The"
+]=])
+expect(config-sets-the-flags EXIT 0 ARGS --config ${config}
+       SAYS "polyshard-train: GPT 1 layers, 2 heads, width 32, sequence 16" "strategy zero3" "2 rank(s)")
+expect(command-line-wins-over-config EXIT 0 ARGS --config ${config} --layers 2 --strategy ddp --world-size 1
+       SAYS "polyshard-train: GPT 2 layers, 2 heads, width 32, sequence 16" "strategy ddp" "1 rank(s)")
+expect(command-line-wins-also-before-config EXIT 0 ARGS --heads 4 --config ${config}
+       SAYS "polyshard-train: GPT 1 layers, 4 heads, width 32, sequence 16")
+
+expect(bad-number-on-command-line EXIT 2 ARGS --layers abc SAYS "polyshard-train: --layers" "'abc'")
+expect(number-below-its-minimum EXIT 2 ARGS --heads 0 SAYS "polyshard-train: --heads" "at least 1" "'0'")
+expect(flag-without-value EXIT 2 ARGS --steps SAYS "polyshard-train: --steps")
+expect(bad-betas EXIT 2 ARGS --betas 0.9 SAYS "polyshard-train: --betas" "B1,B2" "'0.9'")
+expect(unknown-flag EXIT 2 ARGS --no-such-flag 3 SAYS "polyshard-train: " "--no-such-flag")
+expect(init-hf-and-init EXIT 2 ARGS --init-hf ${WORK_DIR}/hf --init ${WORK_DIR}/w.safetensors
+       SAYS "polyshard-train: --init-hf and --init")
+expect(init-hf-and-resume EXIT 2 ARGS --init-hf ${WORK_DIR}/hf --resume ${WORK_DIR}/ckpt
+       SAYS "polyshard-train: --init-hf and --resume")
+
+set(bad_config ${WORK_DIR}/command-line-bad.toml)
+file(WRITE ${bad_config} "layers = \"abc\"\n")
+expect(bad-value-in-config EXIT 2 ARGS --config ${bad_config}
+       SAYS "polyshard-train: --config ${bad_config}" "layers" "'abc'")
+file(WRITE ${bad_config} "world-size = 0\n")
+expect(value-below-its-minimum-in-config EXIT 2 ARGS --config ${bad_config} SAYS "world-size" "'0'")
+file(WRITE ${bad_config} "strategy = \"zero4\"\n")
+expect(unknown-word-in-config EXIT 2 ARGS --config ${bad_config} SAYS "--strategy" "zero4")
+file(WRITE ${bad_config} "layerz = 2\n")
+expect(unknown-key-in-config EXIT 2 ARGS --config ${bad_config} SAYS "polyshard-train: --config" "'layerz'")
+expect(missing-config EXIT 2 ARGS --config ${WORK_DIR}/no-such-file.toml
+       SAYS "polyshard-train: --config" "no-such-file.toml")
+
+expect(help EXIT 0 ARGS --help
+       SAYS "--config FILE" "Model:" "Training:" "Optimizer:" "Strategy:" "Data:" "Output:" "Checkpoints:" "Sampling:"
+            "--layers N=4" "--betas B1,B2=0.9,0.999" "--nesterov" "--sample-tokens N=32" "--top-k K=0")
+expect(short-help EXIT 0 ARGS -h SAYS "Usage: polyshard-train")
+
+if(failures)
+  message(FATAL_ERROR "polyshard-train's command line:${failures}")
+endif()
+message(STATUS "command line: --config sets the flags, the command line wins, bad input is named, --help shows the groups")
