@@ -60,12 +60,16 @@ GenerationRun train_and_generate(int world, bool generating) {
 std::vector<std::int32_t> generate_whole(const Parameters& parameters, const SamplingConfig& c) {
   Gpt<float> model(tiny_gpt());
   FlatParameters<float> flat(model);
-  std::size_t i = 0;
+  std::size_t found = 0;
   visit_parameters(model, [&](const std::string& name, Parameter<float>& p) {
-    REQUIRE(parameters[i].first == name);
-    std::copy(parameters[i].second.begin(), parameters[i].second.end(), p.value().data());
-    ++i;
+    for (const auto& [n, values] : parameters)  // full_parameters() lists them by name
+      if (n == name) {
+        REQUIRE(values.size() == std::size_t(p.value().numel()));
+        std::copy(values.begin(), values.end(), p.value().data());
+        ++found;
+      }
   });
+  REQUIRE(found == parameters.size());
   return model.generate(prompt, c);
 }
 
