@@ -274,8 +274,8 @@ class MpiCommunicator {
   /// Turns the cross-rank check of every call (CommOptions::check_calls) on or off.
   void set_check_calls(bool on) { impl_->options.check_calls = on; }
   bool check_calls() const { return impl_->options.check_calls; }
-  /// What the check adds to every collective on more than one rank: one all-gather of this many
-  /// bytes a rank (counted in bytes_moved).
+  /// What the check adds to every collective on more than one rank: this many bytes from each
+  /// rank to each other rank (counted in bytes_moved: N-1 times this a rank).
   static constexpr std::size_t call_check_bytes = check_words * sizeof(std::int64_t);
 
   /// Counts scratch buffers under MemoryCategory::Communication in `tracker`.
@@ -289,6 +289,10 @@ class MpiCommunicator {
   using Chunks = detail::comm::Chunks;
   static constexpr int ring_tag = 0x5053;  // "PS"
   static constexpr int reduce_tag = 0x5054;
+  static constexpr int check_tag = 0x5055;
+  /// Up to this many ranks the call check is point-to-point (N-1 messages a rank, naming a dead
+  /// peer on a timeout); above it, one all-gather (log-depth, naming no rank in particular).
+  static constexpr int check_by_messages_up_to = 64;
 
   /// Frees the MPI communicator last, after the communication thread has drained.
   struct OwnedComm {
@@ -323,6 +327,7 @@ class MpiCommunicator {
     std::string mismatch;  // the report of a mismatched call: the communicator is unusable after it
     std::chrono::steady_clock::time_point deadline;
     std::vector<MPI_Request> requests;
+    std::vector<int> request_peers;  // the rank each request waits on; any_peer for a collective's
     detail::comm::CommWorker worker;  // last: destroyed (drained) first
 
     Impl(MPI_Comm c, CommOptions o) : owned(c), comm(c), options(o) {
@@ -356,7 +361,7 @@ class MpiCommunicator {
         detail::comm::MpiLock lock;
         check(MPI_Isend(p, static_cast<int>(len), MPI_BYTE, peer, tag, comm, &r), "MPI_Isend");
         stats.record_moved(current.kind, static_cast<double>(len));
-        requests.push_back(r);
+        add_request(r, peer);
         p += len;
         bytes -= len;
       } while (bytes > 0);
@@ -368,16 +373,46 @@ class MpiCommunicator {
         MPI_Request r;
         detail::comm::MpiLock lock;
         check(MPI_Irecv(p, static_cast<int>(len), MPI_BYTE, peer, tag, comm, &r), "MPI_Irecv");
-        requests.push_back(r);
+        add_request(r, peer);
         p += len;
         bytes -= len;
       } while (bytes > 0);
     }
 
-    /// Polls the posted requests until all completed, failing at the deadline. MPI progresses
-    /// messages only inside its calls, so the loop keeps calling MPI_Testall; it yields the
-    /// core after a while and sleeps briefly once the wait is long (oversubscribed ranks).
-    void wait(const std::vector<int>& peers) {
+    static constexpr int any_peer = -1;
+    void add_request(MPI_Request r, int peer) {
+      requests.push_back(r);
+      request_peers.push_back(peer);
+    }
+
+    /// The ranks whose requests have not completed (after MPI_Testall said some have not): a
+    /// point-to-point request names its peer, a collective's every other rank.
+    std::vector<int> waited_for() {
+      std::vector<int> peers;
+      for (std::size_t i = 0; i < requests.size(); ++i) {
+        int done = 0;
+        if (requests[i] != MPI_REQUEST_NULL) {
+          detail::comm::MpiLock lock;
+          MPI_Test(&requests[i], &done, MPI_STATUS_IGNORE);
+        }
+        if (done || requests[i] == MPI_REQUEST_NULL) continue;
+        if (request_peers[i] != any_peer) {
+          peers.push_back(request_peers[i]);
+          continue;
+        }
+        for (int q = 0; q < size; ++q)
+          if (q != rank) peers.push_back(q);
+      }
+      std::sort(peers.begin(), peers.end());
+      peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+      return peers;
+    }
+
+    /// Polls the posted requests until all completed, failing at the deadline with the ranks
+    /// whose messages are still missing. MPI progresses messages only inside its calls, so the
+    /// loop keeps calling MPI_Testall; it yields the core after a while and sleeps briefly once
+    /// the wait is long (oversubscribed ranks).
+    void wait() {
       const auto start = std::chrono::steady_clock::now();
       for (long spins = 0;; ++spins) {
         int done = 0;
@@ -388,19 +423,16 @@ class MpiCommunicator {
         }
         if (done) {
           requests.clear();
+          request_peers.clear();
           return;
         }
         const auto now = std::chrono::steady_clock::now();
         if (now >= deadline) {
+          const std::vector<int> missing = waited_for();
           requests.clear();  // left pending: the job cannot go on, MpiSession will abort it
-          std::vector<int> others = peers;
-          std::sort(others.begin(), others.end());
-          others.erase(std::unique(others.begin(), others.end()), others.end());  // left == right when N = 2
-          if (others.empty())
-            for (int q = 0; q < size; ++q)
-              if (q != rank) others.push_back(q);
+          request_peers.clear();
           fail(where() + " timed out after " + detail::comm::seconds_text(options.timeout) + " waiting for " +
-               detail::comm::rank_list(others));
+               detail::comm::rank_list(missing));
         }
         if (now - start > std::chrono::milliseconds(20)) std::this_thread::sleep_for(std::chrono::microseconds(50));
         else if (spins > 256) std::this_thread::yield();
@@ -423,15 +455,25 @@ class MpiCommunicator {
           static_cast<std::int64_t>(desc.count), desc.root, static_cast<std::int64_t>(desc.op),
           static_cast<std::int64_t>(seq), static_cast<std::int64_t>(detail::comm::site_hash(desc.site))};
       std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(size));
-      MPI_Request r;
-      {
-        detail::comm::MpiLock lock;
-        check(MPI_Iallgather(mine.data(), check_words, MPI_INT64_T, all.data(), check_words, MPI_INT64_T, comm, &r),
-              "MPI_Iallgather");
+      if (size <= check_by_messages_up_to) {
+        // One message to and from every other rank: a wait that times out then names the ranks
+        // whose message is missing (a dead rank), where an all-gather could name only all of them.
+        std::copy(mine.begin(), mine.end(), all.begin() + check_words * rank);
+        for (int q = 0; q < size; ++q)
+          if (q != rank) post_recv(all.data() + check_words * q, sizeof(mine), q, check_tag);
+        for (int q = 0; q < size; ++q)
+          if (q != rank) post_send(mine.data(), sizeof(mine), q, check_tag);
+      } else {
+        MPI_Request r;
+        {
+          detail::comm::MpiLock lock;
+          check(MPI_Iallgather(mine.data(), check_words, MPI_INT64_T, all.data(), check_words, MPI_INT64_T, comm, &r),
+                "MPI_Iallgather");
+        }
+        stats.record_moved(desc.kind, static_cast<double>(sizeof(mine) * static_cast<std::size_t>(size - 1)));
+        add_request(r, any_peer);
       }
-      stats.record_moved(desc.kind, static_cast<double>(sizeof(mine)));  // the check's own message
-      requests.push_back(r);
-      wait({});
+      wait();
       bool same = true;  // word 5, the sequence number, is for the reader of a dump: not compared
       for (int q = 0; q < size; ++q)
         for (int w = 0; w < check_words; ++w) same = same && (w == 5 || all[check_words * q + w] == mine[w]);
@@ -463,8 +505,8 @@ class MpiCommunicator {
         detail::comm::MpiLock lock;
         check(MPI_Iallgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm, &r), "MPI_Iallgather");
       }
-      requests.push_back(r);
-      wait({});
+      add_request(r, any_peer);
+      wait();
       int total = 0;
       for (int q = 0; q < size; ++q) {
         offsets[static_cast<std::size_t>(q)] = total;
@@ -477,8 +519,8 @@ class MpiCommunicator {
                               &r),
               "MPI_Iallgatherv");
       }
-      requests.push_back(r);
-      wait({});
+      add_request(r, any_peer);
+      wait();
       std::vector<std::string> sites;
       for (int q = 0; q < size; ++q)
         sites.push_back(texts.substr(static_cast<std::size_t>(offsets[static_cast<std::size_t>(q)]),
@@ -516,7 +558,7 @@ class MpiCommunicator {
         post_recv(incoming, chunks.size(recv_c) * sizeof(C), left(), ring_tag);
         post_send(s == 0 ? first_send : acc + chunks.begin(send_c), chunks.size(send_c) * sizeof(C), right(),
                   ring_tag);
-        wait({left(), right()});
+        wait();
         const std::uint64_t b = chunks.begin(recv_c), len = chunks.size(recv_c);
         if (s == N - 2) detail::comm::combine<C>(final_out, incoming, src + b, len, op == ReduceOp::Avg ? N : 1);
         else detail::comm::combine<C>(acc + b, incoming, src + b, len, 1);
@@ -532,7 +574,7 @@ class MpiCommunicator {
         const int recv_c = detail::comm::wrap(rank - 1 - t, N);
         post_recv(data + chunks.begin(recv_c), chunks.size(recv_c) * sizeof(T), left(), ring_tag);
         post_send(data + chunks.begin(send_c), chunks.size(send_c) * sizeof(T), right(), ring_tag);
-        wait({left(), right()});
+        wait();
       }
     }
 
@@ -583,11 +625,11 @@ class MpiCommunicator {
           check(MPI_Ibcast(p, static_cast<int>(len), MPI_BYTE, root, comm, &r), "MPI_Ibcast");
         }
         if (rank == root) stats.record_moved(CollectiveKind::Broadcast, static_cast<double>(len));
-        requests.push_back(r);
+        add_request(r, rank == root ? any_peer : root);  // a receiver waits on the root's data
         p += len;
         bytes -= len;
       } while (bytes > 0);
-      wait(rank == root ? std::vector<int>{} : std::vector<int>{root});
+      wait();
     }
 
     /// A ring reduce-scatter (the additions of all_reduce), then every rank sends its reduced
@@ -605,13 +647,13 @@ class MpiCommunicator {
       ring_reduce_scatter<T>(buf.data(), acc, mine, chunks, op);
       if (rank != root) {
         post_send(mine, chunks.size(rank) * sizeof(T), root, reduce_tag);
-        wait({root});
+        wait();
         return;
       }
       // The root's input is no longer needed: receive the other chunks straight into it.
       for (int q = 0; q < size; ++q)
         if (q != root) post_recv(buf.data() + chunks.begin(q), chunks.size(q) * sizeof(T), q, reduce_tag);
-      wait({});
+      wait();
     }
 
     void barrier() {
@@ -622,8 +664,8 @@ class MpiCommunicator {
         detail::comm::MpiLock lock;
         check(MPI_Ibarrier(comm, &r), "MPI_Ibarrier");
       }
-      requests.push_back(r);
-      wait({});
+      add_request(r, any_peer);
+      wait();
     }
   };
 
