@@ -106,6 +106,14 @@ bool succeeded(const CheckpointRun& r) {
   return true;
 }
 
+/// A plain model's parameters by name, as engine.full_parameters() lists them.
+Parameters sorted_parameters(const Gpt<float>& model) {
+  Parameters out;
+  visit_parameters(model, [&](const std::string& name, const auto& p) { out.emplace_back(name, p.value().to_vector()); });
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 bool bit_identical(const Parameters& a, const Parameters& b) {
   if (a.size() != b.size()) return false;
   for (std::size_t i = 0; i < a.size(); ++i)
@@ -386,10 +394,7 @@ TEST_CASE("full weights leave a sharded engine as one PyTorch state dict and loa
     Gpt<float> model(tiny_gpt());
     FlatParameters<float> flat(model);
     load_state_dict(model, file);  // strict: every name, the tied lm_head.weight included
-    Parameters plain;
-    visit_parameters(model, [&](const std::string& name, auto& p) { plain.emplace_back(name, p.value().to_vector()); });
-    std::sort(plain.begin(), plain.end());
-    CHECK(bit_identical(plain, a.parameters));
+    CHECK(bit_identical(sorted_parameters(model), a.parameters));
   }
   // Each rank of another strategy reads its own slices: the same parameters, bit for bit.
   const CheckpointRun ddp = run<DDP>({.world = 1, .init = file});
@@ -404,10 +409,7 @@ TEST_CASE("full weights leave a sharded engine as one PyTorch state dict and loa
   Gpt<float> model(tiny_gpt());
   FlatParameters<float> flat(model);
   load_state_dict(model, dir / "again.safetensors");
-  Parameters again;
-  visit_parameters(model, [&](const std::string& name, auto& p) { again.emplace_back(name, p.value().to_vector()); });
-  std::sort(again.begin(), again.end());
-  CHECK(bit_identical(again, a.parameters));
+  CHECK(bit_identical(sorted_parameters(model), a.parameters));
 
   GptConfig wider = tiny_gpt();
   wider.n_embd = 8;
@@ -433,10 +435,7 @@ TEST_CASE("Hugging Face GPT-2 directories leave a sharded engine and load into a
     Gpt<float> model(c);
     FlatParameters<float> flat(model);
     load_hf_gpt2(model, hf / "model.safetensors");
-    Parameters plain;
-    visit_parameters(model, [&](const std::string& name, auto& p) { plain.emplace_back(name, p.value().to_vector()); });
-    std::sort(plain.begin(), plain.end());
-    CHECK(bit_identical(plain, a.parameters));
+    CHECK(bit_identical(sorted_parameters(model), a.parameters));
   }
   // Every rank of another strategy and world size reads its slices, transposing Conv1D's.
   const CheckpointRun zero1 = run<ZeRO<1>>({.world = 3, .init_hf = hf});

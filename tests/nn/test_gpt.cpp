@@ -2,17 +2,12 @@
 #include <catch2/catch.hpp>
 
 #include "support/finite_difference.hpp"
+#include "support/token_ids.hpp"
 #include "polyshard/nn/nn.hpp"
 
 using namespace polyshard;
 
-namespace {
-Tensor<std::int32_t> ids(const Shape& shape, std::int64_t vocab, std::uint64_t seed) {
-  auto t = Tensor<std::int32_t>::empty(shape);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.data()[i] = std::int32_t(splitmix64(seed + i) % vocab);
-  return t;
-}
-}  // namespace
+using test::random_ids;
 
 TEST_CASE("GPT loss gradient matches finite differences for every parameter", "[nn]") {
   GptConfig cfg{.vocab_size = 7, .block_size = 6, .n_layer = 2, .n_head = 2, .n_embd = 4};
@@ -21,7 +16,7 @@ TEST_CASE("GPT loss gradient matches finite differences for every parameter", "[
   flat.initialize(3);
   // Larger weights than GPT-2's 0.02 so that every path carries a visible gradient.
   for (double& x : flat.values().span()) x *= 10;
-  const auto x = ids({2, 5}, 7, 1), y = ids({2, 5}, 7, 2);
+  const auto x = random_ids({2, 5}, 7, 1), y = random_ids({2, 5}, 7, 2);
 
   flat.zero_grad();
   backward(model.loss(x, y));
@@ -51,9 +46,9 @@ TEST_CASE("GPT shapes and input errors", "[nn]") {
   Gpt<float> model(cfg);
   FlatParameters<float> flat(model);
   flat.initialize(1);
-  CHECK(model.logits(ids({3, 4}, 9, 1)).shape() == Shape{3, 4, 9});
-  CHECK_THROWS_WITH(model.logits(ids({1, 5}, 9, 1)), Catch::Contains("longer than the model's 4 positions"));
-  CHECK_THROWS_WITH(model.logits(ids({5}, 9, 1)), Catch::Contains("(B, T)"));
+  CHECK(model.logits(random_ids({3, 4}, 9, 1)).shape() == Shape{3, 4, 9});
+  CHECK_THROWS_WITH(model.logits(random_ids({1, 5}, 9, 1)), Catch::Contains("longer than the model's 4 positions"));
+  CHECK_THROWS_WITH(model.logits(random_ids({5}, 9, 1)), Catch::Contains("(B, T)"));
 }
 
 TEST_CASE("a training step in its steady state makes no system allocation", "[nn]") {
@@ -61,7 +56,7 @@ TEST_CASE("a training step in its steady state makes no system allocation", "[nn
   Gpt<float> model(cfg);
   FlatParameters<float> flat(model);
   flat.initialize(1);
-  const auto x = ids({4, 16}, 32, 1), y = ids({4, 16}, 32, 2);
+  const auto x = random_ids({4, 16}, 32, 1), y = random_ids({4, 16}, 32, 2);
   auto step = [&] {
     flat.zero_grad();
     backward(model.loss(x, y));

@@ -5,15 +5,12 @@
 #include <vector>
 
 #include "polyshard/nn/nn.hpp"
+#include "support/token_ids.hpp"
 
 using namespace polyshard;
 
 namespace {
-Tensor<std::int32_t> random_ids(const Shape& shape, std::int64_t vocab, std::uint64_t seed) {
-  auto t = Tensor<std::int32_t>::empty(shape);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.data()[i] = std::int32_t(splitmix64(seed + i) % vocab);
-  return t;
-}
+using test::random_ids;
 
 /// Positions [begin, end) of a (B, T, ...) tensor, as a contiguous copy.
 template <class T>
