@@ -2,12 +2,11 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
 #include "polyshard/core/error.hpp"
+#include "polyshard/core/read_file.hpp"
 #include "polyshard/data/byte_tokenizer.hpp"
 
 namespace polyshard {
@@ -25,11 +24,7 @@ class TextDataset {
 
   /// Reads and byte-tokenizes a file; an unreadable file is an error naming it.
   static TextDataset from_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    POLYSHARD_CHECK(in.good(), "TextDataset: cannot open '", path, "'");
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    POLYSHARD_CHECK(!in.bad(), "TextDataset: error while reading '", path, "'");
-    return from_text(text, path);
+    return from_text(read_file(path, "TextDataset"), path);
   }
 
   const std::vector<std::int32_t>& tokens() const { return tokens_; }

@@ -7,12 +7,12 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "polyshard/core/error.hpp"
+#include "polyshard/core/read_file.hpp"
 #include "polyshard/data/byte_tokenizer.hpp"
 #include "polyshard/data/text_dataset.hpp"
 
@@ -47,14 +47,6 @@ inline TokenFormat parse_token_format(std::string_view name) {
 }
 
 namespace detail {
-inline std::string read_whole_file(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  POLYSHARD_CHECK(in.good(), what, ": cannot open '", path, "'");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  POLYSHARD_CHECK(!in.bad(), what, ": error while reading '", path, "'");
-  return bytes;
-}
-
 inline std::int32_t int32_at(const std::string& bytes, std::size_t index) {
   std::int32_t v;
   std::memcpy(&v, bytes.data() + index * sizeof v, sizeof v);  // little-endian, as the files are
@@ -103,7 +95,7 @@ inline TextDataset read_token_file(const std::string& path, TokenFormat format, 
                     "which needs a vocabulary of ", ByteTokenizer::vocab_size, ", not ", vocab_size);
     return TextDataset::from_file(path);
   }
-  const std::string bytes = detail::read_whole_file(path, "token file");
+  const std::string bytes = read_file(path, "token file");
   if (format == TokenFormat::nanogpt) return TextDataset(detail::uint16_tokens(bytes, 0, path, vocab_size), path);
   POLYSHARD_CHECK(bytes.size() >= llmc_header_bytes, "token file '", path, "': ", bytes.size(),
                   " bytes are too few for llm.c's header of 256 int32");

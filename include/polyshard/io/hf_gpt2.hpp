@@ -3,11 +3,11 @@
 #pragma once
 
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <string_view>
 
+#include "polyshard/core/read_file.hpp"
 #include "polyshard/io/atomic_file.hpp"
 #include "polyshard/io/full_weights.hpp"
 #include "polyshard/io/json.hpp"
@@ -90,13 +90,10 @@ inline WeightLayout hf_gpt2_layout() {
 /// approximation (activation_function "gelu_new"), layer_norm_epsilon 1e-5, n_inner null or
 /// 4 n_embd, tied embeddings; an error names the key and the value that differ.
 inline GptConfig read_hf_gpt2_config(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  POLYSHARD_CHECK(in.good(), "read_hf_gpt2_config: cannot open '", path.string(), "'");
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = read_file(path, "read_hf_gpt2_config");
   JsonValue doc;
   try {
-    doc = parse_json_document(text.str());
+    doc = parse_json_document(text);
   } catch (const Error& e) {
     detail::throw_error("read_hf_gpt2_config: '", path.string(), "': ", e.what());
   }

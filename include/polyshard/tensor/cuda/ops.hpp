@@ -18,6 +18,7 @@
 #include "polyshard/tensor/ops/linear.hpp"  // detail::check_linear
 #include "polyshard/tensor/ops/matmul.hpp"
 #include "polyshard/tensor/ops/grouped_qkv.hpp"  // detail::grouped_qkv_dims
+#include "polyshard/tensor/ops/layer_norm.hpp"   // detail::check_layer_norm_forward, _backward
 #include "polyshard/tensor/ops/rms_norm.hpp"     // detail::check_rms_norm_backward
 #include "polyshard/tensor/ops/rope.hpp"         // detail::check_rope
 #include "polyshard/tensor/tensor.hpp"
@@ -161,13 +162,8 @@ template <CudaFloatElement T>
 void layer_norm_forward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& weight, const Tensor<T, Cuda>& bias,
                         double eps, const Tensor<T, Cuda>& y, const Tensor<float, Cuda>& mean,
                         const Tensor<float, Cuda>& rstd) {
-  POLYSHARD_CHECK(x.rank() >= 1, "layer_norm: input needs at least 1 dimension, got shape ", x.shape());
+  detail::check_layer_norm_forward(x, weight, bias, y, mean, rstd);
   const std::int64_t c = x.size(-1), rows = x.shape().leading(1);
-  POLYSHARD_CHECK(weight.shape() == Shape{c} && bias.shape() == Shape{c}, "layer_norm: weight ", weight.shape(),
-                  " and bias ", bias.shape(), " do not fit input of shape ", x.shape());
-  detail::check_output("layer_norm", "y", y, x.shape());
-  detail::check_output("layer_norm", "mean", mean, detail::row_shape(x.shape()));
-  detail::check_output("layer_norm", "rstd", rstd, detail::row_shape(x.shape()));
   using detail::cuda_ops::input;
   cuda::layer_norm_forward(input("layer_norm", "x", x), input("layer_norm", "weight", weight),
                            input("layer_norm", "bias", bias), static_cast<float>(eps), y.data(), mean.data(),
@@ -177,14 +173,8 @@ template <CudaFloatElement T>
 void layer_norm_backward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& weight, const Tensor<float, Cuda>& mean,
                          const Tensor<float, Cuda>& rstd, const Tensor<T, Cuda>& dy, const GradOut<T, Cuda>& dx,
                          const GradOut<T, Cuda>& dweight, const GradOut<T, Cuda>& dbias) {
-  check_same_shape("layer_norm backward", x.shape(), dy.shape());
+  detail::check_layer_norm_backward(x, weight, mean, rstd, dy, dx, dweight, dbias);
   const std::int64_t c = x.size(-1), rows = x.shape().leading(1);
-  POLYSHARD_CHECK(weight.shape() == Shape{c} && mean.numel() == rows && rstd.numel() == rows,
-                  "layer_norm backward: weight ", weight.shape(), ", mean ", mean.shape(), " and rstd ", rstd.shape(),
-                  " do not fit input of shape ", x.shape());
-  if (dx.wanted()) detail::check_output("layer_norm backward", "dx", dx.tensor, x.shape());
-  if (dweight.wanted()) detail::check_output("layer_norm backward", "dweight", dweight.tensor, Shape{c});
-  if (dbias.wanted()) detail::check_output("layer_norm backward", "dbias", dbias.tensor, Shape{c});
   const std::size_t floats = cuda::layer_norm_backward_workspace_floats(rows, c);
   const auto workspace = detail::cuda_ops::scratch_floats(floats);
   using detail::cuda_ops::device_grad;

@@ -8,6 +8,42 @@
 
 namespace polyshard {
 
+namespace detail {
+/// The checks layer_norm_forward makes on either device. x, y: (..., C); weight, bias: (C,);
+/// mean, rstd: (...).
+template <class T, class S, class D>
+void check_layer_norm_forward(const Tensor<T, D>& x, const Tensor<T, D>& weight, const Tensor<T, D>& bias,
+                              const Tensor<T, D>& y, const Tensor<S, D>& mean, const Tensor<S, D>& rstd) {
+  POLYSHARD_CHECK(x.rank() >= 1, "layer_norm: input needs at least 1 dimension, got shape ", x.shape());
+  const std::int64_t c = x.size(-1);
+  POLYSHARD_CHECK(weight.shape() == Shape{c}, "layer_norm: weight of shape ", weight.shape(),
+                  " does not fit input of shape ", x.shape());
+  POLYSHARD_CHECK(bias.shape() == Shape{c}, "layer_norm: bias of shape ", bias.shape(),
+                  " does not fit input of shape ", x.shape());
+  Shape stats_shape;
+  for (int i = 0; i < x.rank() - 1; ++i) stats_shape.push_back(x.size(i));
+  check_output("layer_norm", "y", y, x.shape());
+  check_output("layer_norm", "mean", mean, stats_shape);
+  check_output("layer_norm", "rstd", rstd, stats_shape);
+}
+
+/// The checks layer_norm_backward makes on either device. x, dy: (..., C); weight: (C,);
+/// mean, rstd: (...).
+template <class T, class S, class D>
+void check_layer_norm_backward(const Tensor<T, D>& x, const Tensor<T, D>& weight, const Tensor<S, D>& mean,
+                               const Tensor<S, D>& rstd, const Tensor<T, D>& dy, const GradOut<T, D>& dx,
+                               const GradOut<T, D>& dweight, const GradOut<T, D>& dbias) {
+  check_same_shape("layer_norm backward", x.shape(), dy.shape());
+  const std::int64_t c = x.size(-1), rows = x.shape().leading(1);
+  POLYSHARD_CHECK(weight.shape() == Shape{c} && mean.numel() == rows && rstd.numel() == rows,
+                  "layer_norm backward: weight ", weight.shape(), ", mean ", mean.shape(), " and rstd ",
+                  rstd.shape(), " do not fit input of shape ", x.shape());
+  if (dx.wanted()) check_output("layer_norm backward", "dx", dx.tensor, x.shape());
+  if (dweight.wanted()) check_output("layer_norm backward", "dweight", dweight.tensor, Shape{c});
+  if (dbias.wanted()) check_output("layer_norm backward", "dbias", dbias.tensor, Shape{c});
+}
+}  // namespace detail
+
 /// y = (x - mean) * rstd * weight + bias over each row of the last dimension, with
 /// rstd = 1 / sqrt(var + eps) (biased variance). Row statistics are summed in blocks added in double.
 /// x, y: (..., C); weight, bias: (C,); mean, rstd: (...) (x's shape without its last dimension),
@@ -17,17 +53,8 @@ void layer_norm_forward(const Tensor<T>& x, const Tensor<T>& weight, const Tenso
                         const Tensor<T>& y, const Tensor<T>& mean, const Tensor<T>& rstd) {
   static_assert(detail::is_compute_float_v<T>,
                 "layer_norm computes in float or double: cast half and bfloat16 tensors to float first");
-  POLYSHARD_CHECK(x.rank() >= 1, "layer_norm: input needs at least 1 dimension, got shape ", x.shape());
+  detail::check_layer_norm_forward(x, weight, bias, y, mean, rstd);
   const std::int64_t c = x.size(-1), rows = x.shape().leading(1);
-  POLYSHARD_CHECK(weight.shape() == Shape{c}, "layer_norm: weight of shape ", weight.shape(),
-                  " does not fit input of shape ", x.shape());
-  POLYSHARD_CHECK(bias.shape() == Shape{c}, "layer_norm: bias of shape ", bias.shape(),
-                  " does not fit input of shape ", x.shape());
-  Shape stats_shape;
-  for (int i = 0; i < x.rank() - 1; ++i) stats_shape.push_back(x.size(i));
-  detail::check_output("layer_norm", "y", y, x.shape());
-  detail::check_output("layer_norm", "mean", mean, stats_shape);
-  detail::check_output("layer_norm", "rstd", rstd, stats_shape);
   const Tensor<T> xc = x.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
   auto w = detail::array_map(wc.data(), c);
   auto b = detail::array_map(bc.data(), c);
@@ -53,14 +80,8 @@ void layer_norm_backward(const Tensor<T>& x, const Tensor<T>& weight, const Tens
                          const GradOut<T>& dweight, const GradOut<T>& dbias) {
   static_assert(detail::is_compute_float_v<T>,
                 "layer_norm computes in float or double: cast half and bfloat16 tensors to float first");
-  check_same_shape("layer_norm backward", x.shape(), dy.shape());
+  detail::check_layer_norm_backward(x, weight, mean, rstd, dy, dx, dweight, dbias);
   const std::int64_t c = x.size(-1), rows = x.shape().leading(1);
-  POLYSHARD_CHECK(weight.shape() == Shape{c} && mean.numel() == rows && rstd.numel() == rows,
-                  "layer_norm backward: weight ", weight.shape(), ", mean ", mean.shape(), " and rstd ",
-                  rstd.shape(), " do not fit input of shape ", x.shape());
-  if (dx.wanted()) detail::check_output("layer_norm backward", "dx", dx.tensor, x.shape());
-  if (dweight.wanted()) detail::check_output("layer_norm backward", "dweight", dweight.tensor, Shape{c});
-  if (dbias.wanted()) detail::check_output("layer_norm backward", "dbias", dbias.tensor, Shape{c});
   const Tensor<T> xc = x.contiguous(), dyc = dy.contiguous(), wc = weight.contiguous();
   const Tensor<T> mc = mean.contiguous(), rc = rstd.contiguous();
   auto w = detail::array_map(wc.data(), c);
