@@ -2,7 +2,6 @@
 #include <catch2/catch.hpp>
 
 #include "support/finite_difference.hpp"
-#include "support/token_ids.hpp"
 #include "polyshard/nn/nn.hpp"
 
 using namespace polyshard;

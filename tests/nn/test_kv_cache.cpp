@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "polyshard/nn/nn.hpp"
-#include "support/token_ids.hpp"
+#include "support/finite_difference.hpp"
 
 using namespace polyshard;
 
