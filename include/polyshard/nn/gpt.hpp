@@ -60,14 +60,7 @@ struct Gpt {
 
   /// ids: (B, T) token ids, T <= block_size -> logits (B, T, vocab_size).
   Var<T, D> logits(const Tensor<std::int32_t, D>& ids) const {
-    POLYSHARD_CHECK(ids.rank() == 2, "Gpt: token ids must have shape (B, T), got ", ids.shape());
-    const std::int64_t batch = ids.size(0), steps = ids.size(1);
-    POLYSHARD_CHECK(steps <= config.block_size, "Gpt: sequence of length ", steps, " is longer than the model's ",
-                    config.block_size, " positions");
-    auto positions = Tensor<std::int32_t>::empty({batch, steps});  // (B, T), on the host
-    for (std::int64_t b = 0; b < batch; ++b)
-      for (std::int64_t t = 0; t < steps; ++t) positions.data()[b * steps + t] = static_cast<std::int32_t>(t);
-    Var<T, D> x = add(transformer.wte(ids), transformer.wpe(on_device<D>(positions)));  // (B, T, C)
+    Var<T, D> x = embed(ids, 0);  // (B, T, C)
     for (const Block<T, D>& block : transformer.h) {
       if (checkpoint_blocks)
         x = checkpoint([&block](const Var<T, D>& in) { return call(block, in); }, x);
@@ -96,22 +89,15 @@ struct Gpt {
   Var<T, D> logits(const Tensor<std::int32_t, D>& ids, KvCache<T>& cache) const
     requires std::same_as<D, Cpu>
   {
-    POLYSHARD_CHECK(ids.rank() == 2, "Gpt: token ids must have shape (B, T), got ", ids.shape());
-    const std::int64_t batch = ids.size(0), steps = ids.size(1), past = cache.length();
     POLYSHARD_CHECK(cache.layers() == transformer.h.size(), "Gpt: a cache of ", cache.layers(),
                     " layers for a model of ", transformer.h.size());
-    POLYSHARD_CHECK(past + steps <= config.block_size, "Gpt: ", past, " cached and ", steps,
-                    " new positions exceed the model's ", config.block_size, " positions");
-    auto positions = Tensor<std::int32_t>::empty({batch, steps});
-    for (std::int64_t b = 0; b < batch; ++b)
-      for (std::int64_t t = 0; t < steps; ++t) positions.data()[b * steps + t] = static_cast<std::int32_t>(past + t);
-    Var<T, D> x = add(transformer.wte(ids), transformer.wpe(positions));
+    Var<T, D> x = embed(ids, cache.length());
     for (std::size_t i = 0; i < transformer.h.size(); ++i) {
       const Block<T, D>& block = transformer.h[i];
       x = call_as(block, x, [&](const Var<T, D>& in) { return block.forward_cached(in, cache, i); });
     }
     x = call(transformer.ln_f, x);
-    cache.advance(steps);
+    cache.advance(ids.size(1));
     return linear(x, transformer.wte.weight.var());
   }
 
@@ -121,6 +107,23 @@ struct Gpt {
     requires std::same_as<D, Cpu>
   {
     return polyshard::generate(*this, prompt, c);
+  }
+
+ private:
+  /// Token plus position embeddings of ids (B, T) at positions past to past + T - 1.
+  Var<T, D> embed(const Tensor<std::int32_t, D>& ids, std::int64_t past) const {
+    POLYSHARD_CHECK(ids.rank() == 2, "Gpt: token ids must have shape (B, T), got ", ids.shape());
+    const std::int64_t batch = ids.size(0), steps = ids.size(1);
+    if (past == 0)
+      POLYSHARD_CHECK(steps <= config.block_size, "Gpt: sequence of length ", steps, " is longer than the model's ",
+                      config.block_size, " positions");
+    else
+      POLYSHARD_CHECK(past + steps <= config.block_size, "Gpt: ", past, " cached and ", steps,
+                      " new positions exceed the model's ", config.block_size, " positions");
+    auto positions = Tensor<std::int32_t>::empty({batch, steps});  // (B, T), on the host
+    for (std::int64_t b = 0; b < batch; ++b)
+      for (std::int64_t t = 0; t < steps; ++t) positions.data()[b * steps + t] = static_cast<std::int32_t>(past + t);
+    return add(transformer.wte(ids), transformer.wpe(on_device<D>(positions)));
   }
 };
 

@@ -35,10 +35,7 @@ struct GroupedQueryAttention {
   /// x: (B, T, dim) -> (B, T, dim); positions 0 to T - 1.
   Var<T, D> operator()(const Var<T, D>& x) const {
     POLYSHARD_CHECK(x.shape().rank() == 3, "GroupedQueryAttention: input must be (B, T, dim), got shape ", x.shape());
-    const std::int64_t b = x.shape()[0], t = x.shape()[1], hd = x.shape()[2] / n_head;
-    const Var<T, D> q = rope(reshape(call(q_proj, x), {b, t, n_head, hd}), rope_theta);     // (B, T, H, hd)
-    const Var<T, D> k = rope(reshape(call(k_proj, x), {b, t, n_kv_head, hd}), rope_theta);  // (B, T, Hkv, hd)
-    const Var<T, D> qkv = grouped_qkv(reshape(q, {b, t, n_head * hd}), reshape(k, {b, t, n_kv_head * hd}),
+    const Var<T, D> qkv = grouped_qkv(rotated(q_proj, x, n_head, 0), rotated(k_proj, x, n_kv_head, 0),
                                       call(v_proj, x), n_head, n_kv_head);  // (B, T, 3 dim)
     return call(o_proj, causal_self_attention(qkv, n_head));
   }
@@ -50,10 +47,8 @@ struct GroupedQueryAttention {
     requires std::same_as<D, Cpu>
   {
     POLYSHARD_CHECK(x.shape().rank() == 3, "GroupedQueryAttention: input must be (B, T, dim), got shape ", x.shape());
-    const std::int64_t b = x.shape()[0], t = x.shape()[1], hd = x.shape()[2] / n_head, past = cache.length();
-    const Var<T, D> q = rope(reshape(call(q_proj, x), {b, t, n_head, hd}), rope_theta, past);
-    const Var<T, D> k = rope(reshape(call(k_proj, x), {b, t, n_kv_head, hd}), rope_theta, past);
-    return call(o_proj, attend_cached(reshape(q, {b, t, n_head * hd}), reshape(k, {b, t, n_kv_head * hd}),
+    const std::int64_t past = cache.length();
+    return call(o_proj, attend_cached(rotated(q_proj, x, n_head, past), rotated(k_proj, x, n_kv_head, past),
                                       call(v_proj, x), cache, layer, n_head, n_kv_head));
   }
 
@@ -61,6 +56,11 @@ struct GroupedQueryAttention {
   std::int64_t kv_width() const { return k_proj.weight.shape()[0]; }
 
  private:
+  /// proj(x) (B, T, heads head_dim) with each head rotated at positions offset onwards.
+  Var<T, D> rotated(const LinearNoBias<T, D>& proj, const Var<T, D>& x, int heads, std::int64_t offset) const {
+    const std::int64_t b = x.shape()[0], t = x.shape()[1], hd = x.shape()[2] / n_head;
+    return reshape(rope(reshape(call(proj, x), {b, t, heads, hd}), rope_theta, offset), {b, t, heads * hd});
+  }
   static std::int64_t checked_head_dim(std::int64_t dim, int heads, int kv_heads) {
     POLYSHARD_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, "GroupedQueryAttention: n_head (", heads,
                     ") must be a positive multiple of n_kv_head (", kv_heads, ")");
