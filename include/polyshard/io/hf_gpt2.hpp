@@ -35,6 +35,16 @@ inline bool hf_gpt2_buffer(std::string_view name) {
 
 }  // namespace detail
 
+/// Hugging Face's GPT-2 layout for save_full_weights and load_full_weights: names without
+/// "transformer.", Conv1D weights stored (in, out), the attention-mask buffers ignored.
+inline WeightLayout hf_gpt2_layout() {
+  WeightLayout layout;
+  layout.file_name = [](const std::string& name) { return name.starts_with("transformer.") ? name.substr(12) : name; };
+  layout.transposed = [](const std::string& name) { return detail::hf_gpt2_conv1d_weight(name); };
+  layout.ignored = [](const std::string& name) { return detail::hf_gpt2_buffer(name); };
+  return layout;
+}
+
 /// Loads GPT-2 weights saved by Hugging Face (GPT2LMHeadModel or GPT2Model, "model.safetensors"
 /// as published on the Hub) into a bound Gpt. Names may carry the "transformer." prefix or not;
 /// Conv1D weights (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) are transposed from (in, out)
@@ -69,20 +79,9 @@ template <FloatElement T>
 void save_hf_gpt2(const Gpt<T>& model, const std::filesystem::path& path, std::optional<DType> dtype = std::nullopt) {
   SafetensorsWriter writer;
   writer.add_metadata("format", "pt");
-  detail::add_parameters(
-      writer, model, dtype, [](const std::string& name) { return name.substr(12); },  // drop "transformer."
-      [](const std::string& name) { return detail::hf_gpt2_conv1d_weight(name); });
+  const WeightLayout layout = hf_gpt2_layout();
+  detail::add_parameters(writer, model, dtype, layout.file_name, layout.transposed);
   writer.write(path);
-}
-
-/// Hugging Face's GPT-2 layout for save_full_weights and load_full_weights: names without
-/// "transformer.", Conv1D weights stored (in, out), the attention-mask buffers ignored.
-inline WeightLayout hf_gpt2_layout() {
-  WeightLayout layout;
-  layout.file_name = [](const std::string& name) { return name.starts_with("transformer.") ? name.substr(12) : name; };
-  layout.transposed = [](const std::string& name) { return detail::hf_gpt2_conv1d_weight(name); };
-  layout.ignored = [](const std::string& name) { return detail::hf_gpt2_buffer(name); };
-  return layout;
 }
 
 /// The sizes in a GPT-2 config.json (GPT2Config's n_layer, n_head, n_embd, n_positions,
