@@ -71,7 +71,7 @@ int run(int argc, char** argv) {
     POLYSHARD_CHECK(!on_gpus, "polyshard-train: --sample-every generates on host models; --device cuda does not "
                               "sample (its cached attention has no device kernel)");
     data.prompt = train::prompt_tokens(o.prompt, data.bytes, o.vocab, data.train);
-    const std::int64_t positions = o.positions > 0 ? o.positions : o.seq;
+    const std::int64_t positions = model_positions(o);
     POLYSHARD_CHECK(std::int64_t(data.prompt.size()) + o.sample_tokens - 1 <= positions, "polyshard-train: --prompt's ",
                     data.prompt.size(), " tokens and --sample-tokens ", o.sample_tokens, " exceed the model's ",
                     positions, " positions (--seq)");

@@ -93,6 +93,9 @@ inline std::int64_t wrap_threshold(const Options& o) {
   return 0;
 }
 
+/// The model's positions (its block size): --init-hf's n_positions, else --seq.
+inline std::int64_t model_positions(const Options& o) { return o.positions > 0 ? o.positions : o.seq; }
+
 /// Learning rate at 0-based `step`: linear warm-up, then constant or cosine decay to 10%.
 inline double learning_rate(const Options& o, std::int64_t step) {
   if (step < o.warmup) return o.lr * static_cast<double>(step + 1) / static_cast<double>(o.warmup);

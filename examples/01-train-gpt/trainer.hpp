@@ -92,7 +92,7 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
   MemoryTracker memory;
   TrackerScope scope(memory);
   const int world = comm.size(), rank = comm.rank();
-  GptConfig cfg{.vocab_size = o.vocab, .block_size = o.positions > 0 ? o.positions : o.seq, .n_layer = o.layers,
+  GptConfig cfg{.vocab_size = o.vocab, .block_size = model_positions(o), .n_layer = o.layers,
                 .n_head = o.heads, .n_embd = o.embd};
   Model model(cfg);
   model.checkpoint_blocks = o.checkpoint_activations;
