@@ -1,6 +1,6 @@
 # ZeRO-3 on 4 ranks learns as well as DDP on 1: the same global batches, the same losses up to
 # the rounding of differently ordered sums; and the measured traffic and model state of every
-# step equal the compile-time prediction.
+# step equal the compile-time prediction, and the last step's peaks per category the predicted ones.
 function(run_training name)
   execute_process(COMMAND ${PROGRAM} --steps 40 --log-every 40 ${ARGN} --metrics ${WORK_DIR}/${name}.jsonl
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -39,4 +39,17 @@ foreach(field bytes_sent model_state_bytes)
     message(FATAL_ERROR "rank 3 ${field}: measured ${measured}, predicted ${predicted}")
   endif()
 endforeach()
-message(STATUS "zero3 x4 loss ${zero3_loss}, ddp x1 loss ${ddp_loss}; traffic and model state as predicted")
+# The last step's peak per category (communication aside: the backend's scratch comes on top).
+foreach(category parameters gradients optimizer_state working_copies other)
+  string(JSON predicted GET "${zero3_last}" predicted peak_bytes ${category})
+  string(JSON measured GET "${zero3_last}" ranks 3 peak_bytes ${category})
+  if(NOT measured EQUAL predicted)
+    message(FATAL_ERROR "rank 3 peak ${category} bytes: measured ${measured}, predicted ${predicted}")
+  endif()
+endforeach()
+# Rank 0's activations, reported per unit: the root's and each block's.
+string(JSON units LENGTH "${zero3_last}" activation_bytes)
+if(units LESS 2)
+  message(FATAL_ERROR "activation_bytes reports ${units} unit(s): ${zero3_last}")
+endif()
+message(STATUS "zero3 x4 loss ${zero3_loss}, ddp x1 loss ${ddp_loss}; traffic, model state and step peaks as predicted")

@@ -20,6 +20,7 @@
 #include "polyshard/nn/nn.hpp"
 #include "polyshard/optim/optim.hpp"
 #include "polyshard/policy/policy.hpp"
+#include "polyshard/policy/step_memory.hpp"
 #include "polyshard/profile/trace.hpp"
 #include "polyshard/tensor/cpu/blas.hpp"
 
@@ -140,6 +141,17 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
   const int shard_ranks = engine.shard_comm().size();
   const double predicted_bytes = bytes_sent_per_step<S>(padded, root, world, /*norm=*/true, shard_ranks);
   const double predicted_state = model_state_bytes<S>(padded, shard_ranks, states);
+  // A steady-state step's peak per category (policy/step_memory.hpp), predicted for host models
+  // outside HybridShard at one micro-batch a step; the backend's scratch comes on top of the
+  // engine's communication buffers.
+  std::optional<StepPeakMemory> predicted_peak;
+  if constexpr (on_host && !S::sharding::hybrid) {
+    if (o.accum == 1) {
+      std::vector<std::int64_t> sizes;
+      for (const auto& u : engine.units().units) sizes.push_back(u.padded);
+      predicted_peak = host_step_peak_memory<S>(sizes, world, states, config);
+    }
+  }
 
   std::ofstream metrics;
   if (rank == 0) {
@@ -259,8 +271,18 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
               << ",\"step_s\":" << step_s << ",\"elapsed_s\":" << elapsed
               << ",\"parameters\":" << engine.units().numel_total() << ",\"world_size\":" << world
               << ",\"strategy\":\"" << o.strategy << "\",\"precision\":\"" << o.precision
-              << "\",\"predicted\":{\"bytes_sent\":" << predicted_bytes << ",\"model_state_bytes\":" << predicted_state
-              << "},\"ranks\":[";
+              << "\",\"predicted\":{\"bytes_sent\":" << predicted_bytes << ",\"model_state_bytes\":" << predicted_state;
+      if (predicted_peak)
+        metrics << ",\"peak_bytes\":{\"parameters\":" << predicted_peak->parameters
+                << ",\"gradients\":" << predicted_peak->gradients
+                << ",\"optimizer_state\":" << predicted_peak->optimizer_state
+                << ",\"working_copies\":" << predicted_peak->working_copies
+                << ",\"communication\":" << predicted_peak->communication << ",\"other\":" << predicted_peak->other
+                << "}";
+      metrics << "},\"activation_bytes\":[";  // rank 0's, per unit
+      for (std::size_t u = 0; u < engine.activation_bytes().size(); ++u)
+        metrics << (u ? "," : "") << engine.activation_bytes()[u];
+      metrics << "],\"ranks\":[";
       for (int r = 0; r < world; ++r) {
         const double* f = all.data() + static_cast<std::size_t>(r) * RankFigures::size;
         metrics << (r ? "," : "") << "{\"rank\":" << r << ",\"bytes_sent\":{";

@@ -1,22 +1,37 @@
-// Every byte a rank holds between steps belongs to a category the accounting predicts:
+// Every byte a rank holds belongs to a category the accounting predicts. Between steps:
 // resident_memory<S> per category (the host's float working copies of 16-bit parameters and
 // gradients included, and NVMe offload's staging buffers), and the in-process backend's scratch
-// by its documented rule; nothing left under activations. World sizes 1 to 8, on a model whose units pad at each.
+// by its documented rule; nothing left under activations. Within a step: host_step_peak_memory<S>'s
+// peak per category (gathered and prefetched units, whole gradients awaiting their reduction, the
+// copies collectives read). Activations are measured and reported per unit. World sizes 1 to 8,
+// on a model whose units pad at each.
 #include <catch2/catch.hpp>
 
 #include "io/temp_dir.hpp"
 #include "oracle_fixture.hpp"
+#include "polyshard/policy/step_memory.hpp"
 
 using namespace polyshard;
 
 namespace {
 
-/// What one rank holds after its last step, per category, and the unit sizes it was laid out with.
+/// What one rank holds after its last step and at most during it, per category, and the unit
+/// sizes it was laid out with.
 struct Held {
-  std::array<std::int64_t, memory_category_count> bytes{};
+  std::array<std::int64_t, memory_category_count> bytes{}, peak{};
   std::int64_t padded = 0, largest_unit = 0;
+  std::vector<std::int64_t> units;  // padded sizes, root first, in the order forward runs them
   std::int64_t at(MemoryCategory c) const { return bytes[static_cast<std::size_t>(c)]; }
+  std::int64_t peak_at(MemoryCategory c) const { return peak[static_cast<std::size_t>(c)]; }
 };
+
+/// The test model: padded_gpt() with four blocks, so that "two consecutive units" differs from
+/// "every unit" (units of 299 and 4 x 2,197 parameters).
+GptConfig four_blocks() {
+  GptConfig c = test::oracle::padded_gpt();
+  c.n_layer = 4;
+  return c;
+}
 
 template <class S>
 std::vector<Held> hold(int world, const StrategyConfig& config) {
@@ -28,20 +43,27 @@ std::vector<Held> hold(int world, const StrategyConfig& config) {
     TrackerScope scope(tracker);
     comm.set_memory_tracker(tracker);
     {
-      Gpt<float> model(test::oracle::padded_gpt());
+      Gpt<float> model(four_blocks());
       const SgdConfig sgd = test::momentum_sgd();
       Engine<S, Gpt<float>, ThreadCommunicator, Sgd<MT>> engine(model, comm, sgd, config, 42);
-      for (const auto& u : engine.units().units) h.largest_unit = std::max(h.largest_unit, u.padded);
+      for (const auto& u : engine.units().units) {
+        h.largest_unit = std::max(h.largest_unit, u.padded);
+        h.units.push_back(u.padded);
+      }
       h.padded = engine.units().padded_total();
       BatchSampler sampler(test::tiny_data(), 8, 8, 7);
-      for (int step = 0; step < 2; ++step) {
+      for (int step = 0; step < 3; ++step) {
+        if (step == 2) tracker.reset_peaks();  // a steady-state step: prefetch knows the order
         const Batch b = sampler.batch(step, comm.rank(), world);
         Var<float> loss = engine.forward([&] { return model.loss(b.inputs, b.targets); });
         engine.backward(loss, double(b.inputs.size(0)) / 8.0);
         loss = Var<float>();
         engine.step(sgd.lr);
       }
-      for (std::size_t c = 0; c < memory_category_count; ++c) h.bytes[c] = tracker.current(static_cast<MemoryCategory>(c));
+      for (std::size_t c = 0; c < memory_category_count; ++c) {
+        h.bytes[c] = tracker.current(static_cast<MemoryCategory>(c));
+        h.peak[c] = tracker.peak(static_cast<MemoryCategory>(c));
+      }
     }
     comm.set_memory_tracker(detail::process_tracker());  // the communicator outlives this tracker
   });
@@ -75,12 +97,14 @@ using Measured = decltype(std::tuple_cat(Presets<Fp32>(), Presets<Bf16Mixed>(), 
 
 }  // namespace
 
-TEMPLATE_LIST_TEST_CASE("memory: what a rank holds between steps is the accounting's, category by category",
+TEMPLATE_LIST_TEST_CASE("memory: what a rank holds between steps and at most within one is the accounting's, "
+                        "category by category",
                         "[engine][memory]", Measured) {
   using S = TestType;
   test::TempDir nvme;
   StrategyConfig config;
   config.nvme_path = nvme.path().string();
+  config.optimizer_buffer_count = 1;  // NVMe: one unit's state in memory at a time, an exact peak
   for (int world = 1; world <= 8; ++world) {
     const std::vector<Held> held = hold<S>(world, config);
     for (int rank = 0; rank < world; ++rank) {
@@ -95,8 +119,153 @@ TEMPLATE_LIST_TEST_CASE("memory: what a rank holds between steps is the accounti
       CHECK(double(h.at(MemoryCategory::Communication)) == thread_scratch_bytes<S>(h, world));
       CHECK(h.at(MemoryCategory::Activations) == 0);
       CHECK(double(h.at(MemoryCategory::Other)) == m.other);
+
+      const StepPeakMemory peak = host_step_peak_memory<S>(h.units, world, /*states_per_param=*/1, config);
+      CHECK(double(h.peak_at(MemoryCategory::Parameters)) == peak.parameters);
+      CHECK(double(h.peak_at(MemoryCategory::Gradients)) == peak.gradients);
+      CHECK(double(h.peak_at(MemoryCategory::OptimizerState)) == peak.optimizer_state);
+      CHECK(double(h.peak_at(MemoryCategory::WorkingCopies)) == peak.working_copies);
+      CHECK(double(h.peak_at(MemoryCategory::Communication)) == peak.communication + thread_scratch_bytes<S>(h, world));
+      CHECK(double(h.peak_at(MemoryCategory::Other)) == peak.other);
     }
   }
+}
+
+namespace {
+/// The engine's peaks against host_step_peak_memory's, world sizes 1 to 8, under `config`.
+template <class S>
+void check_step_peaks(const StrategyConfig& config) {
+  for (int world = 1; world <= 8; ++world) {
+    const std::vector<Held> held = hold<S>(world, config);
+    for (int rank = 0; rank < world; ++rank) {
+      INFO("world size " << world << ", rank " << rank);
+      const Held& h = held[static_cast<std::size_t>(rank)];
+      const StepPeakMemory peak = host_step_peak_memory<S>(h.units, world, 1, config);
+      CHECK(double(h.peak_at(MemoryCategory::Parameters)) == peak.parameters);
+      CHECK(double(h.peak_at(MemoryCategory::Gradients)) == peak.gradients);
+      CHECK(double(h.peak_at(MemoryCategory::WorkingCopies)) == peak.working_copies);
+      CHECK(double(h.peak_at(MemoryCategory::Communication)) == peak.communication + thread_scratch_bytes<S>(h, world));
+    }
+  }
+}
+}  // namespace
+
+TEST_CASE("memory: the step's peaks follow the schedule: prefetch, overlapped reductions, resharding",
+          "[engine][memory]") {
+  using Zero3 = Strategy<ShardParameters<true>, WrapByType<Block>>;
+  const std::vector<std::int64_t> units = {299, 2197, 2197, 2197, 2197};  // world size 1: no padding
+  const double r = 299 * 4, b = 2197 * 4;
+  const ResidentMemory resident = resident_memory<Zero3>(299 + 4 * 2197, 1, 1);
+  // ZeRO-3 by block: the root stays gathered through forward and backward, and beside it a block
+  // and the next one, prefetched; whole gradients of the root and of two blocks (one reducing
+  // while the next one's backward runs).
+  StepPeakMemory p = host_step_peak_memory<Zero3>(units, 1, 1);
+  CHECK(p.parameters == resident.parameters + r + 2 * b);
+  CHECK(p.gradients == resident.gradients + r + 2 * b);
+  StrategyConfig no_prefetch;
+  no_prefetch.prefetch = false;
+  CHECK(host_step_peak_memory<Zero3>(units, 1, 1, no_prefetch).parameters == resident.parameters + r + b);
+  StrategyConfig no_overlap;
+  no_overlap.overlap_comm = false;
+  CHECK(host_step_peak_memory<Zero3>(units, 1, 1, no_overlap).gradients == resident.gradients + r + b);
+  // Without resharding after forward, every unit stays gathered until its backward.
+  using Grad_op = Strategy<ShardParameters<false>, WrapByType<Block>>;
+  CHECK(host_step_peak_memory<Grad_op>(units, 1, 1).parameters == resident.parameters + r + 4 * b);
+  // In bf16 on the host, the gathered bf16 buffer lives only until its float copy is made.
+  using Zero3Bf16 = Strategy<ShardParameters<true>, WrapByType<Block>, Bf16Mixed>;
+  const ResidentMemory resident16 = resident_memory<Zero3Bf16>(299 + 4 * 2197, 1, 1);
+  CHECK(host_step_peak_memory<Zero3Bf16>(units, 1, 1).parameters == resident16.parameters + 2197 * 2);
+
+  // The engine against them, at every world size, with each schedule switched off.
+  check_step_peaks<Zero3>(no_prefetch);
+  check_step_peaks<Zero3>(no_overlap);
+  check_step_peaks<Zero3Bf16>(no_overlap);
+  check_step_peaks<Strategy<ShardOptimizerState, WrapByType<Block>>>(no_overlap);
+}
+
+#ifdef POLYSHARD_HAVE_LIBURING
+TEST_CASE("memory: NVMe offload brings back at most optimizer_buffer_count consecutive units' state",
+          "[engine][memory]") {
+  using Infinity = Strategy<ShardParameters<true>, OffloadOptimizer<Nvme>, WrapByType<Block>>;
+  test::TempDir nvme;
+  StrategyConfig config;
+  config.nvme_path = nvme.path().string();  // the default optimizer_buffer_count, 4
+  StrategyConfig one = config;
+  one.optimizer_buffer_count = 1;
+  for (int world : {1, 3}) {
+    const std::vector<Held> held = hold<Infinity>(world, config);
+    for (const Held& h : held) {
+      const double measured = double(h.peak_at(MemoryCategory::OptimizerState));
+      // Between the one unit's state that a step needs at least and the bound, depending on
+      // how far the writes lag behind the reads.
+      CHECK(measured >= host_step_peak_memory<Infinity>(h.units, world, 1, one).optimizer_state);
+      CHECK(measured <= host_step_peak_memory<Infinity>(h.units, world, 1, config).optimizer_state);
+    }
+  }
+}
+#endif
+
+namespace {
+/// Each unit's activation bytes on every rank after a step of `world` ranks, and the rows each had.
+template <class S>
+std::vector<std::pair<std::int64_t, std::vector<std::int64_t>>> activations(int world, std::int64_t* peak_total = nullptr) {
+  std::vector<std::pair<std::int64_t, std::vector<std::int64_t>>> out(static_cast<std::size_t>(world));
+  std::vector<std::int64_t> peaks(static_cast<std::size_t>(world));
+  run_ranks(world, [&](ThreadCommunicator& comm) {
+    MemoryTracker tracker;
+    TrackerScope scope(tracker);
+    comm.set_memory_tracker(tracker);
+    {
+      Gpt<float> model(four_blocks());
+      const SgdConfig sgd = test::momentum_sgd();
+      Engine<S, Gpt<float>, ThreadCommunicator, Sgd<float>> engine(model, comm, sgd, {}, 42);
+      BatchSampler sampler(test::tiny_data(), 8, 8, 7);
+      const Batch b = sampler.batch(0, comm.rank(), world);
+      tracker.reset_peaks();
+      Var<float> loss = engine.forward([&] { return model.loss(b.inputs, b.targets); });
+      engine.backward(loss, double(b.inputs.size(0)) / 8.0);
+      loss = Var<float>();
+      engine.step(sgd.lr);
+      out[static_cast<std::size_t>(comm.rank())] = {b.inputs.size(0), engine.activation_bytes()};
+      peaks[static_cast<std::size_t>(comm.rank())] = tracker.peak(MemoryCategory::Activations);
+    }
+    comm.set_memory_tracker(detail::process_tracker());
+  });
+  if (peak_total) *peak_total = peaks[0];
+  return out;
+}
+}  // namespace
+
+TEST_CASE("memory: each unit reports the activations its forward keeps; a checkpointed block keeps its output only",
+          "[engine][memory]") {
+  using ByBlock = Strategy<ShardParameters<true>, WrapByType<Block>>;
+  using Checkpointed = Strategy<ShardParameters<true>, WrapByType<Block>, ActivationCheckpointing<Block>>;
+  const GptConfig cfg = four_blocks();
+  const std::int64_t row = cfg.block_size * cfg.n_embd * std::int64_t(sizeof(float));  // one row's (T, C) output
+  std::int64_t peak = 0;
+  const auto whole = activations<ByBlock>(1, &peak);
+  const std::vector<std::int64_t>& one = whole[0].second;  // 8 rows
+  REQUIRE(one.size() == 5);
+  std::int64_t kept = 0;
+  for (std::size_t u = 0; u < one.size(); ++u) {
+    CHECK(one[u] > 0);
+    kept += one[u];
+  }
+  for (std::size_t u = 2; u < one.size(); ++u) CHECK(one[u] == one[1]);  // the blocks are alike
+  CHECK(kept <= peak);  // what forward kept is live at the end of forward
+  // Activations do not depend on the strategy: DDP and bf16 ZeRO-3 (a host computes in float).
+  CHECK(activations<Strategy<NoShard, WrapByType<Block>>>(1)[0].second == one);
+  CHECK(activations<Strategy<ShardParameters<true>, WrapByType<Block>, Bf16Mixed>>(1)[0].second == one);
+  // A block's activations are proportional to its rows: 3, 3 and 2 of them at world size 3.
+  for (const auto& [rows, units] : activations<ByBlock>(3))
+    for (std::size_t u = 1; u < units.size(); ++u) CHECK(units[u] * 8 == one[u] * rows);
+  // A checkpointed block keeps only its (rows, T, C) output; its forward is recomputed in backward.
+  for (int world : {1, 3})
+    for (const auto& [rows, units] : activations<Checkpointed>(world)) {
+      INFO("world size " << world << ", " << rows << " rows");
+      REQUIRE(units.size() == 5);
+      for (std::size_t u = 1; u < units.size(); ++u) CHECK(units[u] == rows * row);
+    }
 }
 
 TEST_CASE("memory: the per-category prediction adds up to ZeRO's model state where the engine keeps no extra copy",

@@ -168,7 +168,9 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     drain_prefetch();
     running_order_.clear();
     gather(0);  // the root stays gathered until its backward is done
+    ActivationCount count(*this, 0);
     Var<work_type, device> loss = loss_fn();
+    count.done();
     // Without gradients (evaluation) no backward follows to free the root: it is freed now.
     if (!grad_enabled()) Behaviour::release(units_[0]);
     return loss;
@@ -400,6 +402,13 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// HybridShard.
   Comm& shard_comm() { return group_ ? *group_ : comm_; }
 
+  /// The bytes of activations each unit's forward kept for backward, in the last forward with
+  /// gradients, by unit (units().units' order): what the memory tracker counted under
+  /// Activations from the unit's start to its end, less what the units inside it kept. The
+  /// root's figure is the model's own activations outside every other unit (the loss among
+  /// them). A checkpointed unit keeps its output only.
+  const std::vector<std::int64_t>& activation_bytes() const { return activation_bytes_; }
+
   /// Bytes this rank sent in collectives of `kind` over every communicator the engine uses.
   double bytes_sent(CollectiveKind kind) const {
     double total = comm_.stats().bytes_sent(kind);
@@ -463,6 +472,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       prefetch_after(index, +1);
     }
     // Backward reaches `out` before the unit's own nodes and `in` after all of them.
+    ActivationCount count(*this, index);
     Activation in = boundary(x, "unit input", [this, index] { post_backward(units_[index]); });
     Activation y = (u.layout->checkpointed && !in_backward_) ? checkpoint(body, in) : body(in);
     Activation out = boundary(y, "unit output", [this, index] {
@@ -470,9 +480,38 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       prefetch_after(index, -1);
       Behaviour::begin_backward(units_[index]);
     });
+    count.done();
     if (sharding::reshard_after_forward && !in_backward_) Behaviour::release(u);
     return out;
   }
+
+  /// Counts what unit `index`'s forward keeps under Activations (activation_bytes()), from
+  /// construction to done(), when it runs with gradients outside backward (a checkpointed
+  /// unit's recomputation is not counted again).
+  class ActivationCount {
+   public:
+    ActivationCount(Engine& e, std::size_t index)
+        : engine_(e), index_(index), counting_(grad_enabled() && !e.in_backward_) {
+      if (!counting_) return;
+      if (index == 0) engine_.nested_activations_.clear();  // a forward that threw left some
+      engine_.activation_bytes_.resize(engine_.units_.size());
+      start_ = current_memory_tracker().current(MemoryCategory::Activations);
+      engine_.nested_activations_.push_back(0);
+    }
+    void done() {
+      if (!counting_) return;
+      const std::int64_t kept = current_memory_tracker().current(MemoryCategory::Activations) - start_;
+      engine_.activation_bytes_[index_] = kept - engine_.nested_activations_.back();
+      engine_.nested_activations_.pop_back();
+      if (!engine_.nested_activations_.empty()) engine_.nested_activations_.back() += kept;
+    }
+
+   private:
+    Engine& engine_;
+    std::size_t index_;
+    bool counting_;
+    std::int64_t start_ = 0;
+  };
 
   /// An identity node that runs `hook` when backward passes through it.
   template <class Hook>
@@ -581,7 +620,11 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
             then();
           };
       }
-      if (!config_.overlap_comm) finish_reductions();  // each reduction before backward goes on
+      // The reductions of the units before this one complete now, so that a unit's whole
+      // gradients (and the cast copies they are reduced from) live only while its own reduction
+      // overlaps the next unit's backward: at most two units' at a time, not every unit's until
+      // backward ends.
+      complete_reductions(config_.overlap_comm ? issued : pending_.size());
     } else {
       u.local_grads = true;
     }
@@ -592,17 +635,27 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// all the same (they use this engine's buffers), then throws the first error.
   void finish_reductions() {
     Trace::Span span(trace_, "wait for reductions", "communication", 1);
+    complete_reductions(pending_.size());
+  }
+
+  /// Waits for the first `count` reductions in flight, in the order they were issued, completes
+  /// them and forgets them (freeing what they hold); when one failed, waits for every other one
+  /// all the same (they use this engine's buffers), then throws the first error.
+  void complete_reductions(std::size_t count) {
     std::exception_ptr failed;
-    for (PendingReduction& p : pending_) {
+    for (std::size_t i = 0; i < count; ++i) {
       try {
-        p.handle.wait();
-        if (!failed) p.then();
+        pending_[i].handle.wait();
+        if (!failed) pending_[i].then();
       } catch (...) {
         if (!failed) failed = std::current_exception();
       }
     }
-    pending_.clear();
-    if (failed) std::rethrow_exception(failed);
+    pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(count));
+    if (failed) {
+      settle_in_flight();
+      std::rethrow_exception(failed);
+    }
   }
 
   /// Waits for every collective in flight, keeping none of their errors: after an error has
@@ -701,6 +754,8 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   int micro_batch_ = 0;            // forwards with gradients since the last step
   bool track_grad_norm_ = false;
   double last_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
+  std::vector<std::int64_t> activation_bytes_;     // per unit, the last forward with gradients
+  std::vector<std::int64_t> nested_activations_;  // what the units inside each running one kept
 };
 
 }  // namespace polyshard

@@ -1,0 +1,206 @@
+// The most memory a rank holds during one training step, per category: what resident_memory
+// (accounting.hpp) predicts between steps, plus what the step's schedule adds for a while --
+// gathered parameters, whole gradients waiting for their reduction, the copies collectives
+// read from, the optimizer state NVMe offload brings back.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "polyshard/policy/accounting.hpp"
+
+namespace polyshard {
+
+/// Peak bytes per memory category within one step (core/memory_tracker.hpp's categories; the
+/// activations are the model's and are measured, not predicted: Engine::activation_bytes()).
+struct StepPeakMemory {
+  double parameters = 0, gradients = 0, optimizer_state = 0, working_copies = 0;
+  double communication = 0;  // the engine's own buffers; a backend's scratch comes on top
+  double other = 0;
+};
+
+namespace detail {
+/// Live bytes per category while the walk below replays a step, and the most seen.
+class StepMemoryWalk {
+ public:
+  enum Category : std::size_t { parameters, gradients, optimizer_state, working_copies, communication, other, count };
+
+  explicit StepMemoryWalk(const ResidentMemory& start)
+      : live_{start.parameters, start.gradients, start.optimizer_state, start.working_copies, 0, start.other},
+        peak_(live_) {}
+
+  void add(Category c, double bytes) {
+    live_[c] += bytes;
+    peak_[c] = std::max(peak_[c], live_[c]);
+  }
+  void sub(Category c, double bytes) { live_[c] -= bytes; }
+  double peak(Category c) const { return peak_[c]; }
+
+ private:
+  std::array<double, count> live_;
+  std::array<double, count> peak_;
+};
+}  // namespace detail
+
+/// The peak bytes per category one rank holds during a steady-state training step (a forward,
+/// a backward, an optimizer step; after the first step, so that prefetching knows the order)
+/// of a host model (Gpt<float>) under S, on `world_size` ranks, with an optimizer of
+/// `states_per_param` state values per parameter. `units` are the padded sizes of the units
+/// (Engine::units(), padded for world_size) in the order forward runs them, the root first.
+///
+/// The step's schedule, as the engine runs it, and what each point adds on top of
+/// resident_memory<S>(sum of units):
+///   forward   the root is gathered and stays gathered until its backward is done; each other
+///             unit is gathered before its forward, the next one prefetched meanwhile (prefetch),
+///             and freed after it (reshard_after_forward; else at its backward's end)
+///   backward  units in the reverse order, each gathered again (the one before it prefetched),
+///             its whole gradients made (ShardGradients, ShardParameters) and, once done,
+///             reduced; a unit's reduction completes when the next unit's backward is done
+///             (overlap_comm; else at once), freeing its whole gradients and the copies it read
+///   step      each unit's updated shard is all-gathered from a copy (whole-parameter policies
+///             that shard the optimizer); under OffloadOptimizer<Nvme> the units' state comes
+///             back from the file, optimizer_buffer_count consecutive units at most
+/// Buffer by buffer (c, r: sizes of the compute and reduce dtypes; p, s: a unit's padded
+/// elements and its shard):
+///   parameters      a gathered unit c p; on the host under a 16-bit compute type the gathered
+///                   buffer is freed once its float working copy is made
+///   gradients       a unit's whole gradients 4 p (float), under WorkingCopies when the compute
+///                   dtype is 16-bit
+///   working copies  a gathered unit's float copy 4 p (16-bit compute)
+///   communication   what a reduction reads when it is not the gradients themselves: r p, the
+///                   gradients cast to a 16-bit reduce dtype; ShardOptimizerState in fp32 reduces
+///                   from a copy 4 p into a buffer r s; the all-gather after the step reads a
+///                   copy c s of the rank's shard
+///   optimizer state under NVMe offload, at most optimizer_buffer_count consecutive units' state
+///                   (an upper bound, reached when the writes lag; exact for one buffer)
+/// One micro-batch per step: a backward after another one of the same step, or under no_sync,
+/// carries gradients aside (not predicted). HybridShard is not predicted.
+template <StrategyType S>
+StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int world_size, int states_per_param = 2,
+                                     const StrategyConfig& config = {}) {
+  using sharding = typename S::sharding;
+  using CT = typename S::compute_type;
+  using RT = typename S::reduce_type;
+  using MT = typename S::master_type;
+  static_assert(!sharding::hybrid, "host_step_peak_memory: HybridShard's step peaks are not predicted");
+  using Walk = detail::StepMemoryWalk;
+  constexpr bool work16 = !std::is_same_v<CT, float>;  // the host computes on float working copies
+  constexpr double c = sizeof(CT), r = sizeof(RT), w = sizeof(float);
+  constexpr Walk::Category grad_category = work16 ? Walk::working_copies : Walk::gradients;
+  const double n = static_cast<double>(world_size);
+  const auto p = [&](std::size_t i) { return static_cast<double>(units[i]); };
+  const std::size_t last = units.size() - 1;  // units 1..last run inside the root, in this order
+
+  std::int64_t total = 0;
+  for (std::int64_t u : units) total += u;
+  Walk walk(resident_memory<S, Cpu>(total, world_size, states_per_param, config));
+
+  // Gathering (ShardParameters only: the other policies keep every unit whole).
+  std::vector<bool> gathered(units.size(), false);
+  std::ptrdiff_t prefetched = -1;
+  const auto finish_gather = [&](std::size_t i) {
+    if (work16) {
+      walk.add(Walk::working_copies, w * p(i));
+      walk.sub(Walk::parameters, c * p(i));
+    }
+    gathered[i] = true;
+  };
+  const auto gather = [&](std::size_t i) {
+    if (!sharding::shards_parameters || gathered[i]) return;
+    if (prefetched == static_cast<std::ptrdiff_t>(i)) prefetched = -1;
+    else walk.add(Walk::parameters, c * p(i));
+    finish_gather(i);
+  };
+  const auto prefetch = [&](std::size_t i) {  // i in 1..last
+    if (!sharding::shards_parameters || !config.prefetch || prefetched >= 0 || gathered[i]) return;
+    walk.add(Walk::parameters, c * p(i));
+    prefetched = static_cast<std::ptrdiff_t>(i);
+  };
+  const auto release = [&](std::size_t i) {
+    if (!sharding::shards_parameters) return;
+    walk.sub(work16 ? Walk::working_copies : Walk::parameters, (work16 ? w : c) * p(i));
+    gathered[i] = false;
+  };
+
+  // Reductions in flight: what each frees when it completes.
+  struct InFlight {
+    double gradients = 0, communication = 0;
+  };
+  std::deque<InFlight> in_flight;
+  const auto complete = [&](std::size_t keep) {
+    while (in_flight.size() > keep) {
+      walk.sub(grad_category, in_flight.front().gradients);
+      walk.sub(Walk::communication, in_flight.front().communication);
+      in_flight.pop_front();
+    }
+  };
+  const auto begin_backward = [&](std::size_t i) {
+    if (sharding::shards_gradients) walk.add(grad_category, w * p(i));
+  };
+  const auto post_backward = [&](std::size_t i) {
+    InFlight f;
+    if constexpr (sharding::shards_gradients) {
+      f.gradients = w * p(i);
+      if (!std::is_same_v<RT, float>) f.communication = r * p(i);
+    } else if constexpr (sharding::shards_optimizer_state) {
+      if (world_size > 1) {
+        if (!work16 && std::is_same_v<RT, float>) f.communication = w * p(i) + r * p(i) / n;
+        else if (!std::is_same_v<RT, float>) f.communication = r * p(i);
+      }
+    }
+    walk.add(Walk::communication, f.communication);
+    in_flight.push_back(f);
+    complete(config.overlap_comm ? 1 : 0);
+    release(i);
+  };
+
+  // Forward.
+  gather(0);
+  for (std::size_t i = 1; i <= last; ++i) {
+    gather(i);
+    if (i < last) prefetch(i + 1);
+    if (sharding::reshard_after_forward) release(i);
+  }
+  // Backward.
+  begin_backward(0);
+  for (std::size_t i = last; i >= 1; --i) {
+    gather(i);
+    if (i > 1) prefetch(i - 1);
+    begin_backward(i);
+    post_backward(i);
+  }
+  post_backward(0);
+  complete(0);
+  // Step.
+  if (sharding::shards_optimizer_state && !sharding::shards_parameters && world_size > 1)
+    for (std::size_t i = 0; i <= last; ++i) {
+      walk.add(Walk::communication, c * p(i) / n);
+      walk.sub(Walk::communication, c * p(i) / n);
+    }
+  if constexpr (S::offload::to_nvme) {
+    const auto buffers = static_cast<std::size_t>(std::max(config.optimizer_buffer_count, 1));
+    double most = 0;
+    for (std::size_t i = 0; i <= last; ++i) {
+      double window = 0;
+      for (std::size_t j = i; j <= std::min(last, i + buffers - 1); ++j) window += p(j) / n;
+      most = std::max(most, window);
+    }
+    walk.add(Walk::optimizer_state, sizeof(MT) * static_cast<double>(states_per_param) * most);
+  }
+
+  StepPeakMemory m;
+  m.parameters = walk.peak(Walk::parameters);
+  m.gradients = walk.peak(Walk::gradients);
+  m.optimizer_state = walk.peak(Walk::optimizer_state);
+  m.working_copies = walk.peak(Walk::working_copies);
+  m.communication = walk.peak(Walk::communication);
+  m.other = walk.peak(Walk::other);
+  return m;
+}
+
+}  // namespace polyshard
