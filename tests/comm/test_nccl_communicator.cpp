@@ -1,16 +1,19 @@
 // Tests of the NCCL backend: it compiles and satisfies Communicator everywhere, reports a
 // missing GPU cleanly, and (tag [.gpu]) runs every collective with one rank per visible GPU,
-// bootstrapped over the in-process backend.
+// bootstrapped over the in-process backend, and stops ranks that issue different collectives.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <functional>
+#include <string>
 #include <iostream>
 #include <tuple>
 #include <vector>
 
 #include "comm/collective_checks.hpp"
+#include "polyshard/comm/call_site.hpp"
 #include "polyshard/comm/nccl_communicator.hpp"
 #include "polyshard/comm/thread_communicator.hpp"
 
@@ -131,4 +134,82 @@ TEST_CASE("NCCL collectives, one rank per GPU", "[comm][nccl][.gpu]") {
     check_nccl<polyshard::half>(comm);
     check_nccl<polyshard::bfloat16>(comm);
   }));
+}
+
+TEST_CASE("NCCL: ranks that issue different collectives fail on every rank, naming each rank's call",
+          "[comm][nccl][.gpu]") {
+  const int gpus = NcclCommunicator::device_count();
+  if (gpus < 2) {
+    WARN("fewer than two GPUs visible: the NCCL call check was not run");
+    return;
+  }
+  const int world = std::min(gpus, 3);
+  const int last = world - 1;
+  // Each case: what every rank called, and what must appear in every rank's error.
+  struct Case {
+    const char* name;
+    std::function<void(NcclCommunicator&, DeviceBuffer<float>&, DeviceBuffer<float>&)> body;
+    std::vector<std::string> expected;
+  };
+  const std::string others = "rank 0 called all_reduce(F32, 8 elements, sum)";
+  const std::vector<Case> cases = {
+      {"another collective",
+       [&](NcclCommunicator& c, DeviceBuffer<float>& small, DeviceBuffer<float>& big) {
+         if (c.rank() == last) c.all_gather(std::span<const float>(small.span().first(8)), big.span().first(8 * c.size()));
+         else c.all_reduce(small.span().first(8));
+       },
+       {others, "rank " + std::to_string(last) + " called all_gather(F32, 8 elements)"}},
+      {"another size",
+       [&](NcclCommunicator& c, DeviceBuffer<float>& small, DeviceBuffer<float>&) {
+         c.all_reduce(small.span().first(c.rank() == last ? 7 : 8));
+       },
+       {others, "rank " + std::to_string(last) + " called all_reduce(F32, 7 elements, sum)"}},
+      {"another call site, behind a collective in flight",
+       [&](NcclCommunicator& c, DeviceBuffer<float>& small, DeviceBuffer<float>&) {
+         CommHandle first;
+         {
+           CallSite site("the first reduction");
+           first = c.all_reduce_async(small.span().first(8));
+         }
+         CallSite site(c.rank() == last ? "the gradient norm" : "the overflow check");
+         CommHandle second = c.all_reduce_async(small.span().first(8));
+         first.wait();
+         second.wait();
+       },
+       {"rank 0 called all_reduce(F32, 8 elements, sum) from the overflow check",
+        "rank " + std::to_string(last) + " called all_reduce(F32, 8 elements, sum) from the gradient norm"}},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    std::vector<std::string> errors(static_cast<std::size_t>(world));
+    REQUIRE_NOTHROW(run_ranks(world, [&](ThreadCommunicator& boot) {
+      {
+        CommOptions options;
+        options.timeout = 20s;
+        NcclCommunicator comm = NcclCommunicator::bootstrap(boot, boot.rank(), options);
+        DeviceBuffer<float> small(8), big(8 * static_cast<std::size_t>(world));
+        try {
+          c.body(comm, small, big);
+          errors[static_cast<std::size_t>(boot.rank())] = "(no error)";
+        } catch (const Error& e) {
+          errors[static_cast<std::size_t>(boot.rank())] = e.what();
+        }
+        try {  // the communicator is aborted: later calls fail at once, never hang
+          comm.all_reduce(small.span().first(8));
+          errors[static_cast<std::size_t>(boot.rank())] += " | a later call ran";
+        } catch (const Error&) {
+        }
+      }
+      // An aborted collective may leave the device with an error (the emulated device keeps
+      // it, as a GPU keeps a kernel's fault): the next case starts on a clean one.
+      cudaDeviceReset();
+    }));
+    for (int r = 0; r < world; ++r) {
+      const std::string& e = errors[static_cast<std::size_t>(r)];
+      INFO("rank " << r << ": " << e);
+      CHECK_THAT(e, Catch::Contains("mismatched collectives (NCCL) seen by rank " + std::to_string(r)));
+      for (const std::string& part : c.expected) CHECK_THAT(e, Catch::Contains(part));
+      CHECK_THAT(e, !Catch::Contains("a later call ran"));
+    }
+  }
 }

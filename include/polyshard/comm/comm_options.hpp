@@ -33,9 +33,11 @@ inline bool default_check_calls() {
 struct CommOptions {
   /// A collective that has not completed after this long fails on every rank waiting in it.
   std::chrono::milliseconds timeout = default_comm_timeout();
-  /// MPI backend: exchange a description of every call (and its CallSite) before it runs and
-  /// report mismatched calls on every rank, at the cost of one 56-byte all-gather per collective
-  /// (docs/communication.md gives the measured cost). The in-process backend always checks.
+  /// MPI and NCCL backends: exchange a description of every call (and its CallSite) before it
+  /// runs and report mismatched calls on every rank, at the cost of a 56-byte message to every
+  /// other rank per collective under MPI, and under NCCL of a 312-byte all-gather enqueued ahead
+  /// of each collective (docs/communication.md gives the measured cost). The in-process backend
+  /// always checks.
   /// Default: on, unless the environment variable POLYSHARD_COMM_CHECK_CALLS is "0".
   bool check_calls = default_check_calls();
 };

@@ -8,12 +8,16 @@
 #include <array>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "polyshard/comm/comm_handle.hpp"
 #include "polyshard/comm/comm_options.hpp"
@@ -48,8 +52,130 @@ struct NcclState {
   bool own_stream = false;
   float* barrier_word = nullptr;  // device scratch: a barrier is an all-reduce of one float
   bool broken = false;
+  bool explaining = false;  // fail() is looking for a mismatch behind the failure
+  std::string failure;      // why it broke
   CommOptions options;
   CommStats stats;
+
+  // The call check (CommOptions::check_calls): before each collective, every rank's description
+  // of it is all-gathered on the same stream into a table in pinned host memory, compared when
+  // the collective is waited for. A record: kind, element type, count, root, operator, sequence
+  // number and the call site's hash (int64 each), then the site's first check_site_bytes bytes.
+  static constexpr std::size_t check_words = 7;
+  static constexpr std::size_t check_seq_word = 5;  // the sequence number, which ranks may differ in
+  static constexpr std::size_t check_site_bytes = 256;
+  static constexpr std::size_t check_bytes = check_words * sizeof(std::int64_t) + check_site_bytes;
+  /// The sequence word of a record that has not arrived yet.
+  static constexpr std::int64_t not_arrived = std::numeric_limits<std::int64_t>::min();
+  std::uint64_t seq = 0;  // calls checked so far
+  std::mutex tables_mutex;
+  std::vector<std::byte*> free_tables;                         // size x check_bytes each
+  std::vector<std::pair<cudaEvent_t, std::byte*>> retired;     // tables a copy may still write
+  std::vector<std::byte*> abandoned;  // tables of checks that failed to start: freed at the end
+  std::vector<std::pair<cudaEvent_t, std::byte*>> unchecked;  // started, not compared yet, in issue order
+
+  NcclState() = default;
+  NcclState(const NcclState&) = delete;
+  NcclState& operator=(const NcclState&) = delete;
+  ~NcclState() {
+    for (auto& [event, table] : retired) {
+      cudaEventSynchronize(event);
+      cudaEventDestroy(event);
+      free_tables.push_back(table);
+    }
+    for (std::byte* t : free_tables) cudaFreeHost(t);
+    for (std::byte* t : abandoned) cudaFreeHost(t);  // synchronizes with any copy still running
+  }
+  /// A pinned table of size x check_bytes (reused).
+  std::byte* take_table(const CallDesc& d) {
+    {
+      std::lock_guard lock(tables_mutex);
+      for (std::size_t i = 0; i < retired.size();)
+        if (cudaEventQuery(retired[i].first) == cudaSuccess) {
+          cudaEventDestroy(retired[i].first);
+          free_tables.push_back(retired[i].second);
+          retired.erase(retired.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+          ++i;
+        }
+      if (!free_tables.empty()) {
+        std::byte* t = free_tables.back();
+        free_tables.pop_back();
+        return t;
+      }
+    }
+    void* t = nullptr;  // a failure throws through fail(), which takes tables_mutex
+    check_cuda(cudaHostAlloc(&t, check_bytes * static_cast<std::size_t>(size), cudaHostAllocDefault), d,
+               "cudaHostAlloc");
+    return static_cast<std::byte*>(t);
+  }
+  /// Gives a table back once `event` (after the copy into it) has fired; takes `event` over.
+  void give_back_table(std::byte* table, cudaEvent_t event) {
+    std::lock_guard lock(tables_mutex);
+    std::erase_if(unchecked, [&](const auto& c) { return c.second == table; });
+    if (cudaEventQuery(event) == cudaSuccess) {
+      cudaEventDestroy(event);
+      free_tables.push_back(table);
+    } else {
+      retired.emplace_back(event, table);
+    }
+  }
+
+  /// Whether every rank's record in `table` arrived: the copy of the gathered records overwrote
+  /// every mark start_call_check left in the others' sequence words.
+  bool records_arrived(const std::byte* table) const {
+    for (int q = 0; q < size; ++q) {
+      std::int64_t seq = 0;
+      std::memcpy(&seq, record(table, q) + check_seq_word * sizeof(std::int64_t), sizeof(seq));
+      if (seq == not_arrived) return false;
+    }
+    return true;
+  }
+  /// Every rank's call, if the records in `table` differ (the sequence number aside).
+  std::optional<std::string> mismatch(const std::byte* table) const {
+    const auto words = [&](int q) {
+      std::array<std::int64_t, check_words> w;
+      std::memcpy(w.data(), record(table, q), sizeof(w));
+      return w;
+    };
+    const auto mine = words(rank);
+    bool same = true;
+    for (int q = 0; q < size; ++q) {
+      const auto theirs = words(q);
+      for (std::size_t w = 0; w < check_words; ++w) same = same && (w == check_seq_word || theirs[w] == mine[w]);
+    }
+    if (same) return std::nullopt;
+    std::string message = "polyshard: mismatched collectives (NCCL) seen by rank " + std::to_string(rank) + " of " +
+                          std::to_string(size) + ":";
+    for (int q = 0; q < size; ++q) {
+      const auto d = words(q);
+      const char* text = reinterpret_cast<const char*>(record(table, q) + sizeof(std::int64_t) * check_words);
+      std::string site(text, ::strnlen(text, check_site_bytes));
+      if (site.size() == check_site_bytes) site += "...";  // the first check_site_bytes only
+      const CallDesc theirs{static_cast<CollectiveKind>(d[0]), static_cast<DType>(d[1]),
+                            static_cast<std::uint64_t>(d[2]),    static_cast<int>(d[3]),
+                            static_cast<ReduceOp>(d[4]),         site};
+      message += std::string(q ? ";" : "") + " rank " + std::to_string(q) + " called " + describe(theirs);
+    }
+    return message;
+  }
+  /// The first mismatch among the call checks of collectives in flight, waiting up to 200 ms in
+  /// all for records still being copied.
+  std::optional<std::string> mismatch_in_flight() {
+    std::lock_guard lock(tables_mutex);  // a handle that gives its table back waits
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+    for (const auto& [event, table] : unchecked) {
+      while (cudaEventQuery(event) == cudaErrorNotReady && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (!records_arrived(table)) continue;
+      if (auto m = mismatch(table)) return m;
+    }
+    return std::nullopt;
+  }
+  static std::byte* record(std::byte* table, int q) { return table + check_bytes * static_cast<std::size_t>(q); }
+  static const std::byte* record(const std::byte* table, int q) {
+    return table + check_bytes * static_cast<std::size_t>(q);
+  }
 
   std::string where(const CallDesc& d) const {
     return "polyshard: " + describe(d) + " on rank " + std::to_string(rank) + " of " + std::to_string(size) +
@@ -63,11 +189,20 @@ struct NcclState {
   }
 
   /// Aborts the NCCL communicator (so that kernels stuck waiting for peers exit) and throws.
+  /// A rank that sees a mismatch first aborts, which fails the other ranks' calls wherever they
+  /// are (a wait, the next enqueue, the mismatched collective itself): so that each of them
+  /// names the mismatch rather than the abort, a call check of a collective in flight whose
+  /// records arrived and disagree replaces `message`.
   [[noreturn]] void fail(const std::string& message) {
     if (comm && !broken) ncclCommAbort(comm);
     broken = true;
     comm = nullptr;
-    throw Error(message);
+    failure = message;
+    if (!explaining) {
+      explaining = true;
+      if (auto mismatch = mismatch_in_flight()) failure = *mismatch;
+    }
+    throw Error(failure);
   }
   void check_nccl(ncclResult_t rc, const CallDesc& d, const char* call) {
     if (rc != ncclSuccess && rc != ncclInProgress)
@@ -109,18 +244,56 @@ struct NcclState {
   }
 };
 
-/// A collective on a stream: done when the event recorded after it fires.
+/// Every rank's description of one collective, all-gathered ahead of it on its stream: `table`
+/// holds the records once `event` fired.
+struct NcclCallCheck {
+  std::byte* table = nullptr;
+  cudaEvent_t event = nullptr;
+};
+
+/// Rank `rank`'s call-check record of `d`, call number `seq`, into `out` (check_bytes).
+inline void write_check_record(std::byte* out, const CallDesc& d, std::uint64_t seq) {
+  const std::array<std::int64_t, NcclState::check_words> words{
+      static_cast<std::int64_t>(d.kind), static_cast<std::int64_t>(d.dtype), static_cast<std::int64_t>(d.count),
+      d.root, static_cast<std::int64_t>(d.op), static_cast<std::int64_t>(seq),
+      static_cast<std::int64_t>(site_hash(d.site))};
+  std::memcpy(out, words.data(), sizeof(words));
+  std::byte* text = out + sizeof(words);
+  std::memset(text, 0, NcclState::check_site_bytes);
+  std::memcpy(text, d.site.data(), std::min(d.site.size(), NcclState::check_site_bytes));
+}
+
+/// A collective on a stream: done when the event recorded after it fires. With the call check,
+/// its table is compared first: a mismatch fails as soon as the descriptions arrived, rather
+/// than when the mismatched collective times out.
 class NcclPending final : public PendingOp {
  public:
   NcclPending(std::shared_ptr<NcclState> state, cudaEvent_t event, CallDesc desc,
-              std::chrono::steady_clock::time_point deadline)
-      : state_(std::move(state)), event_(event), desc_(desc), deadline_(deadline) {}
-  ~NcclPending() override { cudaEventDestroy(event_); }
+              std::chrono::steady_clock::time_point deadline, NcclCallCheck check = {})
+      : state_(std::move(state)), event_(event), desc_(desc), deadline_(deadline), check_(check) {}
+  ~NcclPending() override {
+    cudaEventDestroy(event_);
+    if (check_.table) state_->give_back_table(check_.table, check_.event);
+  }
   void wait() override {
-    if (!done_) {
-      state_->wait_event(event_, desc_, deadline_);  // throws on failure: a later wait() throws again
-      done_ = true;
+    if (done_) return;
+    if (state_->broken)
+      throw Error(state_->where(desc_) + " cannot complete: the communicator was aborted after an earlier failure (" +
+                  state_->failure + ")");
+    if (check_.table && !compared_) {
+      state_->wait_event(check_.event, desc_, deadline_);
+      compared_ = true;
+      {
+        std::lock_guard lock(state_->tables_mutex);
+        std::erase_if(state_->unchecked, [&](const auto& c) { return c.second == check_.table; });
+      }
+      if (auto mismatch = state_->mismatch(check_.table)) {
+        state_->explaining = true;  // this is the explanation
+        state_->fail(*mismatch);
+      }
     }
+    state_->wait_event(event_, desc_, deadline_);  // throws on failure: a later wait() throws again
+    done_ = true;
   }
   bool ready() override { return done_ || cudaEventQuery(event_) != cudaErrorNotReady; }
 
@@ -129,6 +302,8 @@ class NcclPending final : public PendingOp {
   cudaEvent_t event_;
   CallDesc desc_;
   std::chrono::steady_clock::time_point deadline_;
+  NcclCallCheck check_;
+  bool compared_ = false;
   bool done_ = false;
 };
 
@@ -148,6 +323,14 @@ class NcclPending final : public PendingOp {
 ///
 /// Half and bfloat16 reduce as NCCL reduces them (each hop rounds to the element type); reduce
 /// in float where that matters. Byte counters follow ring_bytes_sent() like every backend.
+///
+/// Unless CommOptions::check_calls is off, every collective is preceded on its stream by an
+/// all-gather of each rank's description of it (312 bytes a rank: kind, element type, count,
+/// root, operator, the call site's hash and its first 256 characters), compared when the
+/// collective is waited for: ranks that issue different collectives, or the same one with
+/// different sizes or from different call sites, fail on every rank with "mismatched
+/// collectives (NCCL)" naming each rank's call, as soon as the descriptions arrived (the
+/// mismatched collective itself is aborted with the communicator).
 class NcclCommunicator {
  public:
   /// Its buffers are device memory (an engine on a device requires this).
@@ -395,16 +578,80 @@ class NcclCommunicator {
     cudaStream_t st = stream ? stream : s.stream;
     s.check_cuda(cudaSetDevice(s.device), desc, "cudaSetDevice");
     order_after_current_stream(st, desc);
-    s.check_nccl(enqueue(st), desc, collective_name(kind).data());
-    s.settle(desc, deadline);
-    cudaEvent_t event = nullptr;
-    s.check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), desc, "cudaEventCreate");
-    const cudaError_t recorded = cudaEventRecord(event, st);
-    if (recorded != cudaSuccess) {
-      cudaEventDestroy(event);
-      s.check_cuda(recorded, desc, "cudaEventRecord");
+    const detail::comm::NcclCallCheck check =
+        s.options.check_calls && s.size > 1 ? start_call_check(desc, st, deadline) : detail::comm::NcclCallCheck{};
+    const auto give_back_check = [&] {
+      if (check.table) s.give_back_table(check.table, check.event);
+    };
+    try {
+      s.check_nccl(enqueue(st), desc, collective_name(kind).data());
+      s.settle(desc, deadline);
+    } catch (...) {
+      give_back_check();
+      throw;
     }
-    return CommHandle(std::make_shared<detail::comm::NcclPending>(state_, event, desc, deadline));
+    cudaEvent_t event = nullptr;
+    const cudaError_t created = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    const cudaError_t recorded = created == cudaSuccess ? cudaEventRecord(event, st) : created;
+    if (recorded != cudaSuccess) {
+      if (created == cudaSuccess) cudaEventDestroy(event);
+      give_back_check();
+      s.check_cuda(recorded, desc, created == cudaSuccess ? "cudaEventRecord" : "cudaEventCreate");
+    }
+    return CommHandle(std::make_shared<detail::comm::NcclPending>(state_, event, desc, deadline, check));
+  }
+
+  /// Enqueues the call check of `desc` on `st`: this rank's record copied up, all-gathered,
+  /// every record copied down into a pinned table, and an event after it.
+  detail::comm::NcclCallCheck start_call_check(const detail::comm::CallDesc& desc, cudaStream_t st,
+                                               std::chrono::steady_clock::time_point deadline) {
+    using detail::comm::NcclState;
+    auto& s = *state_;
+    const std::size_t n = static_cast<std::size_t>(s.size);
+    detail::comm::NcclCallCheck check{s.take_table(desc), nullptr};
+    struct Abandon {  // on failure a copy may still write the table: it is freed with the state
+      NcclState& s;
+      detail::comm::NcclCallCheck& check;
+      bool kept = false;
+      ~Abandon() {
+        if (kept) return;
+        std::lock_guard lock(s.tables_mutex);
+        std::erase_if(s.unchecked, [&](const auto& c) { return c.second == check.table; });
+        if (check.event) cudaEventDestroy(check.event);
+        s.abandoned.push_back(check.table);
+      }
+    } abandon{s, check};
+    std::byte* mine = NcclState::record(check.table, s.rank);
+    detail::comm::write_check_record(mine, desc, ++s.seq);
+    for (int q = 0; q < s.size; ++q)  // marks the records still to come
+      if (q != s.rank)
+        std::memcpy(NcclState::record(check.table, q) + NcclState::check_seq_word * sizeof(std::int64_t),
+                    &NcclState::not_arrived, sizeof(std::int64_t));
+    std::byte* device = nullptr;  // every record, then this rank's own (stream-ordered memory)
+    s.check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&device), NcclState::check_bytes * (n + 1), st), desc,
+                 "cudaMallocAsync");
+    std::byte* up = device + NcclState::check_bytes * n;
+    cudaError_t rc = cudaMemcpyAsync(up, mine, NcclState::check_bytes, cudaMemcpyHostToDevice, st);
+    ncclResult_t gathered = ncclSuccess;
+    if (rc == cudaSuccess) gathered = ncclAllGather(up, device, NcclState::check_bytes, ncclUint8, s.comm, st);
+    const bool enqueued = gathered == ncclSuccess || gathered == ncclInProgress;
+    if (rc == cudaSuccess && enqueued)
+      rc = cudaMemcpyAsync(check.table, device, NcclState::check_bytes * n, cudaMemcpyDeviceToHost, st);
+    const cudaError_t freed = cudaFreeAsync(device, st);
+    s.check_cuda(rc, desc, "cudaMemcpyAsync (the call check)");
+    s.check_nccl(gathered, desc, "ncclAllGather (the call check)");
+    s.check_cuda(freed, desc, "cudaFreeAsync");
+    s.check_cuda(cudaEventCreateWithFlags(&check.event, cudaEventDisableTiming), desc, "cudaEventCreate");
+    s.check_cuda(cudaEventRecord(check.event, st), desc, "cudaEventRecord");
+    {
+      // In flight from here: a rank that compares first may abort the communicator while this
+      // one still settles, and fail() then finds the mismatch in this table.
+      std::lock_guard lock(s.tables_mutex);
+      s.unchecked.emplace_back(check.event, check.table);
+    }
+    s.settle(desc, deadline);
+    abandon.kept = true;
+    return check;
   }
 
   /// Makes `st` wait for the work enqueued so far on the calling thread's current stream.
