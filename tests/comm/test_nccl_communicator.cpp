@@ -213,3 +213,61 @@ TEST_CASE("NCCL: ranks that issue different collectives fail on every rank, nami
     }
   }
 }
+
+TEST_CASE("NCCL: measured bytes are what the emulated NCCL brought into each rank's result, none on a real NCCL",
+          "[comm][nccl][.gpu]") {
+  const int gpus = NcclCommunicator::device_count();
+  if (gpus == 0) {
+    WARN("no GPU visible: the NCCL byte counters were not run");
+    return;
+  }
+  // A real NCCL's transfers are invisible: bytes_moved stays 0 there.
+  const bool emulated = &polyshard::emulation::take_nccl_traffic != nullptr;
+  const int world = std::min(gpus, 3);
+  for (const bool check_calls : {false, true}) {
+    INFO("check_calls " << check_calls << ", " << world << " ranks, " << (emulated ? "emulated" : "real") << " NCCL");
+    std::vector<std::string> errors(static_cast<std::size_t>(world));
+    REQUIRE_NOTHROW(run_ranks(world, [&](ThreadCommunicator& boot) {
+      CommOptions options;
+      options.timeout = 20s;
+      options.check_calls = check_calls;
+      NcclCommunicator comm = NcclCommunicator::bootstrap(boot, boot.rank(), options);
+      const int r = comm.rank();
+      const double N = world, n = 1021, T = sizeof(float);
+      // The call check all-gathers 7 int64 and 256 bytes of the call site from every rank ahead
+      // of each collective, counted under the collective it checks.
+      const double check = check_calls && world > 1 ? (N - 1) * (7 * 8 + 256) : 0;
+      std::string& error = errors[static_cast<std::size_t>(r)];
+      const auto expect = [&](CollectiveKind kind, double before, double formula) {
+        const double got = comm.stats().bytes_moved(kind) - before;
+        const double want = emulated ? formula + check : 0;
+        if (got != want)
+          error += std::string(collective_name(kind)) + ": moved " + std::to_string(got) + ", expected " +
+                   std::to_string(want) + "; ";
+      };
+      DeviceBuffer<float> buf(1021), all(1021 * static_cast<std::size_t>(world));
+      double before = comm.stats().bytes_moved(CollectiveKind::AllReduce);
+      comm.all_reduce(buf.span());
+      expect(CollectiveKind::AllReduce, before, (N - 1) * n * T);
+      before = comm.stats().bytes_moved(CollectiveKind::ReduceScatter);
+      comm.reduce_scatter(std::span<const float>(all.span()), buf.span());
+      expect(CollectiveKind::ReduceScatter, before, (N - 1) * n * T);
+      before = comm.stats().bytes_moved(CollectiveKind::AllGather);
+      comm.all_gather(std::span<const float>(buf.span()), all.span());
+      expect(CollectiveKind::AllGather, before, (N - 1) * n * T);
+      before = comm.stats().bytes_moved(CollectiveKind::Broadcast);
+      comm.broadcast(buf.span(), world - 1);
+      expect(CollectiveKind::Broadcast, before, r == world - 1 ? 0 : n * T);
+      before = comm.stats().bytes_moved(CollectiveKind::Reduce);
+      comm.reduce(buf.span(), 0);
+      expect(CollectiveKind::Reduce, before, r == 0 ? (N - 1) * n * T : 0);
+      before = comm.stats().bytes_moved(CollectiveKind::Barrier);
+      comm.barrier();
+      expect(CollectiveKind::Barrier, before, (N - 1) * T);  // an all-reduce of one float
+    }));
+    for (int r = 0; r < world; ++r) {
+      INFO("rank " << r);
+      CHECK(errors[static_cast<std::size_t>(r)] == "");
+    }
+  }
+}

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -28,6 +29,7 @@
 #include "polyshard/core/cuda/current_stream.hpp"
 #include "polyshard/core/dtype.hpp"
 #include "polyshard/core/error.hpp"
+#include "polyshard/emulation/nccl_traffic.hpp"
 
 namespace polyshard {
 
@@ -177,6 +179,34 @@ struct NcclState {
     return table + check_bytes * static_cast<std::size_t>(q);
   }
 
+  // Measured traffic, where the emulated NCCL counts it (emulation/nccl_traffic.hpp; a real
+  // NCCL's is invisible): the collective each of this rank's NCCL calls was made for, by its
+  // number on the communicator, until the emulation reports its bytes. The call check's
+  // all-gather counts under the collective it checks, as under MPI.
+  std::mutex traffic_mutex;
+  std::uint64_t nccl_calls = 0;
+  std::map<std::uint64_t, CollectiveKind> call_kinds;
+  static bool traffic_visible() { return &emulation::take_nccl_traffic != nullptr; }
+  /// The next NCCL collective this rank issues on the communicator is for `kind`.
+  void note_nccl_call(CollectiveKind kind) {
+    if (!traffic_visible()) return;
+    std::lock_guard lock(traffic_mutex);
+    call_kinds.emplace(nccl_calls++, kind);
+  }
+  /// Moves what the emulation counted for finished collectives into the byte counters.
+  void collect_traffic() {
+    if (!traffic_visible() || !comm) return;
+    std::vector<emulation::NcclTraffic> done;
+    if (emulation::take_nccl_traffic(comm, done) != ncclSuccess) return;
+    std::lock_guard lock(traffic_mutex);
+    for (const emulation::NcclTraffic& t : done) {
+      const auto at = call_kinds.find(t.call);
+      if (at == call_kinds.end()) continue;
+      stats.record_moved(at->second, static_cast<double>(t.bytes));
+      call_kinds.erase(at);
+    }
+  }
+
   std::string where(const CallDesc& d) const {
     return "polyshard: " + describe(d) + " on rank " + std::to_string(rank) + " of " + std::to_string(size) +
            " (NCCL, device " + std::to_string(device) + ")";
@@ -294,6 +324,7 @@ class NcclPending final : public PendingOp {
     }
     state_->wait_event(event_, desc_, deadline_);  // throws on failure: a later wait() throws again
     done_ = true;
+    state_->collect_traffic();
   }
   bool ready() override { return done_ || cudaEventQuery(event_) != cudaErrorNotReady; }
 
@@ -546,7 +577,13 @@ class NcclCommunicator {
     return result;
   }
 
-  CommStats& stats() { return state_->stats; }
+  /// The byte counters. Measured bytes (bytes_moved) are counted only on the emulated NCCL, for
+  /// the collectives waited for so far; on a real NCCL they stay 0 and bytes_sent, the ring
+  /// formula, is the prediction.
+  CommStats& stats() {
+    state_->collect_traffic();
+    return state_->stats;
+  }
   const CommStats& stats() const { return state_->stats; }
 
   void set_timeout(std::chrono::milliseconds timeout) { state_->options.timeout = timeout; }
@@ -584,6 +621,7 @@ class NcclCommunicator {
       if (check.table) s.give_back_table(check.table, check.event);
     };
     try {
+      s.note_nccl_call(kind);
       s.check_nccl(enqueue(st), desc, collective_name(kind).data());
       s.settle(desc, deadline);
     } catch (...) {
@@ -633,7 +671,10 @@ class NcclCommunicator {
     std::byte* up = device + NcclState::check_bytes * n;
     cudaError_t rc = cudaMemcpyAsync(up, mine, NcclState::check_bytes, cudaMemcpyHostToDevice, st);
     ncclResult_t gathered = ncclSuccess;
-    if (rc == cudaSuccess) gathered = ncclAllGather(up, device, NcclState::check_bytes, ncclUint8, s.comm, st);
+    if (rc == cudaSuccess) {
+      s.note_nccl_call(desc.kind);
+      gathered = ncclAllGather(up, device, NcclState::check_bytes, ncclUint8, s.comm, st);
+    }
     const bool enqueued = gathered == ncclSuccess || gathered == ncclInProgress;
     if (rc == cudaSuccess && enqueued)
       rc = cudaMemcpyAsync(check.table, device, NcclState::check_bytes * n, cudaMemcpyDeviceToHost, st);

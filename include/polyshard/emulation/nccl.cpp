@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "polyshard/emulation/nccl_traffic.hpp"
 #include "polyshard/emulation/runtime.hpp"
 
 namespace emu = polyshard::emulation;
@@ -153,6 +154,7 @@ struct Round {
   std::vector<const Call*> calls;
   int arrived = 0, departed = 0;
   bool computing = false, computed = false;
+  std::vector<std::size_t> received;  // by rank: bytes of other ranks' buffers in its result
   std::string error;
 };
 
@@ -198,6 +200,7 @@ struct Rank {
   std::uint64_t next_sequence = 0;  // collectives issued (by the rank's own thread)
   std::uint64_t next_split = 0;
   int in_flight = 0;  // collectives enqueued and not yet finished
+  std::vector<emu::NcclTraffic> traffic;  // finished collectives' traffic, until taken
   bool finalizing = false;
   ncclResult_t async_error = ncclSuccess;
   std::string last_error;
@@ -386,47 +389,59 @@ void with_type(ncclDataType_t t, F&& f) {
 }
 
 /// Computes every rank's result. Inputs are read whole before any output is written, so that
-/// the in-place forms (an output overlapping its own input) need no care.
-void compute(const std::vector<const Call*>& calls) {
+/// the in-place forms (an output overlapping its own input) need no care. Returns, by rank, the
+/// bytes of other ranks' buffers that went into its result (nccl_traffic.hpp): `write` is told,
+/// for each result, which ranks' inputs went into it and how many bytes of each.
+std::vector<std::size_t> compute(const std::vector<const Call*>& calls) {
   const Call& c0 = *calls[0];
   const std::size_t n = calls.size(), count = c0.count, size = type_size(c0.type);
-  const auto write = [&](const Call& c, const void* data, std::size_t bytes) {
+  std::vector<std::size_t> received(n, 0);
+  const auto write = [&](const Call& c, const void* data, std::size_t bytes, const std::vector<std::size_t>& sources,
+                         std::size_t bytes_per_source) {
     if (bytes) std::memcpy(c.recv, data, bytes);
+    for (std::size_t source : sources)
+      if (source != static_cast<std::size_t>(c.rank)) received[static_cast<std::size_t>(c.rank)] += bytes_per_source;
   };
+  std::vector<std::size_t> every_rank(n);
+  for (std::size_t r = 0; r < n; ++r) every_rank[r] = r;
+  const std::vector<std::size_t> root_only{static_cast<std::size_t>(std::max(c0.root, 0))};
   with_type(c0.type, [&](auto tag) {
     using T = decltype(tag);
     switch (c0.kind) {
       case Kind::all_reduce: {
         const auto out = reduce_elements<T>(calls, c0.op, 0, count);
-        for (const Call* c : calls) write(*c, out.data(), count * size);
+        for (const Call* c : calls) write(*c, out.data(), count * size, every_rank, count * size);
         break;
       }
       case Kind::reduce: {
         const auto out = reduce_elements<T>(calls, c0.op, 0, count);
-        write(*calls[static_cast<std::size_t>(c0.root)], out.data(), count * size);
+        write(*calls[static_cast<std::size_t>(c0.root)], out.data(), count * size, every_rank, count * size);
         break;
       }
       case Kind::reduce_scatter: {
         const auto out = reduce_elements<T>(calls, c0.op, 0, count * n);
-        for (std::size_t r = 0; r < n; ++r) write(*calls[r], out.data() + r * count, count * size);
+        // Rank r's result reduces chunk r of every rank's input.
+        for (std::size_t r = 0; r < n; ++r)
+          write(*calls[r], out.data() + r * count, count * size, every_rank, count * size);
         break;
       }
       case Kind::all_gather: {
         std::vector<T> all(count * n);
         for (std::size_t r = 0; r < n; ++r)
           if (count) std::memcpy(all.data() + r * count, calls[r]->send, count * size);
-        for (const Call* c : calls) write(*c, all.data(), count * n * size);
+        for (const Call* c : calls) write(*c, all.data(), count * n * size, every_rank, count * size);
         break;
       }
       case Kind::broadcast: {
         const Call& root = *calls[static_cast<std::size_t>(c0.root)];
         std::vector<T> data(count);
         if (count) std::memcpy(data.data(), root.send, count * size);
-        for (const Call* c : calls) write(*c, data.data(), count * size);
+        for (const Call* c : calls) write(*c, data.data(), count * size, root_only, count * size);
         break;
       }
     }
   });
+  return received;
 }
 
 std::string rank_list(const std::vector<int>& ranks) {
@@ -461,7 +476,7 @@ void rendezvous(Group& g, Rank& r, const Call& call) {
       round.computing = true;
       lock.unlock();
       try {
-        compute(round.calls);
+        round.received = compute(round.calls);
       } catch (const std::exception& e) {
         lock.lock();
         round.error = where + ": " + e.what();
@@ -482,8 +497,13 @@ void rendezvous(Group& g, Rank& r, const Call& call) {
     error = where + ": the communicator was aborted (" + g.abort_reason + ") while waiting for " + rank_list(missing);
   }
   const bool mismatch = round.computed && !round.error.empty();
+  const std::size_t received = error.empty() ? round.received[static_cast<std::size_t>(call.rank)] : 0;
   if (++round.departed == round.arrived) g.rounds.erase(call.sequence);
   lock.unlock();
+  if (error.empty()) {
+    std::lock_guard rl(r.m);
+    r.traffic.push_back({call.sequence, received});
+  }
   if (!error.empty()) {
     fail(&r, ncclSuccess, error);
     {
@@ -937,3 +957,16 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
 }
 
 }  // extern "C"
+
+namespace polyshard::emulation {
+
+ncclResult_t take_nccl_traffic(ncclComm_t comm, std::vector<NcclTraffic>& out) {
+  const auto r = find(comm);
+  if (!r) return fail(nullptr, ncclInvalidArgument, "take_nccl_traffic: not a live communicator");
+  std::lock_guard lock(r->m);
+  out.insert(out.end(), r->traffic.begin(), r->traffic.end());
+  r->traffic.clear();
+  return ncclSuccess;
+}
+
+}  // namespace polyshard::emulation
