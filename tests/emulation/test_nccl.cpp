@@ -1,6 +1,7 @@
 // Tests of the emulated NCCL: every collective and op on 2, 3 and 4 rank threads against results
 // computed on the host in rank order, in-place forms, 16-bit types, non-blocking init, split,
-// a mismatched call, a missing rank released by abort, and the end of a communicator's life.
+// a mismatched call, a missing rank released by abort, the end of a communicator's life, and
+// the traffic each rank's results took from the others.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -18,6 +19,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "polyshard/emulation/nccl_traffic.hpp"
 #include "polyshard/emulation/runtime.hpp"
 
 using namespace std::chrono_literals;
@@ -586,4 +588,43 @@ TEST_CASE("ids are unique, versions and error strings are NCCL's", "[emulation][
   CHECK(std::string(ncclGetErrorString(ncclSuccess)) == "no error");
   CHECK(std::string(ncclGetErrorString(ncclInProgress)) == "NCCL operation in progress");
   CHECK(std::string(ncclGetErrorString(ncclInvalidArgument)) == "invalid argument");
+}
+
+TEST_CASE("each rank's traffic: what its results took from other ranks, by call number, once", "[emulation][nccl]") {
+  const ncclUniqueId id = make_id();
+  const int n = 3;
+  std::vector<std::vector<emu::NcclTraffic>> taken(n), again(n);
+  CHECK_RANKS(run_ranks(n, [&](int rank) {
+    ncclComm_t comm = nullptr;
+    expect(ncclCommInitRank(&comm, n, id, rank) == ncclSuccess, "init");
+    cudaStream_t other = nullptr;
+    expect(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking) == cudaSuccess, "stream");
+    Buffer<float> small(5), all(5 * n);
+    Buffer<double> wide(7);
+    // Calls 0 and 1 on the default stream, call 2 on another one: numbered in issue order.
+    expect(ncclAllGather(small.p, all.p, 5, ncclFloat32, comm, nullptr) == ncclSuccess, "all-gather");
+    expect(ncclReduce(wide.p, wide.p, 7, ncclFloat64, ncclSum, 1, comm, nullptr) == ncclSuccess, "reduce");
+    expect(cudaStreamSynchronize(nullptr) == cudaSuccess, "sync");
+    expect(ncclBroadcast(wide.p, wide.p, 7, ncclFloat64, 2, comm, other) == ncclSuccess, "broadcast");
+    expect(cudaStreamSynchronize(other) == cudaSuccess, "sync other");
+    auto& mine = taken[static_cast<std::size_t>(rank)];
+    expect(emu::take_nccl_traffic(comm, mine) == ncclSuccess, "take");
+    expect(emu::take_nccl_traffic(comm, again[static_cast<std::size_t>(rank)]) == ncclSuccess, "take again");
+    expect(ncclCommDestroy(comm) == ncclSuccess, "destroy");
+    std::vector<emu::NcclTraffic> none;
+    expect(emu::take_nccl_traffic(comm, none) == ncclInvalidArgument, "a destroyed handle has no traffic");
+    cudaStreamDestroy(other);
+  }));
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    const auto& t = taken[static_cast<std::size_t>(r)];
+    REQUIRE(t.size() == 3);
+    std::vector<std::size_t> bytes(3, 99);
+    for (const emu::NcclTraffic& x : t)
+      if (x.call < 3) bytes[x.call] = x.bytes;
+    CHECK(bytes[0] == 2 * 5 * sizeof(float));               // the two other ranks' chunks
+    CHECK(bytes[1] == (r == 1 ? 2 * 7 * sizeof(double) : 0));  // only the root's result
+    CHECK(bytes[2] == (r == 2 ? 0 : 7 * sizeof(double)));      // the root's buffer, to the others
+    CHECK(again[static_cast<std::size_t>(r)].empty());         // taken once
+  }
 }
