@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -48,10 +49,30 @@ struct DeviceArray {
   }
 };
 
-/// Blocks `stream` for `d`, so that what is enqueued after it is still pending for a while.
+/// Blocks `stream` for `d`, so that what is enqueued after it is still pending for a while. Only
+/// for work that takes time (elapsed times, work that ends while the host goes on): a check that
+/// work is still pending holds it with a Gate instead, which no load on the machine can open.
 void stall(cudaStream_t stream, std::chrono::milliseconds d) {
   enqueue(stream, "stall", [d] { std::this_thread::sleep_for(d); });
 }
+
+/// Holds the streams it is put on until the test releases it: what is enqueued behind it is
+/// pending for certain, however slow the machine. Released at the latest when it goes out of
+/// scope (the held work shares the flag, so it may outlive the gate).
+struct Gate {
+  std::shared_ptr<std::atomic<bool>> open = std::make_shared<std::atomic<bool>>(false);
+  void hold(cudaStream_t stream) {
+    enqueue(stream, "gate", [flag = open] { flag->wait(false); });
+  }
+  void release() {
+    *open = true;
+    open->notify_all();
+  }
+  Gate() = default;
+  Gate(const Gate&) = delete;
+  Gate& operator=(const Gate&) = delete;
+  ~Gate() { release(); }
+};
 
 bool all_nan(const std::vector<float>& v) {
   for (float x : v)
@@ -249,15 +270,12 @@ TEST_CASE("copies from and to pageable memory follow CUDA's staging rules", "[em
     REQUIRE(cudaMemsetAsync(a.p, 0, 4096, stream) == cudaSuccess);
     int* pinned = nullptr;
     REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&pinned), 4096) == cudaSuccess);
-    std::atomic<bool> released{false};
-    enqueue(stream, "gate", [&] {
-      while (!released.load()) std::this_thread::sleep_for(1ms);
-    });
-    const auto t0 = std::chrono::steady_clock::now();
+    Gate gate;
+    gate.hold(stream);
+    // Returns while the stream is held (a copy that waited for the stream would never return).
     REQUIRE(cudaMemcpyAsync(pinned, a.p, 4096, cudaMemcpyDeviceToHost, stream) == cudaSuccess);
-    CHECK(std::chrono::steady_clock::now() - t0 < 1s);  // returned while the stream is held
     CHECK(cudaStreamQuery(stream) == cudaErrorNotReady);
-    released = true;
+    gate.release();
     REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
     CHECK(pinned[0] == 0);
     CHECK(pinned[1023] == 0);
@@ -276,8 +294,10 @@ TEST_CASE("an event orders one stream's work after another's", "[emulation][runt
   std::atomic<bool> written{false};
   std::atomic<int> seen{-1};
   DeviceArray<float> data(1 << 16), copy(1 << 16);
-  enqueue(producer, "slow writer", [&] {
-    std::this_thread::sleep_for(150ms);
+  Gate gate;  // the writer writes once the consumer is done, unless an event orders them
+  if (ordered) gate.release();
+  gate.hold(producer);
+  enqueue(producer, "writer", [&] {
     std::fill(data.p, data.p + data.n, 3.0f);
     written = true;
   });
@@ -290,6 +310,7 @@ TEST_CASE("an event orders one stream's work after another's", "[emulation][runt
   CHECK(seen.load() == (ordered ? 1 : 0));
   if (ordered) CHECK(copy.download() == std::vector<float>(data.n, 3.0f));
   if (!ordered) CHECK(cudaEventQuery(done) == cudaErrorNotReady);
+  gate.release();
   REQUIRE(cudaEventSynchronize(done) == cudaSuccess);
   CHECK(cudaEventQuery(done) == cudaSuccess);
   REQUIRE(cudaEventDestroy(done) == cudaSuccess);
@@ -316,14 +337,13 @@ TEST_CASE("the legacy default stream is ordered with blocking streams only", "[e
   std::atomic<int> legacy_saw_blocking{-1}, legacy_saw_non_blocking{-1};
 
   SECTION("legacy work waits for earlier work of blocking streams") {
+    Gate gate;  // holds the non-blocking stream's work until the legacy stream's is done
     enqueue(blocking, "slow", [&] {
       std::this_thread::sleep_for(100ms);
       on_blocking = true;
     });
-    enqueue(non_blocking, "slow", [&] {
-      std::this_thread::sleep_for(300ms);
-      on_non_blocking = true;
-    });
+    gate.hold(non_blocking);
+    enqueue(non_blocking, "held", [&] { on_non_blocking = true; });
     enqueue(cudaStreamLegacy, "reader", [&] {
       legacy_saw_blocking = on_blocking.load();
       legacy_saw_non_blocking = on_non_blocking.load();
@@ -331,22 +351,23 @@ TEST_CASE("the legacy default stream is ordered with blocking streams only", "[e
     REQUIRE(cudaStreamSynchronize(nullptr) == cudaSuccess);
     CHECK(legacy_saw_blocking.load() == 1);
     CHECK(legacy_saw_non_blocking.load() == 0);
+    gate.release();
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     CHECK(on_non_blocking.load());
   }
   SECTION("blocking streams' later work waits for the legacy stream") {
     std::atomic<bool> on_legacy{false};
     std::atomic<int> blocking_saw{-1}, non_blocking_saw{-1};
-    enqueue(nullptr, "slow", [&] {
-      std::this_thread::sleep_for(150ms);
-      on_legacy = true;
-    });
+    Gate gate;  // holds the legacy stream until the non-blocking stream's reader is done
+    gate.hold(nullptr);
+    enqueue(nullptr, "held", [&] { on_legacy = true; });
     enqueue(blocking, "reader", [&] { blocking_saw = on_legacy.load(); });
     enqueue(non_blocking, "reader", [&] { non_blocking_saw = on_legacy.load(); });
-    REQUIRE(cudaStreamSynchronize(blocking) == cudaSuccess);
     REQUIRE(cudaStreamSynchronize(non_blocking) == cudaSuccess);
-    CHECK(blocking_saw.load() == 1);
     CHECK(non_blocking_saw.load() == 0);
+    gate.release();
+    REQUIRE(cudaStreamSynchronize(blocking) == cudaSuccess);
+    CHECK(blocking_saw.load() == 1);
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   }
   REQUIRE(cudaSetDevice(0) == cudaSuccess);
@@ -359,12 +380,15 @@ TEST_CASE("event elapsed time is the host time between the records", "[emulation
   REQUIRE(cudaEventCreate(&stop) == cudaSuccess);
   REQUIRE(cudaEventCreate(&unrecorded) == cudaSuccess);
   REQUIRE(cudaEventCreateWithFlags(&untimed, cudaEventDisableTiming) == cudaSuccess);
+  Gate gate;
   REQUIRE(cudaEventRecord(start, stream) == cudaSuccess);
+  gate.hold(stream);
   stall(stream, 60ms);
   REQUIRE(cudaEventRecord(stop, stream) == cudaSuccess);
   REQUIRE(cudaEventRecord(untimed, stream) == cudaSuccess);
   float ms = 0;
   CHECK(cudaEventElapsedTime(&ms, start, stop) == cudaErrorNotReady);
+  gate.release();
   REQUIRE(cudaEventSynchronize(stop) == cudaSuccess);
   REQUIRE(cudaEventElapsedTime(&ms, start, stop) == cudaSuccess);
   CHECK(ms >= 55.0f);
@@ -456,10 +480,12 @@ TEST_CASE("stream-ordered frees happen when the stream gets there", "[emulation]
   CHECK(find_pointer(p).device == 1);
   REQUIRE(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &v) == cudaSuccess);
   CHECK(v == 1000);
-  stall(stream, 100ms);
+  Gate gate;
+  gate.hold(stream);
   REQUIRE(cudaFreeAsync(p, stream) == cudaSuccess);
   CHECK(cudaFreeAsync(p, stream) == cudaErrorInvalidValue);  // already on its way out
   CHECK(find_pointer(p).kind == MemoryKind::device);         // the stream has not got there
+  gate.release();
   REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
   CHECK(find_pointer(p).kind == MemoryKind::unknown);
   REQUIRE(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &v) == cudaSuccess);
@@ -485,10 +511,12 @@ TEST_CASE("streams report their priority and state", "[emulation][runtime]") {
   CHECK(priority == -3);
   CHECK(flags == cudaStreamNonBlocking);
   std::atomic<int> calls{0};
-  stall(s, 50ms);
+  Gate gate;
+  gate.hold(s);
   REQUIRE(cudaLaunchHostFunc(
               s, [](void* c) { ++*static_cast<std::atomic<int>*>(c); }, &calls) == cudaSuccess);
   CHECK(cudaStreamQuery(s) == cudaErrorNotReady);
+  gate.release();
   REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
   CHECK(calls.load() == 1);
   CHECK(cudaStreamQuery(s) == cudaSuccess);

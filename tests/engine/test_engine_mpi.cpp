@@ -5,10 +5,11 @@
 #include <catch2/catch.hpp>
 
 #include <mpi.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <cstdlib>
-#include <iostream>
+#include <string>
 
 #include "divergence.hpp"
 #include "engine_fixture.hpp"
@@ -110,6 +111,15 @@ TEMPLATE_TEST_CASE("MPI: ranks that diverge stop on every process with an error 
 // flight; every other rank must stop within its 3 s timeout with an error naming the collective
 // and the rank it waited for, and exit non-zero (MpiSession aborts the job after a failed
 // collective).
+// One line in one write call: the launcher interleaves the ranks' output at write boundaries,
+// and the expected line must reach ctest whole.
+namespace {
+void say(const std::string& text) {
+  const std::string line = text + "\n";
+  [[maybe_unused]] const auto written = ::write(STDERR_FILENO, line.data(), line.size());
+}
+}  // namespace
+
 TEST_CASE("MPI: a rank that dies with work in flight (run alone: the job ends)", "[.mpi_rank_dies]") {
   const char* how_text = std::getenv("POLYSHARD_TEST_DEATH");
   const std::string how = how_text ? how_text : "kill";
@@ -125,7 +135,7 @@ TEST_CASE("MPI: a rank that dies with work in flight (run alone: the job ends)",
       const Batch b = sampler.batch(step, comm.rank(), comm.size());
       const auto hook = [&] {
         if (!dies || step != 2) return;
-        std::cerr << "rank " << comm.rank() << " dies (" << how << ")" << std::endl;
+        say("rank " + std::to_string(comm.rank()) + " dies (" + how + ")");
         if (how == "kill") std::raise(SIGKILL);
         if (how == "exit") std::_Exit(3);
         throw Error("rank " + std::to_string(comm.rank()) + " gave up in backward");
@@ -135,7 +145,7 @@ TEST_CASE("MPI: a rank that dies with work in flight (run alone: the job ends)",
       engine.step(0.1);
     }
   } catch (const Error& e) {
-    std::cerr << "rank " << comm.rank() << " stopped: " << e.what() << std::endl;
+    say("rank " + std::to_string(comm.rank()) + " stopped: " + e.what());
     if (dies) std::_Exit(4);  // a rank that threw ends as a program would, without MPI_Finalize
   }
 }

@@ -121,7 +121,11 @@ TEST_CASE("ZeRO-Infinity: the state is in the file between steps, and access_opt
       states = optimizer_states(engine);
       if constexpr (nvme) {
         s.state_bytes_between_steps = tracker.current(MemoryCategory::OptimizerState);
+        // Every rank's file exists once every rank has built its engine and stepped: count them
+        // between two barriers, so that no rank is still creating its file or already removing it.
+        comm.barrier();
         s.files_while_training = files_in(dir.path());
+        comm.barrier();
         for (const auto& opt : engine.optimizers())
           for (const auto& [name, t] : opt.state()) s.elements_between_steps |= t.storage()->materialized();
         // A restore writes through to the file: read back, the new values are there.
