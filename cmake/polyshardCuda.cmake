@@ -14,6 +14,7 @@ endif()
 set(POLYSHARD_CUDA_SOURCES
   polyshard/tensor/cuda/tensor_kernels.cu
   polyshard/tensor/cuda/transformer_kernels.cu
+  polyshard/tensor/cuda/flash_attention.cu
   polyshard/tensor/cuda/sort.cu
   polyshard/optim/cuda/fused_optimizers.cu
   polyshard/engine/cuda/unit_kernels.cu)

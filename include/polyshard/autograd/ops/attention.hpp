@@ -1,6 +1,8 @@
 // Differentiable causal multi-head self-attention over GPT-2's fused qkv projection.
 #pragma once
 
+#include <type_traits>
+
 #include "polyshard/core/precompiled.hpp"
 #include "polyshard/autograd/ops/grad_out.hpp"
 #include "polyshard/tensor/ops/attention.hpp"
@@ -10,10 +12,24 @@ namespace polyshard {
 /// Concat over heads of softmax(q k^T / sqrt(head_dim), causal mask) v.
 /// qkv: (B, T, 3C) laid out [q | k | v] along the last dimension, each C = n_head * head_dim
 /// with heads contiguous inside (GPT-2's c_attn output); returns (B, T, C). Saves the attention
-/// probabilities, (B, n_head, T, T), besides its input.
+/// probabilities, (B, n_head, T, T), besides its input; on a GPU, 16-bit attention with a head
+/// dimension the fused kernels take saves the output and (B, n_head, T) row statistics instead.
 template <FloatElement T, Device D>
 Var<T, D> causal_self_attention(const Var<T, D>& qkv, int n_head) {
   const auto [nb, nt, c, hd] = detail::attention_dims("causal_self_attention", qkv.value(), n_head);
+  if constexpr (std::is_same_v<D, Cuda>) {
+    // On a GPU, 16-bit attention runs fused (tensor/cuda/flash_attention.hpp): it saves its
+    // output and each row's log-sum-exp, (B, n_head, T) floats, instead of the probabilities.
+    if (fused_attention_applies(qkv.value(), n_head)) {
+      Tensor<T, D> y = Tensor<T, D>::empty({nb, nt, c});
+      Tensor<float, D> lse = Tensor<float, D>::empty({nb, n_head, nt});
+      causal_self_attention_fused_forward(qkv.value(), n_head, y, lse);
+      return make_result(std::move(y), "causal_self_attention", {qkv}, [lse, n_head](Node<T, D>& self) {
+        causal_self_attention_fused_backward(self.inputs[0]->value, self.value, lse, self.grad, n_head,
+                                             detail::grad_out(self, 0));
+      });
+    }
+  }
   Tensor<T, D> y = Tensor<T, D>::empty({nb, nt, c});             // (B, T, C)
   Tensor<T, D> att = Tensor<T, D>::empty({nb, n_head, nt, nt});  // (B, n_head, T, T)
   causal_self_attention_forward(qkv.value(), n_head, y, att);

@@ -6,9 +6,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
 
 #include "polyshard/core/cuda/current_stream.hpp"
 #include "polyshard/engine/cuda/unit_kernels.hpp"
+#include "polyshard/tensor/cuda/flash_attention.hpp"
 #include "polyshard/tensor/cuda/matmul.hpp"
 #include "polyshard/tensor/cuda/storage.hpp"
 #include "polyshard/tensor/cuda/transformer_kernels.hpp"
@@ -579,6 +583,83 @@ void causal_self_attention_backward(const Tensor<T, Cuda>& qkv, const Tensor<T, 
   matmul_into(ds.transpose(), q, dk);  // dS^T q
   cuda::attention_permute_backward(dq.data(), dk.data(), dv.data(), detail::cuda_ops::device_grad(dqkv), nb, nt,
                                    n_head, hd, stream);
+}
+
+/// Whether the fused kernels are allowed at all: POLYSHARD_FUSED_ATTENTION=0 in the environment
+/// keeps every attention on the materialized kernels (for comparisons; read once).
+inline bool fused_attention_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("POLYSHARD_FUSED_ATTENTION");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return enabled;
+}
+
+/// Whether causal_self_attention on qkv (B, T, 3C) with n_head heads runs the fused kernels
+/// (flash_attention.hpp): 16-bit elements and a head dimension they take. Float keeps the
+/// materialized kernels, whose products are float throughout.
+template <CudaFloatElement T>
+bool fused_attention_applies(const Tensor<T, Cuda>& qkv, int n_head) {
+  if constexpr (std::is_same_v<T, float>) {
+    return false;
+  } else {
+    return fused_attention_enabled() && qkv.rank() == 3 && n_head > 0 && qkv.size(2) % (3 * n_head) == 0 &&
+           cuda::flash_attention_supports(qkv.size(2) / (3 * n_head));
+  }
+}
+
+namespace detail::cuda_ops {
+/// The fused kernels' view of GPT-2's qkv (B, T, 3C): q, k and v a third each, stride 3C.
+inline cuda::AttentionShape gpt_attention_shape(const Shape& qkv, int n_head) {
+  const std::int64_t c = qkv[2] / 3;
+  return {.batch = qkv[0], .seq = qkv[1], .n_head = n_head, .n_kv_head = n_head, .head_dim = c / n_head,
+          .stride = 3 * c, .out_stride = c};
+}
+}  // namespace detail::cuda_ops
+
+/// causal_self_attention_forward by the fused kernels: out as there; instead of the (B, n_head,
+/// T, T) probabilities, lse (B, n_head, T) float, each query row's log-sum-exp, for the backward.
+template <CudaFloatElement T>
+void causal_self_attention_fused_forward(const Tensor<T, Cuda>& qkv, int n_head, const Tensor<T, Cuda>& out,
+                                         const Tensor<float, Cuda>& lse) {
+  const char* op = "causal_self_attention (fused)";
+  POLYSHARD_CHECK(fused_attention_applies(qkv, n_head), op, ": qkv ", qkv.shape(), " with n_head = ", n_head,
+                  " is not (B, T, 3C) of 16-bit elements with a head dimension of 16, 32, 64 or 128");
+  const std::int64_t nb = qkv.size(0), nt = qkv.size(1), c = qkv.size(2) / 3;
+  detail::check_output(op, "out", out, Shape{nb, nt, c});
+  detail::check_output(op, "lse", lse, Shape{nb, n_head, nt});
+  const T* p = detail::cuda_ops::input(op, "qkv", qkv);
+  cuda::flash_attention_forward(p, p + c, p + 2 * c, out.data(), lse.data(),
+                                detail::cuda_ops::gpt_attention_shape(qkv.shape(), n_head), cuda::current_stream());
+}
+
+/// The gradient of causal_self_attention_fused_forward with respect to qkv, from its input, its
+/// output and lse (the probabilities recomputed tile by tile). dqkv: (B, T, 3C), written or
+/// added to.
+template <CudaFloatElement T>
+void causal_self_attention_fused_backward(const Tensor<T, Cuda>& qkv, const Tensor<T, Cuda>& out,
+                                          const Tensor<float, Cuda>& lse, const Tensor<T, Cuda>& dout, int n_head,
+                                          const GradOut<T, Cuda>& dqkv) {
+  if (!dqkv.wanted()) return;
+  const char* op = "causal_self_attention backward (fused)";
+  POLYSHARD_CHECK(fused_attention_applies(qkv, n_head), op, ": qkv ", qkv.shape(), " with n_head = ", n_head,
+                  " is not (B, T, 3C) of 16-bit elements with a head dimension of 16, 32, 64 or 128");
+  const std::int64_t nb = qkv.size(0), nt = qkv.size(1), c = qkv.size(2) / 3;
+  check_same_shape(op, out.shape(), Shape{nb, nt, c});
+  check_same_shape(op, dout.shape(), Shape{nb, nt, c});
+  check_same_shape(op, lse.shape(), Shape{nb, n_head, nt});
+  detail::check_output(op, "dqkv", dqkv.tensor, qkv.shape());
+  using detail::cuda_ops::input;
+  const cuda::AttentionShape shape = detail::cuda_ops::gpt_attention_shape(qkv.shape(), n_head);
+  auto workspace = detail::cuda_ops::scratch_floats(
+      static_cast<std::size_t>(cuda::flash_attention_backward_workspace_floats(shape)));
+  const T* p = input(op, "qkv", qkv);
+  T* g = dqkv.tensor.data();
+  cuda::flash_attention_backward(p, p + c, p + 2 * c, input(op, "out", out), input(op, "dout", dout),
+                                 input(op, "lse", lse), cuda::DeviceGradOut<T>{g, dqkv.accumulate},
+                                 cuda::DeviceGradOut<T>{g + c, dqkv.accumulate},
+                                 cuda::DeviceGradOut<T>{g + 2 * c, dqkv.accumulate}, workspace.data(), shape,
+                                 cuda::current_stream());
 }
 
 }  // namespace polyshard
