@@ -22,6 +22,7 @@
 #include "polyshard/core/dtype.hpp"
 #include "polyshard/tensor/cuda/ops.hpp"
 #include "polyshard/tensor/cuda/transfer.hpp"
+#include "support/cuda_timing.hpp"
 #include "support/report.hpp"
 
 namespace {
@@ -30,22 +31,11 @@ using polyshard::bfloat16;
 using polyshard::Cuda;
 using polyshard::Tensor;
 
-double sample_ms(const std::function<void()>& f, int inner) {
-  polyshard::cuda::Event start(true), stop(true);
-  const cudaStream_t stream = polyshard::cuda::current_stream();
-  start.record(stream);
-  for (int i = 0; i < inner; ++i) f();
-  stop.record(stream);
-  stop.synchronize();
-  return double(stop.elapsed_ms_since(start)) / inner;
-}
-
 double median_ms(const std::function<void()>& f, int repeats) {
   for (int i = 0; i < 2; ++i) f();
   std::vector<double> v;
-  for (int r = 0; r < repeats; ++r) v.push_back(sample_ms(f, 5));
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  for (int r = 0; r < repeats; ++r) v.push_back(bench::sample_ms(f, 5, polyshard::cuda::current_stream()));
+  return bench::median(v);
 }
 
 Tensor<bfloat16, Cuda> random_device(const polyshard::Shape& shape, std::uint64_t seed) {

@@ -19,6 +19,7 @@
 #include "polyshard/core/cuda/stream.hpp"
 #include "polyshard/core/dtype.hpp"
 #include "polyshard/tensor/cuda/matmul.hpp"
+#include "support/cuda_timing.hpp"
 #include "support/report.hpp"
 
 namespace {
@@ -126,20 +127,8 @@ class DirectLt {
   cublasLtMatmulAlgo_t algo_{};
 };
 
-/// Milliseconds per call of one timed sample: `inner` calls back to back between two events.
-double sample_ms(const std::function<void()>& f, int inner, cudaStream_t stream) {
-  polyshard::cuda::Event start(true), stop(true);
-  start.record(stream);
-  for (int i = 0; i < inner; ++i) f();
-  stop.record(stream);
-  stop.synchronize();
-  return double(stop.elapsed_ms_since(start)) / inner;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::median;
+using bench::sample_ms;
 
 }  // namespace
 

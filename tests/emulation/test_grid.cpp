@@ -25,6 +25,7 @@
 #include "polyshard/core/cuda/device_math.cuh"
 #include "polyshard/emulation/grid.hpp"
 #include "polyshard/emulation/runtime.hpp"
+#include "fault_of.hpp"
 
 namespace emu = polyshard::emulation;
 using Catch::Matchers::Contains;
@@ -37,17 +38,7 @@ emu::LaunchShape shape_of(dim3 grid, dim3 block, std::size_t shared = 0) {
   return emu::LaunchShape{grid, block, shared};
 }
 
-/// The fault's message, failing the test when `f` does not throw DeviceFault.
-template <class F>
-std::string fault_of(F&& f) {
-  try {
-    f();
-  } catch (const emu::DeviceFault& e) {
-    return e.message;
-  }
-  FAIL("no DeviceFault");
-  return {};
-}
+using polyshard::emulation::test::fault_of;
 
 unsigned linear_thread() { return threadIdx.x + threadIdx.y * blockDim.x + threadIdx.z * blockDim.x * blockDim.y; }
 unsigned linear_block() { return blockIdx.x + blockIdx.y * gridDim.x + blockIdx.z * gridDim.x * gridDim.y; }

@@ -18,6 +18,7 @@
 #include "polyshard/core/cuda/mma.cuh"
 #include "polyshard/emulation/grid.hpp"
 #include "polyshard/emulation/runtime.hpp"
+#include "fault_of.hpp"
 
 namespace emu = polyshard::emulation;
 namespace pc = polyshard::cuda;
@@ -25,16 +26,7 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-template <class F>
-std::string fault_of(F&& f) {
-  try {
-    f();
-  } catch (const emu::DeviceFault& e) {
-    return e.message;
-  }
-  FAIL("no DeviceFault");
-  return {};
-}
+using polyshard::emulation::test::fault_of;
 
 template <class E>
 std::uint16_t bits_of(E x) {
