@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -110,5 +111,30 @@ class DeviceSpan {
   std::size_t n_, offset_;
   cuda::DeviceBuffer<T> buffer_;
 };
+
+/// A device array of n elements starting `offset` elements into its buffer: offset 1 makes
+/// every pointer misaligned for 16-byte packs.
+template <class T>
+struct OffsetDevice {
+  cuda::DeviceBuffer<T> buffer;
+  std::size_t offset = 0;
+  T* get() const { return buffer.data() + offset; }
+  std::vector<T> to_host() const {
+    std::vector<T> all = buffer.to_host();
+    return std::vector<T>(all.begin() + static_cast<std::ptrdiff_t>(offset), all.end());
+  }
+};
+
+template <class T>
+OffsetDevice<T> offset_copy(const std::vector<T>& host, std::size_t offset) {
+  std::vector<T> padded(offset, T(0.f));
+  padded.insert(padded.end(), host.begin(), host.end());
+  return {device_copy(padded), offset};
+}
+
+template <class T>
+OffsetDevice<T> offset_poisoned(std::size_t n, std::size_t offset) {
+  return {poisoned_device<T>(n + offset), offset};
+}
 
 }  // namespace polyshard::test

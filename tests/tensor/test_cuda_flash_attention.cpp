@@ -116,28 +116,6 @@ std::vector<T> rounded(const std::vector<double>& v) {
   return r;
 }
 
-/// A device copy of `host` placed `offset` elements into its allocation.
-template <class T>
-struct Placed {
-  cuda::DeviceBuffer<T> buffer;
-  std::size_t offset;
-  T* get() const { return buffer.data() + offset; }
-  std::vector<T> to_host() const {
-    const std::vector<T> all = buffer.to_host();
-    return std::vector<T>(all.begin() + std::ptrdiff_t(offset), all.end());
-  }
-};
-template <class T>
-Placed<T> placed(const std::vector<T>& host, std::size_t offset) {
-  std::vector<T> padded(offset, T(0.0f));
-  padded.insert(padded.end(), host.begin(), host.end());
-  return {test::device_copy(padded), offset};
-}
-template <class T>
-Placed<T> poisoned(std::size_t n, std::size_t offset) {
-  return {test::poisoned_device<T>(n + offset), offset};
-}
-
 template <class T, class W>
 void check_against(const std::string& what, const std::vector<T>& got, const std::vector<W>& want, double slack) {
   const double err = test::relative_error(std::span<const T>(got), std::span<const W>(want));
@@ -156,8 +134,8 @@ void check_case(const Case& c, bool accumulate) {
   const auto before = test::random_values<T>(n_qkv, 9);  // what an accumulated gradient adds to
   const Oracle want = attention_in_double(L, qkv, dout);
 
-  const auto q = placed(qkv, c.offset);
-  auto out = poisoned<T>(n_out, c.offset);
+  const auto q = test::offset_copy(qkv, c.offset);
+  auto out = test::offset_poisoned<T>(n_out, c.offset);
   auto lse = test::poisoned_device<float>(want.lse.size());
   const pc::AttentionShape shape = L.shape();
   const std::int64_t kv = c.n_head * c.d, vv = (c.n_head + c.n_kv_head) * c.d;
@@ -166,8 +144,8 @@ void check_case(const Case& c, bool accumulate) {
   check_against("out", out_host, want.out, 1.0);
   check_against("lse", lse.to_host(), want.lse, 1e-3 / test::gpu_tolerance<float>());
 
-  const auto out_dev = placed(out_host, c.offset), dout_dev = placed(dout, c.offset);
-  auto dqkv = accumulate ? placed(before, c.offset) : poisoned<T>(n_qkv, c.offset);
+  const auto out_dev = test::offset_copy(out_host, c.offset), dout_dev = test::offset_copy(dout, c.offset);
+  auto dqkv = accumulate ? test::offset_copy(before, c.offset) : test::offset_poisoned<T>(n_qkv, c.offset);
   auto workspace = test::poisoned_device<float>(std::size_t(pc::flash_attention_backward_workspace_floats(shape)));
   auto backward = [&] {
     pc::flash_attention_backward(q.get(), q.get() + kv, q.get() + vv, out_dev.get(), dout_dev.get(), lse.data(),
@@ -217,7 +195,7 @@ TEST_CASE("fused causal attention on GPT-2's qkv matches the materialized device
   const auto dout_host = test::random_values<bfloat16>(std::size_t(b * t * c), 32);
   const auto qkv = to_device(Tensor<bfloat16>::from({b, t, 3 * c}, std::span<const bfloat16>(qkv_host)));
   const auto dout = to_device(Tensor<bfloat16>::from({b, t, c}, std::span<const bfloat16>(dout_host)));
-  REQUIRE(fused_attention_applies(qkv, int(n_head)));
+  REQUIRE(fused_attention_supports(qkv, int(n_head)));
 
   auto out = Tensor<bfloat16, Cuda>::empty({b, t, c});
   auto lse = Tensor<float, Cuda>::empty({b, n_head, t});

@@ -43,31 +43,6 @@ void check_host(const std::string& what, const std::vector<T>& got, const std::v
   CHECK(err <= test::gpu_tolerance<T>() * slack);
 }
 
-/// A device array of n elements starting `offset` elements into its buffer: offset 1 makes
-/// every pointer misaligned for 16-byte packs.
-template <class T>
-struct OffsetDevice {
-  cuda::DeviceBuffer<T> buffer;
-  std::size_t offset = 0;
-  T* get() const { return buffer.data() + offset; }
-  std::vector<T> to_host() const {
-    std::vector<T> all = buffer.to_host();
-    return std::vector<T>(all.begin() + static_cast<std::ptrdiff_t>(offset), all.end());
-  }
-};
-
-template <class T>
-OffsetDevice<T> offset_copy(const std::vector<T>& host, std::size_t offset) {
-  std::vector<T> padded(offset, T(0.f));
-  padded.insert(padded.end(), host.begin(), host.end());
-  return {test::device_copy(padded), offset};
-}
-
-template <class T>
-OffsetDevice<T> offset_poisoned(std::size_t n, std::size_t offset) {
-  return {test::poisoned_device<T>(n + offset), offset};
-}
-
 std::vector<std::int32_t> random_ids(std::size_t n, std::int32_t v, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<std::int32_t> u(0, v - 1);
@@ -124,14 +99,14 @@ void check_activation(std::size_t n, std::size_t off, bool accumulate) {
   const auto x = test::random_values<T>(n, 1, A::range), dy = test::random_values<T>(n, 2),
              dx0 = test::random_values<T>(n, 3);
   const Shape s{std::int64_t(n)};
-  auto y_dev = offset_poisoned<T>(n, off);
-  const auto x_dev = offset_copy(x, off), dy_dev = offset_copy(dy, off);
+  auto y_dev = test::offset_poisoned<T>(n, off);
+  const auto x_dev = test::offset_copy(x, off), dy_dev = test::offset_copy(dy, off);
   A::device(x_dev.get(), y_dev.get(), std::int64_t(n));
   auto want_y = Tensor<float>::empty(s);
   A::host(host_tensor(s, floats(x)), want_y);
   check_host(std::string(A::name) + " y", y_dev.to_host(), want_y.to_vector());
 
-  auto dx = accumulate ? offset_copy(dx0, off) : offset_poisoned<T>(n, off);
+  auto dx = accumulate ? test::offset_copy(dx0, off) : test::offset_poisoned<T>(n, off);
   A::device_backward(x_dev.get(), dy_dev.get(), grad_out(dx.get(), accumulate), std::int64_t(n));
   auto want_dx = host_tensor(s, floats(dx0));
   A::host_backward(host_tensor(s, floats(x)), host_tensor(s, floats(dy)), GradOut<float>{want_dx, accumulate});
@@ -157,26 +132,26 @@ TEMPLATE_TEST_CASE("add, add_into_accumulate and scale match the CPU twins, with
   CAPTURE(n, off);
   const Shape s{std::int64_t(n)};
   const auto a = test::random_values<T>(n, 4), b = test::random_values<T>(n, 5);
-  const auto a_dev = offset_copy(a, off), b_dev = offset_copy(b, off);
+  const auto a_dev = test::offset_copy(a, off), b_dev = test::offset_copy(b, off);
 
   // One addition and one rounding on both sides: the results agree to T's last bit.
-  auto out = offset_poisoned<T>(n, off);
+  auto out = test::offset_poisoned<T>(n, off);
   pc::add_into(a_dev.get(), b_dev.get(), out.get(), std::int64_t(n), nullptr);
   auto want = Tensor<float>::empty(s);
   add_into(host_tensor(s, floats(a)), host_tensor(s, floats(b)), want);
   check_host("add", out.to_host(), want.to_vector());
 
-  auto y = offset_copy(b, off);
+  auto y = test::offset_copy(b, off);
   pc::add_into_accumulate(a_dev.get(), y.get(), std::int64_t(n), nullptr);
   check_host("add_into_accumulate", y.to_host(), want.to_vector());
 
-  auto scaled = offset_poisoned<T>(n, off);
+  auto scaled = test::offset_poisoned<T>(n, off);
   pc::scale_into(a_dev.get(), -1.5, scaled.get(), std::int64_t(n), nullptr);
   scale_into(host_tensor(s, floats(a)), -1.5, want);
   check_host("scale", scaled.to_host(), want.to_vector());
 
   // In place: out aliases a.
-  auto in_place = offset_copy(a, off);
+  auto in_place = test::offset_copy(a, off);
   pc::add_into(in_place.get(), b_dev.get(), in_place.get(), std::int64_t(n), nullptr);
   add_into(host_tensor(s, floats(a)), host_tensor(s, floats(b)), want);
   check_host("add in place", in_place.to_host(), want.to_vector());

@@ -17,11 +17,11 @@ namespace polyshard {
 template <FloatElement T, Device D>
 Var<T, D> causal_self_attention(const Var<T, D>& qkv, int n_head) {
   const auto [nb, nt, c, hd] = detail::attention_dims("causal_self_attention", qkv.value(), n_head);
+  Tensor<T, D> y = Tensor<T, D>::empty({nb, nt, c});  // (B, T, C)
   if constexpr (std::is_same_v<D, Cuda>) {
     // On a GPU, 16-bit attention runs fused (tensor/cuda/flash_attention.hpp): it saves its
     // output and each row's log-sum-exp, (B, n_head, T) floats, instead of the probabilities.
     if (fused_attention_applies(qkv.value(), n_head)) {
-      Tensor<T, D> y = Tensor<T, D>::empty({nb, nt, c});
       Tensor<float, D> lse = Tensor<float, D>::empty({nb, n_head, nt});
       causal_self_attention_fused_forward(qkv.value(), n_head, y, lse);
       return make_result(std::move(y), "causal_self_attention", {qkv}, [lse, n_head](Node<T, D>& self) {
@@ -30,7 +30,6 @@ Var<T, D> causal_self_attention(const Var<T, D>& qkv, int n_head) {
       });
     }
   }
-  Tensor<T, D> y = Tensor<T, D>::empty({nb, nt, c});             // (B, T, C)
   Tensor<T, D> att = Tensor<T, D>::empty({nb, n_head, nt, nt});  // (B, n_head, T, T)
   causal_self_attention_forward(qkv.value(), n_head, y, att);
   return make_result(std::move(y), "causal_self_attention", {qkv}, [att, n_head](Node<T, D>& self) {

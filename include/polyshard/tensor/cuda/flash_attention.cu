@@ -3,7 +3,7 @@
 //
 // A block owns 64 consecutive rows (queries in the forward and dq kernels, keys in the dk/dv
 // kernel), 16 to each of its 4 warps, and streams tiles of the other side through shared memory
-// (64 rows, 32 at head dimension 128, so that a block stays within the default 48 KiB). Every
+// (64 rows; 32 in the backward at head dimension 128, to keep its registers within 255). Every
 // product is mma.sync m16n8k16 (core/cuda/mma.cuh), whose documented fragment layout lets a
 // warp keep its strip's scores in registers: row maxima and sums are taken across the 4 lanes
 // that hold a row, and the scores, once probabilities (or their gradients), are the next
@@ -471,17 +471,15 @@ void flash_attention_backward(const T* q, const T* k, const T* v, const T* out, 
     if (dq.wanted()) {
       launch<flash_dq_kernel<E, HD>>(
           dim3(blocks_for(shape.seq, block_rows), static_cast<unsigned>(shape.batch * shape.n_head)), block_threads, 0,
-          stream, device_ptr(q), device_ptr(k), device_ptr(v),
-                                     device_ptr(dout), lse, static_cast<const float*>(delta), device_ptr(dq.data),
-                                     dq.accumulate, dims);
+          stream, device_ptr(q), device_ptr(k), device_ptr(v), device_ptr(dout), lse, static_cast<const float*>(delta),
+          device_ptr(dq.data), dq.accumulate, dims);
       POLYSHARD_CUDA_CHECK_LAUNCH("flash attention backward (dq)");
     }
     if (dk.wanted() || dv.wanted()) {
       launch<flash_dkdv_kernel<E, HD>>(
           dim3(blocks_for(shape.seq, block_rows), static_cast<unsigned>(shape.batch * shape.n_kv_head)), block_threads,
-          0, stream, device_ptr(q), device_ptr(k), device_ptr(v),
-                                       device_ptr(dout), lse, static_cast<const float*>(delta), device_ptr(dk.data),
-                                       device_ptr(dv.data), dk.accumulate, dims);
+          0, stream, device_ptr(q), device_ptr(k), device_ptr(v), device_ptr(dout), lse,
+          static_cast<const float*>(delta), device_ptr(dk.data), device_ptr(dv.data), dk.accumulate, dims);
       POLYSHARD_CUDA_CHECK_LAUNCH("flash attention backward (dk, dv)");
     }
   });

@@ -595,20 +595,34 @@ inline bool fused_attention_enabled() {
   return enabled;
 }
 
-/// Whether causal_self_attention on qkv (B, T, 3C) with n_head heads runs the fused kernels
-/// (flash_attention.hpp): 16-bit elements and a head dimension they take. Float keeps the
-/// materialized kernels, whose products are float throughout.
+/// Whether the fused kernels (flash_attention.hpp) compute attention over qkv (B, T, 3C) with
+/// n_head heads: 16-bit elements and a head dimension they take. Float keeps the materialized
+/// kernels, whose products are float throughout.
 template <CudaFloatElement T>
-bool fused_attention_applies(const Tensor<T, Cuda>& qkv, int n_head) {
+bool fused_attention_supports(const Tensor<T, Cuda>& qkv, int n_head) {
   if constexpr (std::is_same_v<T, float>) {
     return false;
   } else {
-    return fused_attention_enabled() && qkv.rank() == 3 && n_head > 0 && qkv.size(2) % (3 * n_head) == 0 &&
+    return qkv.rank() == 3 && n_head > 0 && qkv.size(2) % (3 * n_head) == 0 &&
            cuda::flash_attention_supports(qkv.size(2) / (3 * n_head));
   }
 }
 
+/// Whether causal_self_attention on a Var takes the fused kernels: where they compute it, unless
+/// POLYSHARD_FUSED_ATTENTION=0 turned them off.
+template <CudaFloatElement T>
+bool fused_attention_applies(const Tensor<T, Cuda>& qkv, int n_head) {
+  return fused_attention_enabled() && fused_attention_supports(qkv, n_head);
+}
+
 namespace detail::cuda_ops {
+/// The fused ops' refusal of what the kernels do not compute, naming the op and the shape.
+template <class T>
+void check_fused_attention(const char* op, const Tensor<T, Cuda>& qkv, int n_head) {
+  POLYSHARD_CHECK(fused_attention_supports(qkv, n_head), op, ": qkv ", qkv.shape(), " with n_head = ", n_head,
+                  " is not (B, T, 3C) of 16-bit elements with a head dimension of 16, 32, 64 or 128");
+}
+
 /// The fused kernels' view of GPT-2's qkv (B, T, 3C): q, k and v a third each, stride 3C.
 inline cuda::AttentionShape gpt_attention_shape(const Shape& qkv, int n_head) {
   const std::int64_t c = qkv[2] / 3;
@@ -623,8 +637,7 @@ template <CudaFloatElement T>
 void causal_self_attention_fused_forward(const Tensor<T, Cuda>& qkv, int n_head, const Tensor<T, Cuda>& out,
                                          const Tensor<float, Cuda>& lse) {
   const char* op = "causal_self_attention (fused)";
-  POLYSHARD_CHECK(fused_attention_applies(qkv, n_head), op, ": qkv ", qkv.shape(), " with n_head = ", n_head,
-                  " is not (B, T, 3C) of 16-bit elements with a head dimension of 16, 32, 64 or 128");
+  detail::cuda_ops::check_fused_attention(op, qkv, n_head);
   const std::int64_t nb = qkv.size(0), nt = qkv.size(1), c = qkv.size(2) / 3;
   detail::check_output(op, "out", out, Shape{nb, nt, c});
   detail::check_output(op, "lse", lse, Shape{nb, n_head, nt});
@@ -642,8 +655,7 @@ void causal_self_attention_fused_backward(const Tensor<T, Cuda>& qkv, const Tens
                                           const GradOut<T, Cuda>& dqkv) {
   if (!dqkv.wanted()) return;
   const char* op = "causal_self_attention backward (fused)";
-  POLYSHARD_CHECK(fused_attention_applies(qkv, n_head), op, ": qkv ", qkv.shape(), " with n_head = ", n_head,
-                  " is not (B, T, 3C) of 16-bit elements with a head dimension of 16, 32, 64 or 128");
+  detail::cuda_ops::check_fused_attention(op, qkv, n_head);
   const std::int64_t nb = qkv.size(0), nt = qkv.size(1), c = qkv.size(2) / 3;
   check_same_shape(op, out.shape(), Shape{nb, nt, c});
   check_same_shape(op, dout.shape(), Shape{nb, nt, c});
