@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -10,6 +11,10 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
 
 namespace bench {
 
@@ -26,40 +31,101 @@ inline double median_seconds(const std::function<void()>& f, int repeats = 5, in
   return t[t.size() / 2];
 }
 
-/// Theoretical-ceiling probe: fp32 FMA throughput of every core, in GFLOP/s. Twelve
-/// independent accumulator vectors hide the FMA latency; the compiler vectorizes them with
-/// the widest registers -march=native allows.
+namespace detail {
+
+// The FMA peak kernels: `accumulators` independent chains of fused multiply-adds, enough to keep
+// every FMA port busy through the instruction's latency (2 ports x 4 cycles on current x86 cores:
+// 8 chains; 12 leave a margin). Explicit FMA instructions on the widest registers the machine
+// has, chosen when the program runs: a plain `a * b + c` is two instructions in builds with
+// -ffp-contract=off (polyshard's own), which would measure half the peak and let a BLAS exceed it.
+inline constexpr int fma_accumulators = 12;
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+[[gnu::target("avx512f")]] inline float fma_chains_avx512(long iterations) {
+  __m512 acc[fma_accumulators];
+  for (int i = 0; i < fma_accumulators; ++i) acc[i] = _mm512_set1_ps(0.001f * float(i));
+  const __m512 mul = _mm512_set1_ps(0.9999f), add = _mm512_set1_ps(0.0001f);
+  for (long k = 0; k < iterations; ++k) {
+#pragma GCC unroll 12  // every chain in a register, at any optimization level
+    for (int i = 0; i < fma_accumulators; ++i) acc[i] = _mm512_fmadd_ps(acc[i], mul, add);
+  }
+  alignas(64) float lanes[16];
+  __m512 sum = acc[0];
+  for (int i = 1; i < fma_accumulators; ++i) sum = _mm512_add_ps(sum, acc[i]);
+  _mm512_store_ps(lanes, sum);
+  float s = 0;
+  for (float x : lanes) s += x;
+  return s;
+}
+[[gnu::target("avx2,fma")]] inline float fma_chains_avx2(long iterations) {
+  __m256 acc[fma_accumulators];
+  for (int i = 0; i < fma_accumulators; ++i) acc[i] = _mm256_set1_ps(0.001f * float(i));
+  const __m256 mul = _mm256_set1_ps(0.9999f), add = _mm256_set1_ps(0.0001f);
+  for (long k = 0; k < iterations; ++k) {
+#pragma GCC unroll 12
+    for (int i = 0; i < fma_accumulators; ++i) acc[i] = _mm256_fmadd_ps(acc[i], mul, add);
+  }
+  alignas(32) float lanes[8];
+  __m256 sum = acc[0];
+  for (int i = 1; i < fma_accumulators; ++i) sum = _mm256_add_ps(sum, acc[i]);
+  _mm256_store_ps(lanes, sum);
+  float s = 0;
+  for (float x : lanes) s += x;
+  return s;
+}
+#endif
+
+// Without x86 FMA: std::fma, one lane per chain (a lower bound of the peak, said so by the name).
+inline float fma_chains_scalar(long iterations) {
+  float acc[fma_accumulators];
+  for (int i = 0; i < fma_accumulators; ++i) acc[i] = 0.001f * float(i);
+  for (long k = 0; k < iterations; ++k) {
+#pragma GCC unroll 12
+    for (int i = 0; i < fma_accumulators; ++i) acc[i] = std::fma(acc[i], 0.9999f, 0.0001f);
+  }
+  float s = 0;
+  for (float a : acc) s += a;
+  return s;
+}
+
+struct FmaProbe {
+  const char* name;  // the instructions measured
+  int lanes;
+  float (*chains)(long);
+};
+
+inline FmaProbe widest_fma() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return {"AVX-512 FMA", 16, fma_chains_avx512};
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return {"AVX2 FMA", 8, fma_chains_avx2};
+#endif
+  return {"scalar fma", 1, fma_chains_scalar};
+}
+
+}  // namespace detail
+
+/// The instructions measure_fma_peak_gflops() times on this machine ("AVX-512 FMA", ...).
+inline const char* fma_peak_instructions() { return detail::widest_fma().name; }
+
+/// Theoretical-ceiling probe: fp32 FMA throughput of every core, in GFLOP/s, with the widest
+/// FMA instructions the machine runs (detail::widest_fma), whatever the build's flags.
 inline double measure_fma_peak_gflops(int threads = 0) {
   if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
-  typedef float vec __attribute__((vector_size(64)));
-  constexpr int lanes = 16, accumulators = 12;
+  const detail::FmaProbe probe = detail::widest_fma();
   const long iterations = 20'000'000;
-  auto kernel = [&](float* sink) {
-    vec acc[accumulators];
-    for (int i = 0; i < accumulators; ++i)
-      for (int l = 0; l < lanes; ++l) acc[i][l] = 0.001f * float(i + l);
-    vec mul, add;
-    for (int l = 0; l < lanes; ++l) mul[l] = 0.9999f, add[l] = 0.0001f;
-    for (long k = 0; k < iterations; ++k) {
-#pragma GCC unroll 12
-      for (int i = 0; i < accumulators; ++i) acc[i] = acc[i] * mul + add;
-    }
-    float s = 0;
-    for (int i = 0; i < accumulators; ++i)
-      for (int l = 0; l < lanes; ++l) s += acc[i][l];
-    *sink = s;
-  };
   std::vector<float> sinks(static_cast<std::size_t>(threads));
   // A ceiling: the best of several runs, since anything else on the machine only slows it.
   double seconds = 1e30;
   for (int run = 0; run < 5; ++run) {
     const auto start = std::chrono::steady_clock::now();
     std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t) pool.emplace_back(kernel, &sinks[static_cast<std::size_t>(t)]);
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] { sinks[static_cast<std::size_t>(t)] = probe.chains(iterations); });
     for (auto& th : pool) th.join();
     seconds = std::min(seconds, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  return 2.0 * lanes * accumulators * double(iterations) * threads / seconds / 1e9;
+  return 2.0 * probe.lanes * detail::fma_accumulators * double(iterations) * threads / seconds / 1e9;
 }
 
 /// Rows of named numeric and text columns, printed as an aligned table and saved as JSON.

@@ -40,7 +40,8 @@ int main(int argc, char** argv) {
   cpu::set_blas_threads(threads);
   Eigen::setNbThreads(threads);
   const double peak = bench::measure_fma_peak_gflops(threads);
-  std::printf("fp32 FMA peak, %d threads: %.1f GFLOP/s; BLAS: %s\n", threads, peak, cpu::blas().name.c_str());
+  std::printf("fp32 FMA peak (%s), %d threads: %.1f GFLOP/s; BLAS: %s\n", bench::fma_peak_instructions(), threads, peak,
+              cpu::blas().name.c_str());
 
   struct Case {
     std::int64_t m, n, k;

@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
   const int threads = static_cast<int>(std::thread::hardware_concurrency());
   cpu::set_blas_threads(threads);
   const double peak = bench::measure_fma_peak_gflops(threads);
-  std::printf("fp32 FMA peak, %d threads: %.1f GFLOP/s\n", threads, peak);
+  std::printf("fp32 FMA peak (%s), %d threads: %.1f GFLOP/s\n", bench::fma_peak_instructions(), threads, peak);
 
   const TextDataset data = TextDataset::from_text(builtin_corpus(), "builtin");
   struct Case {

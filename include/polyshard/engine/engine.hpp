@@ -97,13 +97,14 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// model, or optimizer state offloaded from a device), its fused kernels on a device.
   using UnitOptimizer = optimizer_on_t<Opt, typename State::step_device>;
   /// The optimizer writes the compute-dtype copy of the weights in its own pass (the fused
-  /// kernels, stepping on the device) where that copy is a buffer of its own, in the memory the
-  /// optimizer steps in, and the sharding behaviour names it.
+  /// kernels on a device, the vector kernels on the host) where that copy is a buffer of its
+  /// own, in the memory the optimizer steps in, and the sharding behaviour names it.
   static constexpr bool fuses_compute_copy =
-      !std::same_as<typename State::step_device, Cpu> && !std::is_same_v<CT, MT> &&
-      (std::is_same_v<RT, CT> || std::is_same_v<RT, float>) &&  // the kernels' (gradient, copy) pairs
-      std::same_as<typename State::shard_device, typename State::step_device> &&
-      requires(State& u) { Behaviour::compute_copy(u); };
+      !std::is_same_v<CT, MT> && std::same_as<typename State::shard_device, typename State::step_device> &&
+      requires(State& u) { Behaviour::compute_copy(u); } &&
+      (std::same_as<typename State::step_device, Cpu>
+           ? requires(UnitOptimizer& o, std::span<MT> p, std::span<const RT> g, std::span<CT> c) { o.step(p, g, c); }
+           : (std::is_same_v<RT, CT> || std::is_same_v<RT, float>));  // the device kernels' (gradient, copy) pairs
 
   static_assert(std::is_same_v<work_type, typename State::work_type>,
                 "Engine<S, Model, ...>: the model's element type does not fit the strategy: a host model computes in "

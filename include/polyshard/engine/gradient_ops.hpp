@@ -3,7 +3,9 @@
 // twins of the same names live beside the device's kernels (engine/cuda/gradient_ops.hpp).
 #pragma once
 
+#include <atomic>
 #include <cmath>
+#include <cstddef>
 #include <span>
 
 #include "polyshard/core/dtype.hpp"
@@ -17,9 +19,14 @@ namespace polyshard {
 template <FloatElement G>
 bool unscale_and_check(const Tensor<G, Cpu>& grads, double inv_scale) {
   const auto finite = [&] {
-    for (const G& g : grads.span())
-      if (!std::isfinite(static_cast<float>(g))) return false;
-    return true;
+    const std::span<const G> g(grads.span());
+    std::atomic<bool> all{true};
+    detail::parallel_ranges(g.size(), [&](std::size_t begin, std::size_t end) {
+      bool ok = true;
+      for (std::size_t i = begin; i < end; ++i) ok &= std::isfinite(static_cast<float>(g[i]));
+      if (!ok) all.store(false, std::memory_order_relaxed);
+    });
+    return all.load();
   };
   if (!finite()) return true;
   if (inv_scale == 1.0) return false;

@@ -14,6 +14,7 @@
 #include "polyshard/optim/config.hpp"
 #include "polyshard/optim/detail/adam_constants.hpp"
 #include "polyshard/optim/detail/elementwise.hpp"
+#include "polyshard/optim/detail/x86_vectors.hpp"
 #include "polyshard/tensor/tensor.hpp"
 
 namespace polyshard {
@@ -73,8 +74,35 @@ inline void check_adam_sizes(const char* who, std::size_t param, std::size_t gra
 
 }  // namespace detail
 
+namespace detail {
+
+/// One Adam or AdamW step over fp32 master weights, on the vector kernels of optimizer_isa()
+/// (or the portable ones), split across the worker pool; `copy`, when not null, receives the
+/// updated weights rounded to C in the same pass.
+template <class G, class C>
+void adam_float(std::span<float> param, const G* grad, std::span<float> exp_avg, std::span<float> exp_avg_sq, C* copy,
+                const AdamConstants<float>& k) {
+  const CpuIsa isa = optimizer_isa();
+  const AdamPacket<float> body(k);
+  parallel_ranges(param.size(), [&](std::size_t begin, std::size_t end) {
+    C* const copy_part = copy ? copy + begin : nullptr;
+    if (vector_adam_range(isa, end - begin, param.data() + begin, grad + begin, exp_avg.data() + begin,
+                          exp_avg_sq.data() + begin, copy_part, k))
+      return;
+    with_grad_as<float>(grad, begin, end, [&](std::size_t offset, std::size_t count, const float* g) {
+      for_each_packet<float>(count, body, param.data() + offset, g, exp_avg.data() + offset,
+                             exp_avg_sq.data() + offset);
+    });
+    if (copy)
+      for (std::size_t i = begin; i < end; ++i) copy[i] = element_cast<C>(param[i]);
+  });
+}
+
+}  // namespace detail
+
 /// One Adam or AdamW step over flat spans: a whole tensor, a shard of a flat buffer, or any
-/// slice of one; updating a span in slices gives the same bits as updating it whole.
+/// slice of one; updating a span in slices gives the same bits as updating it whole, on any
+/// instruction set (optim/detail/cpu_isa.hpp) and any number of threads (set_optimizer_threads).
 ///   param       master parameters (P = float or double; half and bfloat16 below), updated in place;
 ///   grad        gradients of any FloatElement type, converted to P element by element;
 ///   exp_avg     first moment estimate, same size, zero before the first step;
@@ -92,13 +120,36 @@ void adam_update(std::span<P> param, std::span<const G> grad, std::span<P> exp_a
   detail::check_adam_sizes(who, param.size(), grad.size(), exp_avg.size(), exp_avg_sq.size());
   POLYSHARD_CHECK(step >= 1, who, ": step counts from 1, got ", step);
   detail::validate(config, who);
-  const detail::AdamPacket<P> body(detail::adam_constants<P>(config, step, decoupled_weight_decay));
-  detail::parallel_ranges(param.size(), [&](std::size_t begin, std::size_t end) {
-    detail::with_grad_as<P>(grad.data(), begin, end, [&](std::size_t offset, std::size_t count, const P* g) {
-      detail::for_each_packet<P>(count, body, param.data() + offset, g, exp_avg.data() + offset,
-                                 exp_avg_sq.data() + offset);
+  const auto k = detail::adam_constants<P>(config, step, decoupled_weight_decay);
+  if constexpr (std::same_as<P, float>) {
+    detail::adam_float(param, grad.data(), exp_avg, exp_avg_sq, static_cast<float*>(nullptr), k);
+  } else {
+    const detail::AdamPacket<P> body(k);
+    detail::parallel_ranges(param.size(), [&](std::size_t begin, std::size_t end) {
+      detail::with_grad_as<P>(grad.data(), begin, end, [&](std::size_t offset, std::size_t count, const P* g) {
+        detail::for_each_packet<P>(count, body, param.data() + offset, g, exp_avg.data() + offset,
+                                   exp_avg_sq.data() + offset);
+      });
     });
-  });
+  }
+}
+
+/// adam_update() over fp32 master weights that also writes the updated weights, rounded to the
+/// 16-bit type C, into `compute` (the copy a mixed-precision model computes with), in the same
+/// pass over memory: the bits of adam_update() followed by element_cast<C>.
+template <class G, class C>
+  requires FloatElement<G> && (std::same_as<C, half> || std::same_as<C, bfloat16>)
+void adam_update(std::span<float> param, std::span<const G> grad, std::span<float> exp_avg,
+                 std::span<float> exp_avg_sq, const AdamConfig& config, std::int64_t step,
+                 bool decoupled_weight_decay, std::span<C> compute) {
+  const char* who = decoupled_weight_decay ? "adamw_update" : "adam_update";
+  detail::check_adam_sizes(who, param.size(), grad.size(), exp_avg.size(), exp_avg_sq.size());
+  POLYSHARD_CHECK(compute.size() == param.size(), who, ": the compute copy has ", compute.size(),
+                  " elements, param ", param.size());
+  POLYSHARD_CHECK(step >= 1, who, ": step counts from 1, got ", step);
+  detail::validate(config, who);
+  detail::adam_float(param, grad.data(), exp_avg, exp_avg_sq, compute.data(),
+                     detail::adam_constants<float>(config, step, decoupled_weight_decay));
 }
 
 /// adam_update() over 16-bit master weights and moments (PureBf16): computed in float, each
@@ -158,6 +209,16 @@ class AdamBase {
     requires FloatElement<G>
   void step(std::span<P> params, std::span<G> grads) {
     step(params, std::span<const G>(grads));
+  }
+  /// step() over fp32 masters that also writes the 16-bit compute copy in the same pass.
+  template <class G, class C>
+    requires std::same_as<P, float> && FloatElement<G> && (std::same_as<C, half> || std::same_as<C, bfloat16>)
+  void step(std::span<P> params, std::span<const G> grads, std::span<C> compute) {
+    POLYSHARD_CHECK(params.size() == numel_ && grads.size() == numel_, name_, "::step: built for ", numel_,
+                    " elements, got params of ", params.size(), " and grads of ", grads.size());
+    adam_update<G, C>(params, grads, exp_avg_.span(), exp_avg_sq_.span(), static_cast<AdamConfig>(config_), step_ + 1,
+                      Decoupled, compute);
+    ++step_;
   }
 
   std::int64_t step_count() const { return step_; }

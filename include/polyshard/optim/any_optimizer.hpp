@@ -40,6 +40,12 @@ class AnyOptimizer {
   void step(std::span<P> params, std::span<G> grads) {
     step(params, std::span<const G>(grads));
   }
+  /// step() over fp32 masters that also writes the 16-bit compute copy in the same pass.
+  template <class G, class C>
+    requires std::same_as<P, float> && FloatElement<G> && (std::same_as<C, half> || std::same_as<C, bfloat16>)
+  void step(std::span<P> params, std::span<const G> grads, std::span<C> compute) {
+    std::visit([&](auto& o) { o.step(params, grads, compute); }, impl_);
+  }
 
   std::int64_t step_count() const { return std::visit([](const auto& o) { return o.step_count(); }, impl_); }
   void set_step_count(std::int64_t n) { std::visit([n](auto& o) { o.set_step_count(n); }, impl_); }

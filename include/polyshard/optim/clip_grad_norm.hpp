@@ -1,30 +1,72 @@
 // Gradient clipping by global L2 norm, as torch.nn.utils.clip_grad_norm_ does it.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstddef>
 #include <span>
+#include <vector>
 
 #include "polyshard/core/dtype.hpp"
+#include "polyshard/optim/detail/elementwise.hpp"
 
 namespace polyshard {
 
-/// Sum of squares of a gradient span, accumulated in double. Sharded strategies add these
+namespace detail {
+// The squared norm's fixed summation order: blocks of this many elements, each summed in
+// `norm_lanes` interleaved accumulators, the block sums then added in order. Independent
+// accumulators break the one long chain of dependent additions (4 cycles each) and let the
+// compiler vectorize; fixed blocks make the result the same on any number of threads.
+inline constexpr std::size_t norm_block = std::size_t{1} << 13;
+inline constexpr std::size_t norm_lanes = 8;
+
+template <class G>
+double squared_norm_block(const G* g, std::size_t n) {
+  std::array<double, norm_lanes> acc{};
+  std::size_t i = 0;
+  for (; i + norm_lanes <= n; i += norm_lanes)
+    for (std::size_t j = 0; j < norm_lanes; ++j) {
+      const double x = static_cast<double>(static_cast<compute_t<G>>(g[i + j]));
+      acc[j] += x * x;
+    }
+  for (std::size_t j = 0; i + j < n; ++j) {
+    const double x = static_cast<double>(static_cast<compute_t<G>>(g[i + j]));
+    acc[j] += x * x;
+  }
+  double s = 0;
+  for (double a : acc) s += a;
+  return s;
+}
+}  // namespace detail
+
+/// Sum of squares of a gradient span, accumulated in double, in a fixed order that does not
+/// depend on the number of threads (set_optimizer_threads). Sharded strategies add these
 /// partial sums across ranks before taking the root, so the norm is that of the whole gradient.
 template <FloatElement G>
 double squared_norm(std::span<const G> grads) {
+  const std::size_t blocks = (grads.size() + detail::norm_block - 1) / detail::norm_block;
+  std::vector<double> sums(blocks);
+  // Threads take whole blocks: each block's sum is the same on any thread.
+  detail::parallel_ranges(blocks, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t b = begin; b < end; ++b) {
+      const std::size_t first = b * detail::norm_block;
+      sums[b] = detail::squared_norm_block(grads.data() + first, std::min(detail::norm_block, grads.size() - first));
+    }
+  }, detail::min_elements_per_thread / detail::norm_block);
   double s = 0;
-  for (const G& g : grads) {
-    const double x = static_cast<double>(static_cast<compute_t<G>>(g));
-    s += x * x;
-  }
+  for (double b : sums) s += b;
   return s;
 }
 
-/// Multiplies every element by `factor` (computing in float for the 16-bit types).
+/// Multiplies every element by `factor` (computing in float for the 16-bit types), split across
+/// the worker pool: the same bits on any number of threads.
 template <FloatElement G>
 void scale_span(std::span<G> grads, double factor) {
   const auto f = static_cast<compute_t<G>>(factor);
-  for (G& g : grads) g = static_cast<G>(static_cast<compute_t<G>>(g) * f);
+  detail::parallel_ranges(grads.size(), [&](std::size_t begin, std::size_t end) {
+    for (std::size_t i = begin; i < end; ++i) grads[i] = static_cast<G>(static_cast<compute_t<G>>(grads[i]) * f);
+  });
 }
 
 /// torch.nn.utils.clip_grad_norm_'s coefficient for a gradient of norm `total_norm`: what it is

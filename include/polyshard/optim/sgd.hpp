@@ -12,6 +12,8 @@
 #include "polyshard/core/memory_tracker.hpp"
 #include "polyshard/optim/config.hpp"
 #include "polyshard/optim/detail/elementwise.hpp"
+#include "polyshard/optim/detail/sgd_constants.hpp"
+#include "polyshard/optim/detail/x86_vectors.hpp"
 #include "polyshard/tensor/tensor.hpp"
 
 namespace polyshard {
@@ -27,14 +29,14 @@ namespace detail {
 template <class P>
 struct SgdPacket {
   using Packet = packet_t<P>;
-  SgdPacket(const SgdConfig& c, std::int64_t step)
-      : decay(c.weight_decay != 0),
-        first_step(step == 1),
-        nesterov(c.nesterov),
-        weight_decay(Eigen::internal::pset1<Packet>(static_cast<P>(c.weight_decay))),
-        momentum(Eigen::internal::pset1<Packet>(static_cast<P>(c.momentum))),
-        one_minus_dampening(Eigen::internal::pset1<Packet>(static_cast<P>(1 - c.dampening))),
-        neg_lr(Eigen::internal::pset1<Packet>(static_cast<P>(-c.lr))) {}
+  explicit SgdPacket(const SgdConstants<P>& k)
+      : decay(k.decay),
+        first_step(k.first_step),
+        nesterov(k.nesterov),
+        weight_decay(Eigen::internal::pset1<Packet>(k.weight_decay)),
+        momentum(Eigen::internal::pset1<Packet>(k.momentum)),
+        one_minus_dampening(Eigen::internal::pset1<Packet>(k.one_minus_dampening)),
+        neg_lr(Eigen::internal::pset1<Packet>(k.neg_lr)) {}
 
   Packet decayed_grad(const P* param, const P* grad) const {
     using namespace Eigen::internal;
@@ -69,10 +71,37 @@ inline void check_sgd_sizes(std::size_t param, std::size_t grad, std::size_t mom
                   " elements, expected ", expected, " (momentum ", config.momentum, ")");
 }
 
+/// One SGD step over P's spans, on the vector kernels of optimizer_isa() for fp32 (or the
+/// portable ones), split across the worker pool; `copy`, when not null, receives the updated
+/// weights rounded to C in the same pass.
+template <class P, class G, class C>
+void sgd_spans(std::span<P> param, const G* grad, std::span<P> momentum_buffer, C* copy, const SgdConstants<P>& k) {
+  const CpuIsa isa = optimizer_isa();
+  const SgdPacket<P> body(k);
+  const bool use_momentum = !momentum_buffer.empty();
+  parallel_ranges(param.size(), [&](std::size_t begin, std::size_t end) {
+    if constexpr (std::same_as<P, float>) {
+      if (vector_sgd_range(isa, end - begin, param.data() + begin, grad + begin,
+                           use_momentum ? momentum_buffer.data() + begin : nullptr, copy ? copy + begin : nullptr, k))
+        return;
+    }
+    with_grad_as<P>(grad, begin, end, [&](std::size_t offset, std::size_t count, const P* g) {
+      if (use_momentum) {
+        for_each_packet<P>(count, body, param.data() + offset, g, momentum_buffer.data() + offset);
+      } else {
+        for_each_packet<P>(count, body, param.data() + offset, g);
+      }
+    });
+    if (copy)
+      for (std::size_t i = begin; i < end; ++i) copy[i] = element_cast<C>(param[i]);
+  });
+}
+
 }  // namespace detail
 
 /// One SGD step over flat spans: a whole tensor, a shard of a flat buffer, or any slice of one;
-/// updating a span in slices gives the same bits as updating it whole.
+/// updating a span in slices gives the same bits as updating it whole, on any instruction set
+/// and any number of threads.
 ///   param            master parameters (P = float or double; half and bfloat16 below), updated in place;
 ///   grad             gradients of any FloatElement type, converted to P element by element;
 ///   momentum_buffer  same size as param when config.momentum != 0 (its contents before step 1
@@ -85,19 +114,23 @@ template <class P, class G>
 void sgd_update(std::span<P> param, std::span<const G> grad, std::span<P> momentum_buffer, const SgdConfig& config,
                 std::int64_t step) {
   detail::check_sgd_sizes(param.size(), grad.size(), momentum_buffer.size(), config);
-  const bool use_momentum = config.momentum != 0;
   POLYSHARD_CHECK(step >= 1, "sgd_update: step counts from 1, got ", step);
   detail::validate(config, "sgd_update");
-  const detail::SgdPacket<P> body(config, step);
-  detail::parallel_ranges(param.size(), [&](std::size_t begin, std::size_t end) {
-    detail::with_grad_as<P>(grad.data(), begin, end, [&](std::size_t offset, std::size_t count, const P* g) {
-      if (use_momentum) {
-        detail::for_each_packet<P>(count, body, param.data() + offset, g, momentum_buffer.data() + offset);
-      } else {
-        detail::for_each_packet<P>(count, body, param.data() + offset, g);
-      }
-    });
-  });
+  detail::sgd_spans(param, grad.data(), momentum_buffer, static_cast<P*>(nullptr), detail::sgd_constants<P>(config, step));
+}
+
+/// sgd_update() over fp32 master weights that also writes the updated weights, rounded to the
+/// 16-bit type C, into `compute` in the same pass: the bits of sgd_update() then element_cast<C>.
+template <class G, class C>
+  requires FloatElement<G> && (std::same_as<C, half> || std::same_as<C, bfloat16>)
+void sgd_update(std::span<float> param, std::span<const G> grad, std::span<float> momentum_buffer,
+                const SgdConfig& config, std::int64_t step, std::span<C> compute) {
+  detail::check_sgd_sizes(param.size(), grad.size(), momentum_buffer.size(), config);
+  POLYSHARD_CHECK(compute.size() == param.size(), "sgd_update: the compute copy has ", compute.size(),
+                  " elements, param ", param.size());
+  POLYSHARD_CHECK(step >= 1, "sgd_update: step counts from 1, got ", step);
+  detail::validate(config, "sgd_update");
+  detail::sgd_spans(param, grad.data(), momentum_buffer, compute.data(), detail::sgd_constants<float>(config, step));
 }
 
 /// sgd_update() over 16-bit master weights and momentum (PureBf16): computed in float, each
@@ -159,6 +192,16 @@ class Sgd {
     requires FloatElement<G>
   void step(std::span<P> params, std::span<G> grads) {
     step(params, std::span<const G>(grads));
+  }
+  /// step() over fp32 masters that also writes the 16-bit compute copy in the same pass.
+  template <class G, class C>
+    requires std::same_as<P, float> && FloatElement<G> && (std::same_as<C, half> || std::same_as<C, bfloat16>)
+  void step(std::span<P> params, std::span<const G> grads, std::span<C> compute) {
+    POLYSHARD_CHECK(params.size() == numel_ && grads.size() == numel_, "Sgd::step: built for ", numel_,
+                    " elements, got params of ", params.size(), " and grads of ", grads.size());
+    const std::span<P> buffer = momentum_buffer_.defined() ? momentum_buffer_.span() : std::span<P>{};
+    sgd_update<G, C>(params, grads, buffer, config_, step_ + 1, compute);
+    ++step_;
   }
 
   std::int64_t step_count() const { return step_; }

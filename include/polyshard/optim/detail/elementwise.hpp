@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "polyshard/core/cpu_workers.hpp"
 #include "polyshard/core/dtype.hpp"
 #include "polyshard/optim/detail/exact_sqrt.hpp"
 
@@ -109,27 +110,26 @@ inline std::atomic<unsigned>& optimizer_threads_setting() {
   return threads;
 }
 
-/// Runs `range(begin, end)` over [0, n), split at packet boundaries across the threads the
-/// setting allows; the calling thread takes the first part.
+/// Runs `range(begin, end)` over [0, n), split at cache-line boundaries into one part per thread
+/// the setting allows, on the process's worker pool (core/cpu_workers.hpp); the calling thread
+/// takes the first part.
+/// `per_thread`: the fewest items worth a thread of their own.
 template <class Fn>
-void parallel_ranges(std::size_t n, Fn&& range) {
+void parallel_ranges(std::size_t n, Fn&& range, std::size_t per_thread = min_elements_per_thread) {
   unsigned threads = optimizer_threads_setting().load(std::memory_order_relaxed);
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
-  threads = static_cast<unsigned>(std::min<std::size_t>(threads, std::max<std::size_t>(1, n / min_elements_per_thread)));
+  threads = static_cast<unsigned>(std::min<std::size_t>(threads, std::max<std::size_t>(1, n / std::max<std::size_t>(1, per_thread))));
   if (threads <= 1) {
     range(std::size_t{0}, n);
     return;
   }
   constexpr std::size_t align = 64;  // elements: a whole number of packets and of cache lines
   const std::size_t chunk = (n / threads + align - 1) / align * align;
-  std::vector<std::jthread> workers;
-  workers.reserve(threads - 1);
-  for (unsigned t = 1; t < threads; ++t) {
-    const std::size_t begin = std::min(n, t * chunk);
-    const std::size_t end = t + 1 == threads ? n : std::min(n, begin + chunk);
-    if (begin < end) workers.emplace_back([&range, begin, end] { range(begin, end); });
-  }
-  range(std::size_t{0}, std::min(n, chunk));
+  cpu_workers().run(threads, [&](unsigned part) {
+    const std::size_t begin = std::min(n, part * chunk);
+    const std::size_t end = part + 1 == threads ? n : std::min(n, begin + chunk);
+    if (begin < end) range(begin, end);
+  });
 }
 
 /// Runs `body(offset, count, g)` over [begin, end) in one or more pieces, where `g` points at the

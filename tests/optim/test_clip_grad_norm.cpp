@@ -1,0 +1,83 @@
+// Clipping's pieces over host spans: the squared norm against a sum in long double, the same on
+// any number of threads; scaling elementwise, the same bits on any number of threads; and
+// clip_grad_norm against torch.nn.utils.clip_grad_norm_'s formula on a worked example.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "optim/reference.hpp"
+#include "polyshard/optim/optim.hpp"
+
+using namespace polyshard;
+
+namespace {
+
+struct ThreadsGuard {
+  ~ThreadsGuard() { set_optimizer_threads(0); }
+};
+
+template <class G>
+std::vector<G> gradient(std::size_t n, std::uint64_t seed) {
+  const auto values = test::values(n, seed, 3.0);
+  std::vector<G> g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = static_cast<G>(static_cast<float>(values[i]));
+  return g;
+}
+
+template <class G>
+long double exact_squares(const std::vector<G>& g) {
+  long double s = 0;
+  for (const G& x : g) {
+    const long double v = static_cast<compute_t<G>>(x);
+    s += v * v;
+  }
+  return s;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("squared_norm is the sum of squares, whatever the length and the threads", "[optim][clip]", float,
+                   bfloat16, half, double) {
+  using G = TestType;
+  ThreadsGuard guard;
+  // Empty, shorter than the lanes, one block and a tail, and long enough for two threads.
+  const std::size_t n = GENERATE(as<std::size_t>{}, 0, 5, 8, 8193, 3 * (std::size_t{1} << 18) + 77);
+  INFO("n = " << n);
+  const auto g = gradient<G>(n, 17 + n);
+  set_optimizer_threads(1);
+  const double one = squared_norm(std::span<const G>(g));
+  set_optimizer_threads(2);
+  const double two = squared_norm(std::span<const G>(g));
+  CHECK(one == two);
+  const long double want = exact_squares(g);
+  CHECK(std::abs(static_cast<long double>(one) - want) <= 1e-12L * want);
+}
+
+TEMPLATE_TEST_CASE("scale_span scales each element in its compute type, the same bits on any threads",
+                   "[optim][clip]", float, bfloat16, half) {
+  using G = TestType;
+  ThreadsGuard guard;
+  const std::size_t n = 3 * (std::size_t{1} << 18) + 5;
+  const auto original = gradient<G>(n, 5);
+  auto a = original, b = original;
+  set_optimizer_threads(1);
+  scale_span(std::span<G>(a), 0.3);
+  set_optimizer_threads(2);
+  scale_span(std::span<G>(b), 0.3);
+  CHECK(test::same_bits<G>(a, b));
+  for (std::size_t i : {std::size_t{0}, n / 2, n - 1})
+    CHECK(test::same_bits<G>(std::vector<G>{a[i]}, std::vector<G>{static_cast<G>(static_cast<float>(original[i]) * 0.3f)}));
+}
+
+TEST_CASE("clip_grad_norm: torch's coefficient max_norm / (norm + 1e-6), applied only below 1", "[optim][clip]") {
+  std::vector<float> g{3, 4};  // norm 5
+  CHECK(clip_grad_norm(std::span<float>(g), 1.0) == 5.0);
+  const auto c = static_cast<float>(1.0 / (5.0 + 1e-6));
+  CHECK(g[0] == 3 * c);
+  CHECK(g[1] == 4 * c);
+  std::vector<float> small{0.3f, 0.4f};  // norm 0.5 < 1: unchanged
+  CHECK(clip_grad_norm(std::span<float>(small), 1.0) == Approx(0.5).epsilon(1e-7));
+  CHECK(small == std::vector<float>{0.3f, 0.4f});
+}
