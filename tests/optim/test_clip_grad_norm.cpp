@@ -55,20 +55,26 @@ TEMPLATE_TEST_CASE("squared_norm is the sum of squares, whatever the length and 
   CHECK(std::abs(static_cast<long double>(one) - want) <= 1e-12L * want);
 }
 
-TEMPLATE_TEST_CASE("scale_span scales each element in its compute type, the same bits on any threads",
-                   "[optim][clip]", float, bfloat16, half) {
+TEMPLATE_TEST_CASE("scale_span scales each element in its compute type, the same bits on any threads and "
+                   "instruction set", "[optim][clip]", float, bfloat16, half) {
   using G = TestType;
   ThreadsGuard guard;
   const std::size_t n = 3 * (std::size_t{1} << 18) + 5;
   const auto original = gradient<G>(n, 5);
-  auto a = original, b = original;
-  set_optimizer_threads(1);
-  scale_span(std::span<G>(a), 0.3);
-  set_optimizer_threads(2);
-  scale_span(std::span<G>(b), 0.3);
-  CHECK(test::same_bits<G>(a, b));
-  for (std::size_t i : {std::size_t{0}, n / 2, n - 1})
-    CHECK(test::same_bits<G>(std::vector<G>{a[i]}, std::vector<G>{static_cast<G>(static_cast<float>(original[i]) * 0.3f)}));
+  std::vector<G> expected(n);
+  for (std::size_t i = 0; i < n; ++i) expected[i] = static_cast<G>(static_cast<float>(original[i]) * 0.3f);
+  for (CpuIsa isa : {CpuIsa::Portable, CpuIsa::Avx2, CpuIsa::Avx512}) {
+    if (isa > detected_cpu_isa()) continue;
+    INFO(cpu_isa_name(isa));
+    set_optimizer_isa(isa);
+    for (unsigned threads : {1u, 2u}) {
+      set_optimizer_threads(threads);
+      auto scaled = original;
+      scale_span(std::span<G>(scaled), 0.3);
+      CHECK(test::same_bits<G>(scaled, expected));
+    }
+  }
+  set_optimizer_isa(detected_cpu_isa());
 }
 
 TEST_CASE("clip_grad_norm: torch's coefficient max_norm / (norm + 1e-6), applied only below 1", "[optim][clip]") {

@@ -6,10 +6,12 @@
 #include <cmath>
 #include <cstddef>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "polyshard/core/dtype.hpp"
 #include "polyshard/optim/detail/elementwise.hpp"
+#include "polyshard/optim/detail/x86_vectors.hpp"
 
 namespace polyshard {
 
@@ -64,7 +66,10 @@ double squared_norm(std::span<const G> grads) {
 template <FloatElement G>
 void scale_span(std::span<G> grads, double factor) {
   const auto f = static_cast<compute_t<G>>(factor);
+  const CpuIsa isa = optimizer_isa();
   detail::parallel_ranges(grads.size(), [&](std::size_t begin, std::size_t end) {
+    if constexpr (std::is_same_v<compute_t<G>, float>)
+      if (detail::vector_scale_range(isa, end - begin, grads.data() + begin, f)) return;
     for (std::size_t i = begin; i < end; ++i) grads[i] = static_cast<G>(static_cast<compute_t<G>>(grads[i]) * f);
   });
 }

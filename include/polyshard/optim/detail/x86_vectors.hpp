@@ -155,4 +155,16 @@ bool vector_sgd_range(CpuIsa isa, std::size_t n, float* param, const G* grad, fl
   return false;
 }
 
+/// scale_range on `isa`'s kernels, as vector_adam_range.
+template <class G>
+bool vector_scale_range(CpuIsa isa, std::size_t n, G* values, float factor) {
+#if POLYSHARD_X86_DISPATCH
+  if constexpr (vector_element_v<G>) {
+    if (isa == CpuIsa::Avx512) return avx512::scale_range(n, values, factor), true;
+    if (isa == CpuIsa::Avx2) return avx2::scale_range(n, values, factor), true;
+  }
+#endif
+  return false;
+}
+
 }  // namespace polyshard::detail
