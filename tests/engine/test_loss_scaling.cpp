@@ -2,31 +2,64 @@
 // parameter.
 #include <catch2/catch.hpp>
 
+#include <string>
+#include <vector>
+
 #include "engine_fixture.hpp"
 
 using namespace polyshard;
 
-TEST_CASE("dynamic loss scale: hysteresis, window and minimum", "[engine]") {
+namespace {
+// Feeds `outcomes` (O: overflow, G: a good step) to `s` and returns the scale after each.
+template <class Scale>
+std::vector<double> scales_after(LossScaler<Scale>& s, const std::string& outcomes) {
+  std::vector<double> out;
+  for (char c : outcomes) {
+    CHECK(s.update(c == 'O') == (c == 'G'));  // an overflow skips its step, a good step is applied
+    out.push_back(s.scale());
+  }
+  return out;
+}
+}  // namespace
+
+// The sequences below are worked out by hand from each reference's rule (policy/precision.hpp).
+TEST_CASE("DeepSpeed's dynamic loss scale: hysteresis spent, not restored by halving; window; minimum",
+          "[engine][loss_scale]") {
   LossScaler<DynamicLossScale<4, 3, 2, 2>> s;  // 2^4, window 3, hysteresis 2, min 2
   CHECK(s.scale() == 16);
-  CHECK_FALSE(s.update(true));  // first overflow: absorbed by hysteresis
-  CHECK(s.scale() == 16);
-  CHECK_FALSE(s.update(true));  // second: halves
-  CHECK(s.scale() == 8);
-  CHECK(s.update(false));
-  CHECK(s.update(false));
-  CHECK(s.scale() == 8);
-  CHECK(s.update(false));  // third good step in a row: doubles
-  CHECK(s.scale() == 16);
-  for (int i = 0; i < 10; ++i) s.update(true);
-  CHECK(s.scale() == 2);  // never below min_loss_scale
-  CHECK(s.skipped_steps() == 12);
+  // O: one unit of hysteresis spent (16); O: halves (8); G G G: doubles, hysteresis back to 2
+  // (16); O: spent (16); O O O: halves at each overflow, the budget staying spent (8, 4, 2);
+  // O: at the minimum (2); G: not a whole window, so no hysteresis back; O: halves again at once,
+  // held at the minimum (2).
+  CHECK(scales_after(s, "OOGGGOOOOOGO") == std::vector<double>{16, 8, 8, 8, 16, 16, 8, 4, 2, 2, 2, 2});
+  CHECK(s.skipped_steps() == 9);
 
-  LossScaler<DynamicLossScale<>> defaults;
-  CHECK(defaults.scale() == 65536.0);  // initial_scale_power 16
+  LossScaler<DynamicLossScale<>> defaults;  // initial_scale_power 16, hysteresis 2
+  CHECK(defaults.scale() == 65536.0);
+  CHECK(scales_after(defaults, "OOOO") == std::vector<double>{65536, 32768, 16384, 8192});
   LossScaler<DynamicLossScale<>> fixed(128.0);  // loss_scale > 0: static
   fixed.update(true);
   CHECK(fixed.scale() == 128.0);
+}
+
+TEST_CASE("DeepSpeed's consecutive_hysteresis: every good step restores the hysteresis", "[engine][loss_scale]") {
+  LossScaler<DynamicLossScale<4, 3, 2, 2, true>> s;
+  // O: spent (16); G: restored; O: spent again (16); O: halves (8); G: restored; O: spent (8).
+  CHECK(scales_after(s, "OGOOGO") == std::vector<double>{16, 16, 16, 8, 8, 8});
+}
+
+TEST_CASE("PyTorch's GradScaler: back-off at every overflow, no minimum, growth after the interval",
+          "[engine][loss_scale]") {
+  LossScaler<GradScalerLossScale<4, 3>> s;  // init_scale 2^4, growth_interval 3
+  CHECK(s.scale() == 16);
+  // O O: halves each time (8, 4); G G G: grows (8); O O O O: 4, 2, 1, 0.5 (no floor at 1).
+  CHECK(scales_after(s, "OOGGGOOOO") == std::vector<double>{8, 4, 4, 4, 8, 4, 2, 1, 0.5});
+  LossScaler<GradScalerLossScale<>> defaults;  // init_scale 65536, growth_interval 2000
+  CHECK(defaults.scale() == 65536.0);
+  for (int i = 0; i < 1999; ++i) defaults.update(false);
+  CHECK(defaults.scale() == 65536.0);
+  defaults.update(false);
+  CHECK(defaults.scale() == 131072.0);
 }
 
 namespace {
@@ -76,8 +109,11 @@ OverflowRun<S> run_with_overflow(int world, double first_weight) {
 }  // namespace
 
 using ImmediateHalving = MixedPrecision<polyshard::half, polyshard::half, float, DynamicLossScale<8, 1000, 1, 1>>;
+// PyTorch's GradScaler from 2^8, as FSDP's fp16 runs it: it too halves at the first overflow.
+using GradScaler256 = MixedPrecision<polyshard::half, polyshard::half, float, GradScalerLossScale<8>>;
 using Scaled = std::tuple<Strategy<NoShard, ImmediateHalving>, Strategy<ShardGradients, ImmediateHalving>,
-                          Strategy<ShardParameters<true>, ImmediateHalving, WrapByType<Block>>>;
+                          Strategy<ShardParameters<true>, ImmediateHalving, WrapByType<Block>>,
+                          Strategy<ShardParameters<true>, GradScaler256, WrapByType<Block>>>;
 
 TEMPLATE_LIST_TEST_CASE("an overflow skips the step, halves the scale and changes no parameter", "[engine]", Scaled) {
   const int world = GENERATE(1, 2, 3);
@@ -86,7 +122,7 @@ TEMPLATE_LIST_TEST_CASE("an overflow skips the step, halves the scale and change
   const auto r = run_with_overflow<TestType>(world, 1e30);
   CHECK_FALSE(r.first_applied);
   CHECK(test::max_difference(r.after_first, r.initial) == 0.0);
-  CHECK(r.scale_after_first == 128.0);  // 2^8 halved at once (hysteresis 1)
+  CHECK(r.scale_after_first == 128.0);  // 2^8 halved at once (hysteresis 1; GradScaler's backoff)
   CHECK(r.second_applied);
   CHECK(test::max_difference(r.after_second, r.initial) > 1e-4);
   CHECK(r.scale_after_second == 128.0);

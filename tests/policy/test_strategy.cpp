@@ -141,6 +141,7 @@ TEST_CASE("precision policies and loss scaling carry DeepSpeed's defaults", "[po
   STATIC_REQUIRE(D::window == 1000);
   STATIC_REQUIRE(D::hysteresis == 2);
   STATIC_REQUIRE(D::min_scale == 1.0);
+  STATIC_REQUIRE(!D::consecutive_hysteresis);  // DeepSpeed's consecutive_hysteresis=false
   STATIC_REQUIRE(DynamicLossScale<8, 50, 1, 4>::initial_scale == 256.0);
   STATIC_REQUIRE(DynamicLossScale<8, 50, 1, 4>::min_scale == 4.0);
   STATIC_REQUIRE(StaticLossScale<10>::scaled && !StaticLossScale<10>::dynamic);
@@ -151,7 +152,14 @@ TEST_CASE("precision policies and loss scaling carry DeepSpeed's defaults", "[po
   STATIC_REQUIRE(is_same_v<Fp32::loss_scale, NoLossScale>);
   STATIC_REQUIRE(is_same_v<Fp16Mixed::compute_type, half> && is_same_v<Fp16Mixed::reduce_type, half>);
   STATIC_REQUIRE(is_same_v<Fp16Mixed::master_type, float> && Fp16Mixed::mixed);
-  STATIC_REQUIRE(is_same_v<Fp16Mixed::loss_scale, DynamicLossScale<16, 1000, 2, 1>>);
+  STATIC_REQUIRE(is_same_v<Fp16Mixed::loss_scale, DynamicLossScale<16, 1000, 2, 1, false>>);
+  // PyTorch's GradScaler (FSDP and FairScale's ShardedGradScaler): init_scale 65536,
+  // growth_interval 2000, growth_factor 2, backoff_factor 0.5, no hysteresis and no minimum.
+  using G = GradScalerLossScale<>;
+  STATIC_REQUIRE(G::scaled && G::dynamic && G::initial_scale == 65536.0 && G::window == 2000);
+  STATIC_REQUIRE(G::hysteresis == 1 && G::min_scale == 0.0 && G::backoff == 0.5);
+  STATIC_REQUIRE(is_same_v<Fp16Amp::loss_scale, G> && is_same_v<Fp16Amp::compute_type, half>);
+  STATIC_REQUIRE(is_same_v<Fp16Amp::reduce_type, half> && is_same_v<Fp16Amp::master_type, float>);
   STATIC_REQUIRE(is_same_v<Bf16Mixed::compute_type, bfloat16> && is_same_v<Bf16Mixed::master_type, float>);
   STATIC_REQUIRE(is_same_v<Bf16Mixed::loss_scale, NoLossScale> && Bf16Mixed::mixed);
   STATIC_REQUIRE(is_same_v<PureBf16::master_type, bfloat16> && !PureBf16::mixed);

@@ -8,11 +8,11 @@
 
 namespace polyshard {
 
-/// Runtime state of `Scale` (NoLossScale, StaticLossScale or DynamicLossScale). DeepSpeed's
-/// rules for the dynamic case: on overflow the step is skipped; the scale is halved once
-/// `hysteresis` overflows have been seen since the last change (each overflow spends one unit of
-/// hysteresis), never going below min_loss_scale; after `window` consecutive good steps the
-/// scale doubles and the hysteresis budget is restored.
+/// Runtime state of `Scale` (NoLossScale, StaticLossScale, DynamicLossScale: DeepSpeed's rules,
+/// or GradScalerLossScale: PyTorch's; see policy/precision.hpp for each rule in words). On
+/// overflow the step is skipped; a dynamic scale backs off once the hysteresis is spent (one
+/// unit per overflow, never restored by the back-off itself), never below min_scale; after
+/// `window` consecutive good steps it doubles and the hysteresis is restored.
 template <class Scale>
 class LossScaler {
  public:
@@ -25,20 +25,21 @@ class LossScaler {
   /// Records the outcome of a step; returns true when the step may be applied.
   bool update(bool overflow) {
     if (!overflow) {
-      if (dynamic_ && ++good_steps_ >= window()) {
-        scale_ *= 2;
-        good_steps_ = 0;
-        hysteresis_left_ = hysteresis();
+      if (dynamic_) {
+        if (consecutive_hysteresis()) hysteresis_left_ = hysteresis();
+        if (++good_steps_ >= window()) {
+          scale_ *= 2;
+          good_steps_ = 0;
+          hysteresis_left_ = hysteresis();
+        }
       }
       return true;
     }
     ++skipped_;
     good_steps_ = 0;
     if (dynamic_) {
-      if (--hysteresis_left_ <= 0) {
-        scale_ = std::max(scale_ / 2, min_scale());
-        hysteresis_left_ = hysteresis();
-      }
+      if (hysteresis_left_ > 1) --hysteresis_left_;
+      else scale_ = std::max(scale_ * backoff(), min_scale());
     }
     return false;
   }
@@ -64,6 +65,12 @@ class LossScaler {
   }
   static constexpr double min_scale() {
     if constexpr (Scale::dynamic) return Scale::min_scale; else return 1;
+  }
+  static constexpr double backoff() {
+    if constexpr (Scale::dynamic) return Scale::backoff; else return 1;
+  }
+  static constexpr bool consecutive_hysteresis() {
+    if constexpr (Scale::dynamic) return Scale::consecutive_hysteresis; else return false;
   }
 
   double scale_;

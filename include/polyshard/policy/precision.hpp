@@ -24,11 +24,17 @@ struct StaticLossScale {
   static constexpr double initial_scale = static_cast<double>(1ull << Power);
 };
 
-/// Dynamic loss scaling with DeepSpeed's semantics and defaults: the scale starts at
-/// 2^InitialPower (initial_scale_power = 16); an overflow skips the step and, once `Hysteresis`
-/// overflows have been absorbed (hysteresis = 2), halves the scale, never below `MinScale`
-/// (min_loss_scale = 1); `Window` steps without overflow (loss_scale_window = 1000) double it.
-template <int InitialPower = 16, int Window = 1000, int Hysteresis = 2, int MinScale = 1>
+/// Dynamic loss scaling with DeepSpeed's semantics and defaults (its DynamicLossScaler): the
+/// scale starts at 2^InitialPower (initial_scale_power = 16). An overflow skips the step; while
+/// hysteresis is left (hysteresis = 2, DeepSpeed's delayed_shift) it spends one unit of it, and
+/// once only one unit is left it halves the scale, never below `MinScale` (min_loss_scale = 1),
+/// and keeps halving at each further overflow: the budget is not restored by a halving.
+/// `Window` steps without overflow (loss_scale_window = 1000) double the scale and restore the
+/// hysteresis; with `ConsecutiveHysteresis` (consecutive_hysteresis = false) every step without
+/// overflow restores it. Sustained overflows from 65536 with hysteresis 2 give 65536, 32768,
+/// 16384, 8192, ...
+template <int InitialPower = 16, int Window = 1000, int Hysteresis = 2, int MinScale = 1,
+          bool ConsecutiveHysteresis = false>
 struct DynamicLossScale {
   static_assert(InitialPower >= 0 && InitialPower < 63, "DynamicLossScale: initial_scale_power must lie in [0, 63)");
   static_assert(Window >= 1, "DynamicLossScale: loss_scale_window must be at least 1");
@@ -39,7 +45,29 @@ struct DynamicLossScale {
   static constexpr double initial_scale = static_cast<double>(1ull << InitialPower);
   static constexpr int window = Window;
   static constexpr int hysteresis = Hysteresis;
+  static constexpr bool consecutive_hysteresis = ConsecutiveHysteresis;
   static constexpr double min_scale = MinScale;
+  static constexpr double backoff = 0.5;
+};
+
+/// PyTorch's torch.amp.GradScaler, the scaler of FairScale's ShardedGradScaler and of FSDP's
+/// fp16 (Lightning's precision=16 with the fsdp and ddp_sharded strategies), with its defaults:
+/// the scale starts at 2^InitialPower (init_scale = 65536); every overflow skips the step and
+/// multiplies the scale by backoff_factor = 0.5 at once (no hysteresis, no minimum);
+/// `GrowthInterval` steps in a row without overflow (growth_interval = 2000) multiply it by
+/// growth_factor = 2.
+template <int InitialPower = 16, int GrowthInterval = 2000>
+struct GradScalerLossScale {
+  static_assert(InitialPower >= 0 && InitialPower < 63, "GradScalerLossScale: init_scale's power must lie in [0, 63)");
+  static_assert(GrowthInterval >= 1, "GradScalerLossScale: growth_interval must be at least 1");
+  static constexpr bool scaled = true;
+  static constexpr bool dynamic = true;
+  static constexpr double initial_scale = static_cast<double>(1ull << InitialPower);
+  static constexpr int window = GrowthInterval;
+  static constexpr int hysteresis = 1;
+  static constexpr bool consecutive_hysteresis = false;
+  static constexpr double min_scale = 0;
+  static constexpr double backoff = 0.5;
 };
 
 /// Required members of a PrecisionPolicy:
@@ -47,7 +75,8 @@ struct DynamicLossScale {
 ///   using compute_type;  // dtype of gathered parameters, activations and local gradients
 ///   using reduce_type;   // dtype gradients are reduced in (float: fp32_reduce_scatter)
 ///   using master_type;   // dtype of the weights the optimizer updates, and of its state
-///   using loss_scale;    // NoLossScale, StaticLossScale<p> or DynamicLossScale<...>
+///   using loss_scale;    // NoLossScale, StaticLossScale<p>, DynamicLossScale<...> (DeepSpeed's)
+///                        // or GradScalerLossScale<...> (PyTorch's)
 template <class P>
 concept PrecisionPolicy = PolicyOf<P, precision_family> && requires {
   typename P::compute_type;
@@ -80,9 +109,15 @@ struct MixedPrecision {
 struct Fp32 : MixedPrecision<float, float, float> {
   static constexpr const char* name = "Fp32";
 };
-/// fp16 compute and reduction, fp32 master weights, dynamic loss scaling (DeepSpeed "16-mixed").
+/// fp16 compute and reduction, fp32 master weights, DeepSpeed's dynamic loss scaling (Lightning's
+/// "16-mixed" with the deepspeed strategies).
 struct Fp16Mixed : MixedPrecision<half, half, float, DynamicLossScale<>> {
   static constexpr const char* name = "Fp16Mixed";
+};
+/// fp16 compute and reduction, fp32 master weights, PyTorch's GradScaler (Lightning's "16-mixed"
+/// with the fsdp and ddp_sharded strategies: FairScale's ShardedGradScaler).
+struct Fp16Amp : MixedPrecision<half, half, float, GradScalerLossScale<>> {
+  static constexpr const char* name = "Fp16Amp";
 };
 /// bf16 compute and reduction, fp32 master weights, no scaling ("bf16-mixed").
 struct Bf16Mixed : MixedPrecision<bfloat16, bfloat16, float> {
