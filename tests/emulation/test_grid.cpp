@@ -110,6 +110,34 @@ TEST_CASE("grid: dynamic shared memory is 16-aligned, per block and 0xFF at ever
   }
 }
 
+TEST_CASE("grid: static shared memory (POLYSHARD_SHARED) is 0xFF at every block's start, and poisoned once a block",
+          "[emulation][grid]") {
+  std::vector<int> unwritten_is_nan(3, 0), kept(3, 0), seen(3 * 64, -1);
+  emu::run_grid("static_shared", shape_of(dim3(3), dim3(64)), [&] {
+    POLYSHARD_SHARED(float, buf, [64]);
+    const unsigned t = threadIdx.x;
+    if (t == 0) {
+      // The previous block wrote every float; a GPU's shared memory would hold garbage.
+      bool all_nan = true;
+      for (float x : buf) all_nan = all_nan && std::isnan(x);
+      const auto* raw = reinterpret_cast<const unsigned char*>(buf);
+      unwritten_is_nan[blockIdx.x] = all_nan && raw[0] == 0xFF && raw[sizeof(buf) - 1] == 0xFF;
+      buf[0] = -7;  // before the other threads reach the declaration: it must not poison again
+    }
+    __syncthreads();
+    if (t == 5) kept[blockIdx.x] = buf[0] == -7;
+    __syncthreads();
+    buf[t] = static_cast<float>(blockIdx.x * 100 + t);
+    __syncthreads();
+    seen[blockIdx.x * 64 + t] = static_cast<int>(buf[63 - t]);
+  });
+  for (int b = 0; b < 3; ++b) {
+    CHECK(unwritten_is_nan[b] == 1);
+    CHECK(kept[b] == 1);
+    for (int t = 0; t < 64; ++t) CHECK(seen[b * 64 + t] == b * 100 + 63 - t);
+  }
+}
+
 TEST_CASE("grid: 2D and 3D blocks and grids number threads x fastest, lanes by linear index", "[emulation][grid]") {
   const dim3 block = GENERATE(dim3(8, 4, 2), dim3(5, 3, 1), dim3(3, 5, 7), dim3(1, 1, 64), dim3(32, 32, 1));
   const dim3 grid = GENERATE(dim3(3, 2, 2), dim3(1, 1, 1), dim3(2, 1, 3));

@@ -35,9 +35,18 @@
 #undef __shared__
 // One object per running block: the threads of a block are fibers on one OS thread, blocks of a
 // grid run one after another on it, and grids of other streams run on other OS threads, each with
-// its own copy. Unlike a GPU's, the array keeps its values from the previous block instead of
-// starting as garbage.
+// its own copy. A plain __shared__ array keeps its values from the previous block instead of
+// starting as garbage: the library's kernels declare theirs with POLYSHARD_SHARED.
 #define __shared__ static thread_local
+
+/// `POLYSHARD_SHARED(type, name, [dims]);` declares `__shared__ type name[dims]` (core/cuda/
+/// launch.hpp on a GPU). Here the object is filled with 0xFF bytes (NaN in every float type) when
+/// the first thread of each block reaches the declaration, as strict as a GPU whose shared memory
+/// holds garbage: a kernel that reads what its block never wrote sees NaN, not the last block's
+/// values or zeros.
+#define POLYSHARD_SHARED(type, name, ...)    \
+  static thread_local type name __VA_ARGS__; \
+  ::polyshard::emulation::poison_static_shared(&name, sizeof(name))
 
 #undef __launch_bounds__
 #define __launch_bounds__(...)

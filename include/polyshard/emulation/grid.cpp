@@ -43,6 +43,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "polyshard/emulation/grid.hpp"
@@ -198,6 +199,10 @@ struct Run {
 
 thread_local Worker* current_worker = nullptr;  // the fiber running now, null in the scheduler
 thread_local Run* current_run = nullptr;
+// Counts the blocks this OS thread has started: a static __shared__ object (POLYSHARD_SHARED) is
+// poisoned the first time a thread of a block reaches its declaration, once per block.
+thread_local std::uint64_t block_serial = 0;
+thread_local std::unordered_map<void*, std::uint64_t> shared_poisoned_in;
 
 // ---- AddressSanitizer: tell it which stack is in use ----------------------------------------------
 //
@@ -474,6 +479,7 @@ class BlockScheduler {
     }
     run_.exited = run_.at_barrier = run_.at_warp = 0;
     run_.fault.reset();
+    ++block_serial;
     if (run_.shape->dynamic_shared_bytes > 0)
       std::memset(run_.shared, 0xFF, run_.shape->dynamic_shared_bytes);  // NaN in every float type
   }
@@ -717,6 +723,14 @@ void* dynamic_shared_memory() {
   return current_run->shared;
 }
 unsigned lane_id() { return self("the lane id").linear % warp_size; }
+
+void poison_static_shared(void* object, std::size_t bytes) {
+  self("__shared__ memory");
+  std::uint64_t& poisoned = shared_poisoned_in[object];
+  if (poisoned == block_serial) return;  // another thread of this block got here first
+  poisoned = block_serial;
+  std::memset(object, 0xFF, bytes);
+}
 
 void sync_threads() {
   Worker& w = self("__syncthreads()");

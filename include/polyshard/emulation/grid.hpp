@@ -40,6 +40,10 @@ const dim3& block_dim();
 const dim3& grid_dim();
 /// The block's dynamic shared memory (extern __shared__), dynamic_shared_bytes long, 16-aligned.
 void* dynamic_shared_memory();
+/// Fills a static __shared__ object (POLYSHARD_SHARED) with 0xFF bytes the first time a thread
+/// of the running block reaches its declaration: a GPU's shared memory starts as garbage, and
+/// the emulation's object would otherwise keep the previous block's values.
+void poison_static_shared(void* object, std::size_t bytes);
 /// The calling thread's lane in its warp (%laneid): its linear index in the block modulo 32.
 unsigned lane_id();
 

@@ -11,6 +11,11 @@
 
 #if defined(POLYSHARD_CUDA_EMULATION)
 #include "polyshard/emulation/device.hpp"
+#else
+/// `POLYSHARD_SHARED(type, name, [dims]);`: a block's static shared memory, `__shared__ type
+/// name[dims]`. Spelled so that the emulated device can poison it at every block's start
+/// (emulation/device.hpp); kernels use it rather than a bare __shared__ (a test checks).
+#define POLYSHARD_SHARED(type, name, ...) __shared__ type name __VA_ARGS__
 #endif
 
 namespace polyshard::cuda {

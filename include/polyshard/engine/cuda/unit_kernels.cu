@@ -152,7 +152,7 @@ template <int V, class D>
 __global__ void __launch_bounds__(threads_per_block)
     squared_norm_partials_kernel(const D* __restrict__ grad, std::size_t n, float* __restrict__ partials,
                                  bool accumulate) {
-  __shared__ float shared[32];
+  POLYSHARD_SHARED(float, shared, [32]);
   const std::size_t first = global_thread(), stride = grid_threads();
   const std::size_t whole = n / V * V;
   float lane_sum[V] = {};
@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(threads_per_block)
 // One block of squared_norm_blocks threads, one partial each, added in double in block_sum's tree.
 __global__ void __launch_bounds__(squared_norm_blocks)
     squared_norm_finish_kernel(const float* __restrict__ partials, float* __restrict__ out, bool accumulate) {
-  __shared__ double shared[32];
+  POLYSHARD_SHARED(double, shared, [32]);
   const double sum = block_sum(static_cast<double>(partials[threadIdx.x]), shared);
   if (threadIdx.x == 0) *out = static_cast<float>(accumulate ? static_cast<double>(*out) + sum : sum);
 }

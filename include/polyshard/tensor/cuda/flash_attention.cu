@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(block_threads)
     flash_forward_kernel(const E* q, const E* k, const E* v, E* out, float* lse, Dims dims) {
   constexpr int BK = forward_stream_rows;
   static_assert(forward_shared_elements<E, HD> * sizeof(E) <= 48 * 1024, "within a block's default shared memory");
-  alignas(128) __shared__ E smem[forward_shared_elements<E, HD>];
+  alignas(128) POLYSHARD_SHARED(E, smem, [forward_shared_elements<E, HD>]);
   E* ks = smem;                  // BK x HD
   E* vs = ks + BK * padded<HD>;  // BK x HD
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(block_threads)
                     bool accumulate, Dims dims) {
   constexpr int BK = stream_rows<HD>;
   static_assert(dq_shared_elements<E, HD> * sizeof(E) <= 48 * 1024, "within a block's default shared memory");
-  alignas(128) __shared__ E smem[dq_shared_elements<E, HD>];
+  alignas(128) POLYSHARD_SHARED(E, smem, [dq_shared_elements<E, HD>]);
   E* ks = smem;                  // BK x HD, for the scores and ds k
   E* vs = ks + BK * padded<HD>;  // BK x HD, for the probabilities' gradients
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(block_threads)
                       E* dv, bool accumulate, Dims dims) {
   constexpr int BQ = stream_rows<HD>;
   static_assert(dkdv_shared_elements<E, HD> * sizeof(E) <= 48 * 1024, "within a block's default shared memory");
-  alignas(128) __shared__ E smem[dkdv_shared_elements<E, HD>];
+  alignas(128) POLYSHARD_SHARED(E, smem, [dkdv_shared_elements<E, HD>]);
   E* qs = smem;                   // BQ x HD, for the transposed scores and ds^T q
   E* dos = qs + BQ * padded<HD>;  // BQ x HD, for their gradients and p^T dout
   float* tile_lse = reinterpret_cast<float*>(dos + BQ * padded<HD>);

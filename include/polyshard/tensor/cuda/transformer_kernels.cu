@@ -237,7 +237,7 @@ __global__ void add_bias_rows_kernel(D* y, const D* bias, std::int64_t n, std::i
 /// double, and writes one partial. The grid is always sum_blocks blocks, so the order is fixed.
 template <class D>
 __global__ void sum_partials_kernel(const D* x, std::int64_t n, double* partials) {
-  __shared__ double shared[32];
+  POLYSHARD_SHARED(double, shared, [32]);
   double acc = 0;
   for (std::int64_t i = global_thread(); i < n; i += grid_threads()) acc += static_cast<double>(to_float(x[i]));
   acc = block_sum(acc, shared);
@@ -246,7 +246,7 @@ __global__ void sum_partials_kernel(const D* x, std::int64_t n, double* partials
 
 /// Stage two: one block adds the partials (one per thread: sum_blocks == block_threads).
 __global__ void sum_finish_kernel(const double* partials, double* out) {
-  __shared__ double shared[32];
+  POLYSHARD_SHARED(double, shared, [32]);
   const double total = block_sum(partials[threadIdx.x], shared);
   if (threadIdx.x == 0) *out = total;
 }
@@ -318,7 +318,7 @@ template <class Terms>
 __global__ void column_sum_forward_kernel(Terms terms, std::int64_t rows, int cols, std::int64_t per_chunk,
                                           float* partial, int chunks) {
   constexpr int K = Terms::k;
-  __shared__ float lanes[K][col_lanes][col_strip];
+  POLYSHARD_SHARED(float, lanes, [K][col_lanes][col_strip]);
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int col = static_cast<int>(blockIdx.x) * col_strip + tx;
   const int chunk = static_cast<int>(blockIdx.y);
@@ -829,14 +829,14 @@ __device__ __forceinline__ void softmax_backward_row(const D* yr, const D* dyr, 
 
 template <class D>
 __global__ void __launch_bounds__(wide_row_threads) softmax_forward_kernel(const D* x, D* y, std::int64_t rows, int n) {
-  __shared__ float red[32];
+  POLYSHARD_SHARED(float, red, [32]);
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) softmax_row(x + r * n, y + r * n, n, 1.f, n, red);
 }
 
 template <class D, bool Acc>
 __global__ void __launch_bounds__(wide_row_threads)
     softmax_backward_kernel(const D* y, const D* dy, D* dx, std::int64_t rows, int n) {
-  __shared__ float red[32];
+  POLYSHARD_SHARED(float, red, [32]);
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x)
     softmax_backward_row<D, Acc>(y + r * n, dy + r * n, dx + r * n, n, 1.f, n, red);
 }
@@ -845,7 +845,7 @@ __global__ void __launch_bounds__(wide_row_threads)
 template <class D>
 __global__ void __launch_bounds__(wide_row_threads)
     causal_softmax_forward_kernel(const D* scores, float scale, D* probs, std::int64_t rows, int t) {
-  __shared__ float red[32];
+  POLYSHARD_SHARED(float, red, [32]);
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x)
     softmax_row(scores + r * t, probs + r * t, static_cast<int>(r % t) + 1, scale, t, red);
 }
@@ -853,7 +853,7 @@ __global__ void __launch_bounds__(wide_row_threads)
 template <class D, bool Acc>
 __global__ void __launch_bounds__(wide_row_threads)
     causal_softmax_backward_kernel(const D* probs, const D* dprobs, float scale, D* dscores, std::int64_t rows, int t) {
-  __shared__ float red[32];
+  POLYSHARD_SHARED(float, red, [32]);
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x)
     softmax_backward_row<D, Acc>(probs + r * t, dprobs + r * t, dscores + r * t, static_cast<int>(r % t) + 1, scale,
                                  t, red);
@@ -968,7 +968,7 @@ __global__ void __launch_bounds__(wide_row_threads)
     cross_entropy_forward_kernel(const D* logits, const int* targets, float* losses, float* lse_out,
                                  const float* dlosses, float dloss_scale, D* dlogits, std::int64_t rows, int v) {
   constexpr int P = Pack<D>::size;
-  __shared__ float red[32];
+  POLYSHARD_SHARED(float, red, [32]);
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const D* lr = logits + r * v;  // (V,)
     const int target = targets[r];

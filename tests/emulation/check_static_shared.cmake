@@ -1,0 +1,25 @@
+# Every static shared array of the library's kernels is declared with POLYSHARD_SHARED, which the
+# emulated device poisons at each block's start; a bare __shared__ there would keep the previous
+# block's values and hide a read of memory the block never wrote.
+# Usage: cmake -DSOURCE_DIR=<repository> -P check_static_shared.cmake
+file(GLOB_RECURSE sources "${SOURCE_DIR}/include/polyshard/*.cu" "${SOURCE_DIR}/include/polyshard/*.cuh")
+set(bare "")
+foreach(source IN LISTS sources)
+  file(STRINGS "${source}" lines REGEX "__shared__")
+  foreach(line IN LISTS lines)
+    if(line MATCHES "^[ \t]*//" OR line MATCHES "extern[ \t]+__shared__")
+      continue()
+    endif()
+    file(RELATIVE_PATH where "${SOURCE_DIR}" "${source}")
+    string(STRIP "${line}" line)
+    string(APPEND bare "\n  ${where}: ${line}")
+  endforeach()
+endforeach()
+list(LENGTH sources count)
+if(count EQUAL 0)
+  message(FATAL_ERROR "no kernel sources found under ${SOURCE_DIR}/include/polyshard")
+endif()
+if(bare)
+  message(FATAL_ERROR "static shared memory declared with a bare __shared__ (use POLYSHARD_SHARED(type, name, [dims])):${bare}")
+endif()
+message(STATUS "${count} kernel sources: every static shared array is POLYSHARD_SHARED")
