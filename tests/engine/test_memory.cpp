@@ -183,6 +183,40 @@ TEST_CASE("memory: the step's peaks follow the schedule: prefetch, overlapped re
   check_step_peaks<Strategy<ShardOptimizerState, WrapByType<Block>>>(no_overlap);
 }
 
+TEST_CASE("memory: ZeRO-3 by repeated layer (the preset's WrapRepeated) holds the root and two blocks whole",
+          "[engine][memory]") {
+  // The preset's rule with a threshold the test model's blocks (2,197 parameters) pass; its own
+  // 1e5 leaves a model this small whole, as DeepSpeed leaves parameters under
+  // stage3_param_persistence_threshold unpartitioned.
+  using Zero3Layers = Strategy<ShardParameters<true>, WrapRepeated<2000>>;
+  STATIC_REQUIRE(std::is_same_v<ZeRO<3>, Strategy<ShardParameters<true>, WrapRepeated<100'000>>>);
+  for (int world : {1, 4}) {
+    INFO("world size " << world);
+    const std::vector<Held> held = hold<Zero3Layers>(world, {});
+    for (const Held& h : held) {
+      REQUIRE(h.units.size() == 5);  // the root, then the four blocks
+      const std::int64_t root = h.units[0], block = h.units[1];
+      // Sizes from the model itself: the root's 299 parameters and each block's 2,197, padded to
+      // a multiple of the world size.
+      CHECK(root == (299 + world - 1) / world * world);
+      CHECK(block == (2197 + world - 1) / world * world);
+      const StepPeakMemory peak = host_step_peak_memory<Zero3Layers>(h.units, world, 1, {});
+      CHECK(double(h.peak_at(MemoryCategory::Parameters)) == peak.parameters);
+      // Every rank's shards, plus the root and two blocks gathered whole (one running, one
+      // prefetched): never the whole model.
+      const double bound = 4.0 * double(h.padded / world + root + 2 * block);
+      CHECK(double(h.peak_at(MemoryCategory::Parameters)) <= bound);
+      if (world == 4) CHECK(double(h.peak_at(MemoryCategory::Parameters)) < 4.0 * double(h.padded));
+    }
+  }
+  // The preset itself: a model whose layers pass 1e5 parameters is cut into them (GPT L2 C128:
+  // 198,272 parameters a block), a smaller one stays whole.
+  Gpt<float> big(GptConfig{.vocab_size = 64, .block_size = 16, .n_layer = 2, .n_head = 4, .n_embd = 128});
+  CHECK(plan_units<ZeRO<3>::wrap, NoActivationCheckpointing, float>(big, 1).units.size() == 3);
+  Gpt<float> small(four_blocks());
+  CHECK(plan_units<ZeRO<3>::wrap, NoActivationCheckpointing, float>(small, 1).units.size() == 1);
+}
+
 #ifdef POLYSHARD_HAVE_LIBURING
 TEST_CASE("memory: NVMe offload brings back at most optimizer_buffer_count consecutive units' state",
           "[engine][memory]") {

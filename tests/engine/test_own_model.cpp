@@ -91,7 +91,8 @@ Trained train_own(int world) {
 }
 
 using OwnStrategies =
-    std::tuple<DDP, ZeRO<1>, ZeRO<2>, ZeRO<3>, Strategy<ShardParameters<true>, WrapByType<Residual>>,
+    std::tuple<DDP, ZeRO<1>, ZeRO<2>, ZeRO<3>, Strategy<ShardParameters<true>, WrapRepeated<300>>,
+               Strategy<ShardParameters<true>, WrapByType<Residual>>,
                Strategy<ShardParameters<true>, WrapByType<Residual>, ActivationCheckpointing<Residual>>,
                Strategy<ShardParameters<false>, WrapBySize<200>>, Strategy<ShardGradients, OffloadOptimizer<Cpu>>,
                Strategy<ShardParameters<true>, WrapByClass<Head, Residual<float>>,
@@ -101,6 +102,9 @@ using OwnStrategies =
 template <class Wrap>
 constexpr std::size_t expected_units() {
   if constexpr (std::is_same_v<Wrap, WrapWhole>) return 1;
+  // ZeRO<3>'s WrapRepeated<1e5>: layers of 336 parameters are under the threshold and stay in
+  // the root (DeepSpeed keeps such small parameters whole); WrapRepeated<300> cuts each.
+  else if constexpr (detail::repeated_min_num_params<Wrap>() > 336) return 1;
   else if constexpr (Wrap::template wraps_type<Head>) return 5;  // the head a unit too
   else return 4;  // one per layer: WrapBySize<200> cuts each (336 parameters), neither linear
 }

@@ -213,6 +213,10 @@ TEST_CASE("presets are the strategies their documents describe", "[policy]") {
   STATIC_REQUIRE(is_same_v<ZeRO<1>::sharding, ShardOptimizerState>);
   STATIC_REQUIRE(is_same_v<ZeRO<2>::sharding, ShardGradients>);
   STATIC_REQUIRE(is_same_v<ZeRO<3>::sharding, ShardParameters<true>>);
+  // Stage 3 gathers layer by layer: every repeated module of at least 1e5 parameters is a unit
+  // (DeepSpeed's stage3_param_persistence_threshold), ZeRO-Infinity as well.
+  STATIC_REQUIRE(is_same_v<ZeRO<3>::wrap, WrapRepeated<100'000>>);
+  STATIC_REQUIRE(is_same_v<ZeROInfinity::wrap, WrapRepeated<100'000>>);
   STATIC_REQUIRE(is_same_v<families_t<ZeRO<1>>,
                            std::tuple<ShardOptimizerState, NoOffload, Fp32, WrapWhole, NoActivationCheckpointing>>);
   // Lightning's DeepSpeedStrategy defaults to stage=2, with offload_optimizer_device='cpu' when

@@ -59,6 +59,13 @@ struct UnitPlan {
 };
 
 namespace detail {
+/// Wrap::repeated_min_num_params, or 0 for a wrap policy of the user's that does not declare it.
+template <class Wrap>
+constexpr std::int64_t repeated_min_num_params() {
+  if constexpr (requires { Wrap::repeated_min_num_params; }) return Wrap::repeated_min_num_params;
+  else return 0;
+}
+
 template <FloatElement T, Device D, class Wrap, class Checkpointing>
 class UnitPlanner {
  public:
@@ -80,8 +87,24 @@ class UnitPlanner {
       u.numel += m.numel();
       return m.numel();
     } else if constexpr (is_vector<X>::value) {
+      using E = typename X::value_type;
       std::int64_t n = 0;
-      for (std::size_t i = 0; i < m.size(); ++i) n += walk(m[i], join_name(name, std::to_string(i)), unit, false);
+      for (std::size_t i = 0; i < m.size(); ++i) {
+        const std::string element = join_name(name, std::to_string(i));
+        if constexpr (repeated_min_num_params<Wrap>() > 0 && ActivationModule<E, T, D>) {
+          // WrapRepeated: the element is a unit when it holds enough parameters of its own.
+          if constexpr (Checkpointing::template checkpoints_type<E>) plan_.checkpointed_modules[module_key(m[i])] = true;
+          const std::size_t mine = plan_.units.size();
+          plan_.units.push_back(UnitLayout<T, D>{element, plan_.checkpointed_modules.count(module_key(m[i])) > 0, {}, 0, 0});
+          if (walk_members(m[i], element, mine) >= repeated_min_num_params<Wrap>()) {
+            plan_.unit_of_module[module_key(m[i])] = mine;
+          } else {
+            n += merge_back(mine, unit);
+          }
+        } else {
+          n += walk(m[i], element, unit, false);
+        }
+      }
       return n;
     } else {
       constexpr bool callable = ActivationModule<X, T, D>;
@@ -146,7 +169,8 @@ class UnitPlanner {
 
 /// Cuts `model` into units as `Wrap` says (WrapWhole: one; WrapByType<Ms...>: one per instance
 /// of Ms, plus the root; WrapBySize<n>: FairScale's auto_wrap, bottom-up, every module whose
-/// not-yet-wrapped parameters number at least n; ManualWrap: one per module wrap() marked in
+/// not-yet-wrapped parameters number at least n; WrapRepeated<n>: every module of a std::vector
+/// member whose not-yet-wrapped parameters number at least n, plus the root; ManualWrap: one per module wrap() marked in
 /// this thread's ShardedConstruction context, plus the root). Only modules that map an
 /// activation to an activation (see ActivationModule) can be units: they are the ones an engine
 /// can surround. `min_num_params` >= 1 replaces WrapBySize's threshold at run time (FSDP's

@@ -33,7 +33,9 @@ struct zero_stage<2> {
 };
 template <>
 struct zero_stage<3> {
-  using type = Strategy<ShardParameters<true>>;
+  // Gathered layer by layer, as DeepSpeed gathers submodule by submodule (WrapRepeated's 1e5:
+  // DeepSpeed's stage3_param_persistence_threshold).
+  using type = Strategy<ShardParameters<true>, WrapRepeated<>>;
 };
 template <int Stage>
 using ZeRO = typename zero_stage<Stage>::type;
@@ -42,7 +44,7 @@ using ZeRO = typename zero_stage<Stage>::type;
 /// (Lightning's deepspeed_stage_2_offload).
 using ZeROOffload = Strategy<ShardGradients, OffloadOptimizer<Cpu>>;
 
-/// ZeRO-Infinity: stage 3 with the optimizer state on NVMe.
-using ZeROInfinity = Strategy<ShardParameters<true>, OffloadOptimizer<Nvme>>;
+/// ZeRO-Infinity: stage 3 (layer by layer, as ZeRO<3>) with the optimizer state on NVMe.
+using ZeROInfinity = Strategy<ShardParameters<true>, OffloadOptimizer<Nvme>, WrapRepeated<>>;
 
 }  // namespace polyshard

@@ -16,6 +16,8 @@ namespace polyshard {
 ///   template <class M> static constexpr bool wraps_type;  // M's instances are units of their own
 ///   static constexpr std::int64_t min_num_params;         // subtrees this large are units (0: off)
 ///   static constexpr bool manual;                          // units declared by wrap() calls
+/// and optionally (WrapWhole gives 0):
+///   static constexpr std::int64_t repeated_min_num_params; // repeated modules this large are units
 template <class P>
 concept WrapPolicy = PolicyOf<P, wrap_family> && requires {
   { P::min_num_params } -> std::convertible_to<std::int64_t>;
@@ -29,7 +31,23 @@ struct WrapWhole {
   static constexpr bool wraps_type = false;
   static constexpr std::int64_t min_num_params = 0;
   static constexpr bool manual = false;
+  static constexpr std::int64_t repeated_min_num_params = 0;
   static constexpr const char* name = "WrapWhole";
+};
+
+/// ZeRO stage 3's granularity, for any model: every module held in a std::vector member (the
+/// repeated layers of a transformer: Gpt's `h`, examples/08-own-model's `layers`) is a unit of
+/// its own when it holds at least `MinNumParams` parameters outside the units inside it. The
+/// default, 1e5, is DeepSpeed's stage3_param_persistence_threshold: what is smaller stays whole
+/// on every rank (here: in the root unit), as DeepSpeed keeps small parameters unpartitioned.
+/// A rank then holds the root and the units in flight, not the whole model. Modules that do not
+/// map an activation to an activation (see ActivationModule) cannot be units and stay where
+/// they are.
+template <std::int64_t MinNumParams = 100'000>
+struct WrapRepeated : WrapWhole {
+  static_assert(MinNumParams >= 1, "WrapRepeated<min_num_params>: min_num_params must be at least 1");
+  static constexpr std::int64_t repeated_min_num_params = MinNumParams;
+  static constexpr const char* name = "WrapRepeated";
 };
 
 /// FairScale's auto_wrap: every submodule with at least `MinNumParams` parameters not already in
