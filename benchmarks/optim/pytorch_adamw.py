@@ -9,8 +9,8 @@ compute copy out in the same pass) has no PyTorch counterpart; its figure is pol
 
 Usage: pytorch_adamw.py BENCH_ADAMW [--n ELEMENTS] [--reps R] [--json FILE]
   BENCH_ADAMW  the bench_adamw program (build/release/benchmarks/optim/bench_adamw)
-Needs PyTorch (pip install torch; on a machine without a GPU its CUDA libraries must still load:
-see docs/benchmarks.md).
+Needs PyTorch (pip install torch: PyPI's wheel brings its CUDA libraries, which load without a
+GPU; see docs/benchmarks.md).
 """
 import argparse
 import json
