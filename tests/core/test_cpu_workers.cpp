@@ -3,6 +3,7 @@
 // job each get their work done.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <atomic>
 #include <numeric>
 #include <stdexcept>
@@ -51,9 +52,11 @@ TEST_CASE("callers on several threads at once and jobs started inside jobs all c
         for (int r = 0; r < rounds; ++r) {
           std::vector<long> part_sums(5, 0);
           pool.run(5, [&](unsigned part) {
-            long inner = 0;
-            pool.run(2, [&](unsigned q) { inner += q + 1; });  // runs on this thread: the pool is busy
-            part_sums[part] = part + inner;
+            // A job inside a job: on the pool if it is free by then, else on this thread; either
+            // way each part writes its own slot, as the kernels write their own ranges.
+            std::array<long, 2> inner{};
+            pool.run(2, [&](unsigned q) { inner[q] = q + 1; });
+            part_sums[part] = part + inner[0] + inner[1];
           });
           sums[c] += std::accumulate(part_sums.begin(), part_sums.end(), 0L);
         }
