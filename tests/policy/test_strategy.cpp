@@ -2,6 +2,7 @@
 // presets and StrategyConfig carry the reference documents' defaults, accounting is ZeRO's.
 #include <catch2/catch.hpp>
 
+#include <string>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
@@ -247,6 +248,33 @@ TEST_CASE("StrategyConfig carries the reference documents' defaults", "[policy]"
   CHECK(c.params_buffer_size == 100'000'000);
   CHECK(c.sub_group_size == 1'000'000'000'000);
   CHECK(c.state_dict_to_cpu);                       // FSDP state_dict_to_cpu
+}
+
+TEST_CASE("StrategyConfig fields no strategy reads are refused away from their defaults, naming them", "[policy]") {
+  CHECK_NOTHROW(refuse_unread_fields(StrategyConfig{}));
+  const auto refused = [](auto set) {
+    StrategyConfig c;
+    set(c);
+    try {
+      refuse_unread_fields(c);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  CHECK_THAT(refused([](StrategyConfig& c) { c.reduce_bucket_size = 10; }),
+             Catch::Contains("reduce_bucket_size = 10: not read"));
+  CHECK_THAT(refused([](StrategyConfig& c) { c.allgather_bucket_size = 10; }),
+             Catch::Contains("allgather_bucket_size = 10: not read"));
+  CHECK_THAT(refused([](StrategyConfig& c) { c.params_buffer_count = 2; }),
+             Catch::Contains("params_buffer_count (2)") && Catch::Contains("parameter offload to NVMe"));
+  CHECK_THAT(refused([](StrategyConfig& c) { c.params_buffer_size = 7; }), Catch::Contains("params_buffer_size (7)"));
+  CHECK_THAT(refused([](StrategyConfig& c) { c.sub_group_size = 7; }), Catch::Contains("sub_group_size (7)"));
+  CHECK_THAT(refused([](StrategyConfig& c) { c.state_dict_to_cpu = false; }),
+             Catch::Contains("state_dict_to_cpu = false"));
+  // Fields that are read stay free.
+  CHECK(refused([](StrategyConfig& c) { c.bucket_cap_mb = 1; }) == "(accepted)");
+  CHECK(refused([](StrategyConfig& c) { c.optimizer_buffer_count = 2; }) == "(accepted)");
 }
 
 TEST_CASE("model_state_bytes gives ZeRO's bytes per rank", "[policy][accounting]") {

@@ -128,6 +128,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   Engine(Model& model, Comm& comm, typename Opt::config_type optimizer, StrategyConfig config = {},
          std::uint64_t seed = 0)
       : model_(model), comm_(comm), config_(config), scaler_(config.loss_scale) {
+    refuse_unread_fields(config);
     if constexpr (sharding::hybrid) {
       const int g = config.hybrid_group_size > 0 ? config.hybrid_group_size : comm.size();
       POLYSHARD_CHECK(comm.size() % g == 0, "HybridShard: world size ", comm.size(),

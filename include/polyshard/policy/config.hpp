@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "polyshard/core/error.hpp"
+
 namespace polyshard {
 
 struct StrategyConfig {
@@ -54,5 +56,27 @@ struct StrategyConfig {
   // Checkpoints (FSDP).
   bool state_dict_to_cpu = true;
 };
+
+/// Refuses the fields no strategy reads yet when they are set away from their reference defaults:
+/// a user moving a DeepSpeed or FSDP run over would otherwise get a run that silently ignores
+/// them. Throws polyshard::Error naming the field, its value and what polyshard does instead.
+/// Engine's constructor calls it.
+inline void refuse_unread_fields(const StrategyConfig& c) {
+  const StrategyConfig d;
+  POLYSHARD_CHECK(c.reduce_bucket_size == d.reduce_bucket_size, "StrategyConfig::reduce_bucket_size = ",
+                  c.reduce_bucket_size, ": not read: polyshard reduces each unit's gradients as one collective "
+                  "(NoShard slices it by bucket_cap_mb); leave it at DeepSpeed's default 200000000");
+  POLYSHARD_CHECK(c.allgather_bucket_size == d.allgather_bucket_size, "StrategyConfig::allgather_bucket_size = ",
+                  c.allgather_bucket_size, ": not read: ShardParameters gathers each unit as one collective (choose "
+                  "the units with the wrap policy); leave it at DeepSpeed's default 200000000");
+  POLYSHARD_CHECK(c.params_buffer_count == d.params_buffer_count && c.params_buffer_size == d.params_buffer_size &&
+                      c.sub_group_size == d.sub_group_size,
+                  "StrategyConfig::params_buffer_count (", c.params_buffer_count, "), params_buffer_size (",
+                  c.params_buffer_size, ") and sub_group_size (", c.sub_group_size, ") belong to DeepSpeed's "
+                  "parameter offload to NVMe, which polyshard does not have (OffloadParameters<Nvme> does not "
+                  "compile): leave them at their defaults (5, 100000000, 1000000000000)");
+  POLYSHARD_CHECK(c.state_dict_to_cpu, "StrategyConfig::state_dict_to_cpu = false: full state dicts and "
+                  "checkpoints are always gathered into host memory (save_full_weights, save_checkpoint); leave it true");
+}
 
 }  // namespace polyshard
