@@ -76,22 +76,22 @@ inline void check_adam_sizes(const char* who, std::size_t param, std::size_t gra
 
 namespace detail {
 
-/// One Adam or AdamW step over fp32 master weights, on the vector kernels of optimizer_isa()
-/// (or the portable ones), split across the worker pool; `copy`, when not null, receives the
-/// updated weights rounded to C in the same pass.
-template <class G, class C>
-void adam_float(std::span<float> param, const G* grad, std::span<float> exp_avg, std::span<float> exp_avg_sq, C* copy,
-                const AdamConstants<float>& k) {
+/// One Adam or AdamW step over P's spans, on the vector kernels of optimizer_isa() for fp32 (or
+/// the portable ones), split across the worker pool; `copy`, when not null, receives the updated
+/// weights rounded to C in the same pass.
+template <class P, class G, class C>
+void adam_spans(std::span<P> param, const G* grad, std::span<P> exp_avg, std::span<P> exp_avg_sq, C* copy,
+                const AdamConstants<P>& k) {
   const CpuIsa isa = optimizer_isa();
-  const AdamPacket<float> body(k);
+  const AdamPacket<P> body(k);
   parallel_ranges(param.size(), [&](std::size_t begin, std::size_t end) {
-    C* const copy_part = copy ? copy + begin : nullptr;
-    if (vector_adam_range(isa, end - begin, param.data() + begin, grad + begin, exp_avg.data() + begin,
-                          exp_avg_sq.data() + begin, copy_part, k))
-      return;
-    with_grad_as<float>(grad, begin, end, [&](std::size_t offset, std::size_t count, const float* g) {
-      for_each_packet<float>(count, body, param.data() + offset, g, exp_avg.data() + offset,
-                             exp_avg_sq.data() + offset);
+    if constexpr (std::same_as<P, float>) {
+      if (vector_adam_range(isa, end - begin, param.data() + begin, grad + begin, exp_avg.data() + begin,
+                            exp_avg_sq.data() + begin, copy ? copy + begin : nullptr, k))
+        return;
+    }
+    with_grad_as<P>(grad, begin, end, [&](std::size_t offset, std::size_t count, const P* g) {
+      for_each_packet<P>(count, body, param.data() + offset, g, exp_avg.data() + offset, exp_avg_sq.data() + offset);
     });
     if (copy)
       for (std::size_t i = begin; i < end; ++i) copy[i] = element_cast<C>(param[i]);
@@ -120,18 +120,8 @@ void adam_update(std::span<P> param, std::span<const G> grad, std::span<P> exp_a
   detail::check_adam_sizes(who, param.size(), grad.size(), exp_avg.size(), exp_avg_sq.size());
   POLYSHARD_CHECK(step >= 1, who, ": step counts from 1, got ", step);
   detail::validate(config, who);
-  const auto k = detail::adam_constants<P>(config, step, decoupled_weight_decay);
-  if constexpr (std::same_as<P, float>) {
-    detail::adam_float(param, grad.data(), exp_avg, exp_avg_sq, static_cast<float*>(nullptr), k);
-  } else {
-    const detail::AdamPacket<P> body(k);
-    detail::parallel_ranges(param.size(), [&](std::size_t begin, std::size_t end) {
-      detail::with_grad_as<P>(grad.data(), begin, end, [&](std::size_t offset, std::size_t count, const P* g) {
-        detail::for_each_packet<P>(count, body, param.data() + offset, g, exp_avg.data() + offset,
-                                   exp_avg_sq.data() + offset);
-      });
-    });
-  }
+  detail::adam_spans(param, grad.data(), exp_avg, exp_avg_sq, static_cast<P*>(nullptr),
+                     detail::adam_constants<P>(config, step, decoupled_weight_decay));
 }
 
 /// adam_update() over fp32 master weights that also writes the updated weights, rounded to the
@@ -148,7 +138,7 @@ void adam_update(std::span<float> param, std::span<const G> grad, std::span<floa
                   " elements, param ", param.size());
   POLYSHARD_CHECK(step >= 1, who, ": step counts from 1, got ", step);
   detail::validate(config, who);
-  detail::adam_float(param, grad.data(), exp_avg, exp_avg_sq, compute.data(),
+  detail::adam_spans(param, grad.data(), exp_avg, exp_avg_sq, compute.data(),
                      detail::adam_constants<float>(config, step, decoupled_weight_decay));
 }
 
