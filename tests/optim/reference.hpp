@@ -28,6 +28,16 @@ std::vector<T> cast(const std::vector<double>& v) {
   return std::vector<T>(v.begin(), v.end());
 }
 
+/// values(n, seed, scale) as a gradient of type G: each value rounded to float, then to G (the
+/// way a 16-bit gradient is computed from a float one).
+template <class G>
+std::vector<G> values_as(std::size_t n, std::uint64_t seed, double scale) {
+  const auto v = values(n, seed, scale);
+  std::vector<G> g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = static_cast<G>(static_cast<float>(v[i]));
+  return g;
+}
+
 /// torch.optim.SGD as documented: g += wd p; b = g (first step) or mu b + (1 - tau) g;
 /// g = nesterov ? g + mu b : b; p -= lr g.
 struct ReferenceSgd {

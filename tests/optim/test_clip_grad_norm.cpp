@@ -19,14 +19,6 @@ struct ThreadsGuard {
 };
 
 template <class G>
-std::vector<G> gradient(std::size_t n, std::uint64_t seed) {
-  const auto values = test::values(n, seed, 3.0);
-  std::vector<G> g(n);
-  for (std::size_t i = 0; i < n; ++i) g[i] = static_cast<G>(static_cast<float>(values[i]));
-  return g;
-}
-
-template <class G>
 long double exact_squares(const std::vector<G>& g) {
   long double s = 0;
   for (const G& x : g) {
@@ -45,7 +37,7 @@ TEMPLATE_TEST_CASE("squared_norm is the sum of squares, whatever the length and 
   // Empty, shorter than the lanes, one block and a tail, and long enough for two threads.
   const std::size_t n = GENERATE(as<std::size_t>{}, 0, 5, 8, 8193, 3 * (std::size_t{1} << 18) + 77);
   INFO("n = " << n);
-  const auto g = gradient<G>(n, 17 + n);
+  const auto g = test::values_as<G>(n, 17 + n, 3.0);
   set_optimizer_threads(1);
   const double one = squared_norm(std::span<const G>(g));
   set_optimizer_threads(2);
@@ -60,7 +52,7 @@ TEMPLATE_TEST_CASE("scale_span scales each element in its compute type, the same
   using G = TestType;
   ThreadsGuard guard;
   const std::size_t n = 3 * (std::size_t{1} << 18) + 5;
-  const auto original = gradient<G>(n, 5);
+  const auto original = test::values_as<G>(n, 5, 3.0);
   std::vector<G> expected(n);
   for (std::size_t i = 0; i < n; ++i) expected[i] = static_cast<G>(static_cast<float>(original[i]) * 0.3f);
   for (CpuIsa isa : {CpuIsa::Portable, CpuIsa::Avx2, CpuIsa::Avx512}) {

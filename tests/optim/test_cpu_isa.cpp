@@ -79,14 +79,6 @@ void step(Kind kind, State& s, std::span<const G> grad, std::int64_t n, std::spa
   }
 }
 
-template <class G>
-std::vector<G> gradient(std::size_t n, std::uint64_t seed) {
-  const auto values = test::values(n, seed, 0.5);
-  std::vector<G> g(n);
-  for (std::size_t i = 0; i < n; ++i) g[i] = static_cast<G>(static_cast<float>(values[i]));
-  return g;
-}
-
 }  // namespace
 
 TEMPLATE_TEST_CASE("every instruction set gives the portable kernels' bits", "[optim][isa]", float, half, bfloat16) {
@@ -96,13 +88,15 @@ TEMPLATE_TEST_CASE("every instruction set gives the portable kernels' bits", "[o
   const std::size_t n = 1000 + 13;  // whole vectors of 8 and 16 lanes, and a tail
   set_optimizer_isa(CpuIsa::Portable);
   State portable(n, 0);
-  for (std::int64_t k = 1; k <= 3; ++k) step<G>(kind, portable, std::span<const G>(gradient<G>(n, 70 + k)), k);
+  for (std::int64_t k = 1; k <= 3; ++k)
+    step<G>(kind, portable, std::span<const G>(test::values_as<G>(n, 70 + k, 0.5)), k);
   CHECK_FALSE(same_bits<float>(portable.p, State(n, 0).p));  // it trained
   for (CpuIsa isa : available_isas()) {
     INFO(name(kind) << " on " << cpu_isa_name(isa));
     set_optimizer_isa(isa);
     State s(n, 3);
-    for (std::int64_t k = 1; k <= 3; ++k) step<G>(kind, s, std::span<const G>(gradient<G>(n, 70 + k)), k);
+    for (std::int64_t k = 1; k <= 3; ++k)
+      step<G>(kind, s, std::span<const G>(test::values_as<G>(n, 70 + k, 0.5)), k);
     CHECK(same_bits<float>(s.p, portable.p));
     CHECK(same_bits<float>(s.m, portable.m));
     CHECK(same_bits<float>(s.v, portable.v));
@@ -121,7 +115,7 @@ TEMPLATE_TEST_CASE("the compute copy written in the step is element_cast of the 
     State fused(n, 1), plain(n, 0);
     std::vector<C> copy(n, C(-1.0f));
     for (std::int64_t k = 1; k <= 2; ++k) {
-      const auto g = gradient<bfloat16>(n, 90 + k);
+      const auto g = test::values_as<bfloat16>(n, 90 + k, 0.5);
       step<bfloat16, C>(kind, fused, std::span<const bfloat16>(g), k, std::span<C>(copy));
       step<bfloat16>(kind, plain, std::span<const bfloat16>(g), k);
     }
