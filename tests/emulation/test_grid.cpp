@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "polyshard/core/cuda/async_copy.cuh"
 #include "polyshard/core/cuda/device_math.cuh"
 #include "polyshard/emulation/grid.hpp"
 #include "polyshard/emulation/runtime.hpp"
@@ -135,6 +136,51 @@ TEST_CASE("grid: static shared memory (POLYSHARD_SHARED) is 0xFF at every block'
     CHECK(unwritten_is_nan[b] == 1);
     CHECK(kept[b] == 1);
     for (int t = 0; t < 64; ++t) CHECK(seen[b * 64 + t] == b * 100 + 63 - t);
+  }
+}
+
+TEST_CASE("grid: cp.async copies land at the wait that covers their group, not before", "[emulation][grid]") {
+  // Each of 32 threads copies 16 bytes of its own in three groups: a value, zeros (a dead
+  // source), and a second value; what shared memory holds is read between the waits.
+  std::vector<std::int32_t> global(32 * 4 * 2);
+  std::iota(global.begin(), global.end(), 1000);
+  std::vector<int> before_wait(32, 0), after_first(32, 0), zero_after_second(32, 0), after_all(32, 0);
+  emu::run_grid("copy_async", shape_of(dim3(1), dim3(32)), [&] {
+    POLYSHARD_SHARED(std::int32_t, tile, [32 * 4 * 3]);
+    const unsigned t = threadIdx.x;
+    std::int32_t* mine = tile + t * 12;
+    for (int i = 0; i < 12; ++i) mine[i] = -1;
+    polyshard::cuda::copy_async<16>(mine, global.data() + t * 4, true);
+    polyshard::cuda::copy_async_commit();
+    polyshard::cuda::copy_async<16>(mine + 4, global.data(), false);
+    polyshard::cuda::copy_async_commit();
+    polyshard::cuda::copy_async<16>(mine + 8, global.data() + 128 + t * 4, true);
+    polyshard::cuda::copy_async_commit();
+    before_wait[t] = mine[0] == -1 && mine[4] == -1 && mine[8] == -1;
+    polyshard::cuda::copy_async_wait<2>();  // the first group only
+    after_first[t] = mine[0] == std::int32_t(1000 + t * 4) && mine[3] == std::int32_t(1003 + t * 4) && mine[4] == -1;
+    polyshard::cuda::copy_async_wait<1>();
+    zero_after_second[t] = mine[4] == 0 && mine[7] == 0 && mine[8] == -1;
+    polyshard::cuda::copy_async_wait<0>();
+    after_all[t] = mine[8] == std::int32_t(1128 + t * 4) && mine[11] == std::int32_t(1131 + t * 4);
+  });
+  // After each thread's wait and a barrier, every thread sees the others' copies.
+  std::vector<std::int32_t> out(32, 0);
+  emu::run_grid("copy_async_shared", shape_of(dim3(1), dim3(32)), [&] {
+    POLYSHARD_SHARED(std::int32_t, cell, [32]);
+    polyshard::cuda::copy_async<4>(cell + threadIdx.x, global.data() + threadIdx.x, true);
+    polyshard::cuda::copy_async_commit();
+    polyshard::cuda::copy_async_wait<0>();
+    __syncthreads();
+    out[threadIdx.x] = cell[31 - threadIdx.x];
+  });
+  for (unsigned t = 0; t < 32; ++t) {
+    INFO("thread " << t);
+    CHECK(before_wait[t] == 1);
+    CHECK(after_first[t] == 1);
+    CHECK(zero_after_second[t] == 1);
+    CHECK(after_all[t] == 1);
+    CHECK(out[t] == std::int32_t(1000 + 31 - t));
   }
 }
 

@@ -37,6 +37,7 @@
 #include <boost/context/fiber.hpp>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <new>
@@ -174,6 +175,15 @@ struct Worker {
   unsigned mask = 0;
   int source = 0;
   std::uint64_t value = 0, result = 0;
+  // cp.async copies this thread started: committed groups, oldest first, and those not yet
+  // committed.
+  struct AsyncCopy {
+    void* dst;
+    const void* src;
+    std::size_t bytes;
+  };
+  std::deque<std::vector<AsyncCopy>> copy_groups;
+  std::vector<AsyncCopy> uncommitted_copies;
 
   Stack stack;
   ctx::fiber fiber;      // this worker, while it is suspended
@@ -326,8 +336,13 @@ void record_fault(Run& run, Worker& w, cudaError_t code, const std::string& what
 void run_thread(Worker& w) {
   Run& run = *current_run;
   w.in_body = true;
+  w.copy_groups.clear();
+  w.uncommitted_copies.clear();
   try {
     (*run.body)();
+    // A thread that ends with copies in flight still has them land, as on a GPU.
+    async_copy_commit();
+    async_copy_wait(0);
   } catch (const ctx::detail::forced_unwind&) {
     // Boost unwinding a fiber it destroys: the pool never destroys one inside the body, but if it
     // did, swallowing this would resume a dead context.
@@ -730,6 +745,27 @@ void poison_static_shared(void* object, std::size_t bytes) {
   if (poisoned == block_serial) return;  // another thread of this block got here first
   poisoned = block_serial;
   std::memset(object, 0xFF, bytes);
+}
+
+void async_copy(void* dst, const void* src, std::size_t bytes) {
+  self("cp.async").uncommitted_copies.push_back({dst, src, bytes});
+}
+
+void async_copy_commit() {
+  Worker& w = self("cp.async.commit_group");
+  w.copy_groups.push_back(std::move(w.uncommitted_copies));
+  w.uncommitted_copies.clear();
+}
+
+void async_copy_wait(int pending) {
+  Worker& w = self("cp.async.wait_group");
+  while (w.copy_groups.size() > static_cast<std::size_t>(pending < 0 ? 0 : pending)) {
+    for (const Worker::AsyncCopy& c : w.copy_groups.front()) {
+      if (c.src != nullptr) std::memcpy(c.dst, c.src, c.bytes);
+      else std::memset(c.dst, 0, c.bytes);
+    }
+    w.copy_groups.pop_front();
+  }
 }
 
 void sync_threads() {

@@ -47,6 +47,18 @@ void poison_static_shared(void* object, std::size_t bytes);
 /// The calling thread's lane in its warp (%laneid): its linear index in the block modulo 32.
 unsigned lane_id();
 
+/// cp.async: the calling thread starts a copy of `bytes` from global memory at `src` (or of
+/// zeros, where src is null) to shared memory at `dst`. It lands when a later
+/// async_copy_wait(n) leaves at most n of the thread's committed groups pending, and not before:
+/// the latest a GPU may, so that a read of dst that no wait covers sees the old bytes here too.
+void async_copy(void* dst, const void* src, std::size_t bytes);
+/// cp.async.commit_group: the copies started since the last commit become one group (possibly
+/// empty).
+void async_copy_commit();
+/// cp.async.wait_group n: lands the calling thread's oldest committed groups until at most n
+/// remain pending.
+void async_copy_wait(int pending);
+
 /// __syncthreads(): waits until every thread of the block has reached it.
 void sync_threads();
 /// __syncwarp(mask).

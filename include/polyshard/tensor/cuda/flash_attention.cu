@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "polyshard/core/cuda/async_copy.cuh"
 #include "polyshard/core/cuda/device_math.cuh"
 #include "polyshard/core/cuda/error.hpp"
 #include "polyshard/core/cuda/mma.cuh"
@@ -27,8 +28,9 @@ namespace flash_detail {
 struct Dims {
   int t = 0, n_head = 0, group = 1;  // sequence length; query heads; query heads per key-value head
   std::int64_t stride = 0, out_stride = 0;
-  float scale = 1.0f;  // 1 / sqrt(head_dim)
-  bool packs = false;  // every row of q, k, v, out and dout starts 16-byte aligned
+  float scale = 1.0f;       // 1 / sqrt(head_dim)
+  float scale_log2 = 1.0f;  // scale * log2(e): scores in base 2, for exp2f
+  bool packs = false;       // every row of q, k, v, out and dout starts 16-byte aligned
 };
 
 }  // namespace flash_detail
@@ -37,13 +39,15 @@ namespace {
 
 using flash_detail::Dims;
 
+constexpr float log2e = 1.4426950408889634f;
+constexpr float ln2 = 0.6931471805599453f;
+
 constexpr int warp_rows = 16;  // a warp's strip of rows: the M of every product
 constexpr int block_rows = 64;  // rows a block owns (queries, or keys for dk and dv): 4 warps
 constexpr int block_threads = block_rows / warp_rows * 32;
-/// Rows of a streamed tile: keys in the forward; keys in the dq kernel and queries in the dk/dv
-/// kernel, where fewer at head dimension 128 keep the registers of the scores, their gradients
-/// and the accumulators within 255.
-constexpr int forward_stream_rows = 64;
+/// Rows of a streamed tile (keys in the forward and dq kernels, queries in the dk/dv kernel):
+/// fewer at head dimension 128 keep the registers of the scores, their gradients and the
+/// accumulators within 255, and two stages of tiles within a block's 48 KiB of shared memory.
 template <int HD>
 constexpr int stream_rows = HD <= 64 ? 64 : 32;
 /// Row lengths in shared memory, padded by 16 bytes: rows a multiple of 128 bytes apart would put
@@ -53,21 +57,45 @@ constexpr int padded = N + 8;
 
 /// Rows [row0, row0 + ROWS) of one head (src: its position 0; `stride` between positions) into
 /// dst, ROWS x HD with rows padded<HD> apart; rows at or past t are zero, so that they add
-/// nothing to any product.
+/// nothing to any product. With 16-byte aligned rows (`packs`) the copies are started
+/// asynchronously and land at the kernel's next copy_async_wait; otherwise they are done at once.
 template <class E, int HD, int ROWS>
-__device__ __forceinline__ void load_tile(E* dst, const E* src, std::int64_t stride, int row0, int t, bool packs) {
+__device__ __forceinline__ void start_tile(E* dst, const E* src, std::int64_t stride, int row0, int t, bool packs) {
   constexpr int P = Pack<E>::size, per_row = HD / P;
-  for (int i = threadIdx.x; i < ROWS * per_row; i += blockDim.x) {
+  for (int i = threadIdx.x; i < ROWS * per_row; i += block_threads) {
     const int r = i / per_row, c = (i % per_row) * P;
-    Pack<E> x;
-    if (row0 + r >= t) {
-      for (E& e : x.v) e = from_float<E>(0.0f);
-    } else if (packs) {
-      x = load_pack(src + std::int64_t(row0 + r) * stride + c);
+    const bool live = row0 + r < t;
+    E* to = dst + r * padded<HD> + c;
+    if (packs) {
+      copy_async<16>(to, live ? src + std::int64_t(row0 + r) * stride + c : src, live);
     } else {
-      for (int j = 0; j < P; ++j) x.v[j] = src[std::int64_t(row0 + r) * stride + c + j];
+      Pack<E> x;
+      for (int j = 0; j < P; ++j) x.v[j] = live ? src[std::int64_t(row0 + r) * stride + c + j] : from_float<E>(0.0f);
+      store_pack(to, x);
     }
-    store_pack(dst + r * padded<HD> + c, x);
+  }
+}
+
+/// Floats [row0, row0 + ROWS) of a per-row statistic (zeros at or past t) into dst, asynchronously.
+template <int ROWS>
+__device__ __forceinline__ void start_rows(float* dst, const float* src, int row0, int t) {
+  for (int i = threadIdx.x; i < ROWS; i += block_threads) copy_async<4>(dst + i, src + (row0 + i < t ? row0 + i : 0), row0 + i < t);
+}
+
+/// The loop every kernel here runs over its streamed tiles, in two stages of shared memory: tile
+/// j + 1's copies run while tile j is used. start(j, stage) starts tile j's copies into a stage;
+/// use(j, stage) reads it once it has landed for the whole block.
+template <class Start, class Use>
+__device__ __forceinline__ void stream_tiles(int tiles, Start&& start, Use&& use) {
+  start(0, 0);
+  copy_async_commit();
+  for (int j = 0; j < tiles; ++j) {
+    if (j + 1 < tiles) start(j + 1, (j + 1) & 1);
+    copy_async_commit();  // an empty group after the last tile keeps the wait below uniform
+    copy_async_wait<1>();  // tile j has landed for this thread ...
+    __syncthreads();       // ... and for every thread
+    use(j, j & 1);
+    __syncthreads();  // every warp is done with tile j's stage before tile j + 2 is started into it
   }
 }
 
@@ -148,37 +176,51 @@ __device__ __forceinline__ float row_max(float x) {
 
 // ---- forward ------------------------------------------------------------------------------------
 
-template <class E, int HD>
-constexpr std::size_t forward_shared_elements = 2 * forward_stream_rows * padded<HD>;  // also holds the queries' tile
+/// Elements of one stage of the forward and dq kernels: a tile of keys and one of values.
+template <int HD>
+constexpr std::size_t key_value_stage = 2 * stream_rows<HD> * padded<HD>;
 
 /// One block per 64 queries of one head; each warp keeps its 16 rows' scores, running maxima and
 /// sums and outputs in registers across the key tiles up to the block's last query (the online
-/// softmax: outputs rescaled as a row's maximum grows).
+/// softmax: outputs rescaled as a row's maximum grows). Scores are kept in base 2 (times log2 e),
+/// so that each probability is one exp2f.
 template <class E, int HD>
 __global__ void __launch_bounds__(block_threads)
     flash_forward_kernel(const E* q, const E* k, const E* v, E* out, float* lse, Dims dims) {
-  constexpr int BK = forward_stream_rows;
-  static_assert(forward_shared_elements<E, HD> * sizeof(E) <= 48 * 1024, "within a block's default shared memory");
-  alignas(128) POLYSHARD_SHARED(E, smem, [forward_shared_elements<E, HD>]);
-  E* ks = smem;                  // BK x HD
-  E* vs = ks + BK * padded<HD>;  // BK x HD
+  constexpr int BK = stream_rows<HD>;
+  constexpr std::size_t stage = key_value_stage<HD>;
+  static_assert(2 * stage * sizeof(E) <= 48 * 1024, "within a block's default shared memory");
+  static_assert(block_rows * padded<HD> <= 2 * stage, "the queries' tile fits in the stages");
+  alignas(128) POLYSHARD_SHARED(E, smem, [2 * stage]);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
-  const int t = dims.t, q0 = blockIdx.x * block_rows, bh = blockIdx.y;
+  // The blocks of a head's last queries, which see the most keys, start first.
+  const int t = dims.t, q0 = (gridDim.x - 1 - blockIdx.x) * block_rows, bh = blockIdx.y;
   const int b = bh / dims.n_head, h = bh % dims.n_head, kvh = h / dims.group;
   const std::int64_t base = std::int64_t(b) * t * dims.stride;
+  const E* k_head = k + base + std::int64_t(kvh) * HD;
+  const E* v_head = v + base + std::int64_t(kvh) * HD;
   MmaA qa[HD / 16];
-  load_tile<E, HD, block_rows>(smem, q + base + std::int64_t(h) * HD, dims.stride, q0, t, dims.packs);
+  start_tile<E, HD, block_rows>(smem, q + base + std::int64_t(h) * HD, dims.stride, q0, t, dims.packs);
+  copy_async_commit();
+  copy_async_wait<0>();
   __syncthreads();
   load_strip<E, HD>(qa, smem + warp * warp_rows * padded<HD>, lane);
+  __syncthreads();
   const int rows[2] = {q0 + warp * warp_rows + g, q0 + warp * warp_rows + g + 8};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's columns only
   MmaC o[HD / 8] = {};
   const int last_query = (q0 + block_rows < t ? q0 + block_rows : t) - 1;
-  for (int k0 = 0; k0 <= last_query; k0 += BK) {
-    __syncthreads();  // the last tile's readers (and the queries' strips) are done
-    load_tile<E, HD, BK>(ks, k + base + std::int64_t(kvh) * HD, dims.stride, k0, t, dims.packs);
-    load_tile<E, HD, BK>(vs, v + base + std::int64_t(kvh) * HD, dims.stride, k0, t, dims.packs);
-    __syncthreads();
+  auto start = [&](int j, int s) {
+    E* ks = smem + s * stage;
+    start_tile<E, HD, BK>(ks, k_head, dims.stride, j * BK, t, dims.packs);
+    start_tile<E, HD, BK>(ks + BK * padded<HD>, v_head, dims.stride, j * BK, t, dims.packs);
+  };
+  auto use = [&](int j, int st) {
+    const E* ks = smem + st * stage;
+    const E* vs = ks + BK * padded<HD>;
+    const int k0 = j * BK;
+    // Only the tiles that reach past the block's first query or past t need the mask.
+    const bool edge = k0 + BK - 1 > q0 || k0 + BK > t;
     MmaC s[BK / 8];
     strip_scores<E, HD, BK>(s, qa, ks, lane);
     float top[2] = {m[0], m[1]};
@@ -186,17 +228,20 @@ __global__ void __launch_bounds__(block_threads)
     for (int n = 0; n < BK / 8; ++n)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int key = k0 + n * 8 + 2 * c + i % 2;
-        const bool live = key <= rows[i / 2] && key < t;
-        s[n].r[i] = live ? s[n].r[i] * dims.scale : -INFINITY;
-        top[i / 2] = fmaxf(top[i / 2], s[n].r[i]);
+        float x = s[n].r[i] * dims.scale_log2;
+        if (edge) {
+          const int key = k0 + n * 8 + 2 * c + i % 2;
+          if (key > rows[i / 2] || key >= t) x = -INFINITY;
+        }
+        s[n].r[i] = x;
+        top[i / 2] = fmaxf(top[i / 2], x);
       }
     float alpha[2], shift[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       top[r] = row_max(top[r]);
       shift[r] = top[r] == -INFINITY ? 0.0f : top[r];  // a row with no key yet: every p is 0
-      alpha[r] = expf(m[r] - shift[r]);                 // 0 while m is -inf (o and l are 0 then)
+      alpha[r] = exp2f(m[r] - shift[r]);                // 0 while m is -inf (o and l are 0 then)
       m[r] = top[r];
       l[r] *= alpha[r];
     }
@@ -204,7 +249,7 @@ __global__ void __launch_bounds__(block_threads)
     for (int n = 0; n < BK / 8; ++n)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        s[n].r[i] = expf(s[n].r[i] - shift[i / 2]);
+        s[n].r[i] = exp2f(s[n].r[i] - shift[i / 2]);
         l[i / 2] += s[n].r[i];
       }
 #pragma unroll
@@ -212,13 +257,14 @@ __global__ void __launch_bounds__(block_threads)
 #pragma unroll
       for (int i = 0; i < 4; ++i) o[n].r[i] *= alpha[i / 2];
     accumulate_product<E, HD, BK>(o, s, vs, lane);
-  }
+  };
+  stream_tiles(last_query / BK + 1, start, use);
   float inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float total = row_sum(l[r]);  // positive for every query < t: key 0 is always seen
     inv[r] = 1.0f / total;
-    if (c == 0 && rows[r] < t) lse[std::int64_t(bh) * t + rows[r]] = m[r] + logf(total);
+    if (c == 0 && rows[r] < t) lse[std::int64_t(bh) * t + rows[r]] = (m[r] + log2f(total)) * ln2;
   }
   write_strip<E, HD>(o, out + std::int64_t(b) * t * dims.out_stride + std::int64_t(h) * HD, dims.out_stride,
                      q0 + warp * warp_rows, t, inv, false, lane);
@@ -242,10 +288,6 @@ __global__ void flash_delta_kernel(const E* out, const E* dout, float* delta, Di
   }
 }
 
-template <class E, int HD>
-constexpr std::size_t dq_shared_elements =
-    std::max<std::size_t>(2 * stream_rows<HD> * padded<HD>, block_rows * padded<HD>);
-
 /// dq for 64 queries of one head: over the key tiles up to the block's last query, each warp
 /// recomputes its rows' scores and the gradients of their probabilities in registers,
 /// ds = p (dp - delta), and adds ds k to dq.
@@ -254,37 +296,45 @@ __global__ void __launch_bounds__(block_threads)
     flash_dq_kernel(const E* q, const E* k, const E* v, const E* dout, const float* lse, const float* delta, E* dq,
                     bool accumulate, Dims dims) {
   constexpr int BK = stream_rows<HD>;
-  static_assert(dq_shared_elements<E, HD> * sizeof(E) <= 48 * 1024, "within a block's default shared memory");
-  alignas(128) POLYSHARD_SHARED(E, smem, [dq_shared_elements<E, HD>]);
-  E* ks = smem;                  // BK x HD, for the scores and ds k
-  E* vs = ks + BK * padded<HD>;  // BK x HD, for the probabilities' gradients
+  constexpr std::size_t stage = key_value_stage<HD>;
+  static_assert(2 * stage * sizeof(E) <= 48 * 1024, "within a block's default shared memory");
+  static_assert(block_rows * padded<HD> <= stage, "a 64-row tile fits in a stage");
+  alignas(128) POLYSHARD_SHARED(E, smem, [2 * stage]);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
-  const int t = dims.t, q0 = blockIdx.x * block_rows, bh = blockIdx.y;
+  const int t = dims.t, q0 = (gridDim.x - 1 - blockIdx.x) * block_rows, bh = blockIdx.y;
   const int b = bh / dims.n_head, h = bh % dims.n_head, kvh = h / dims.group;
   const std::int64_t base = std::int64_t(b) * t * dims.stride;
+  const E* k_head = k + base + std::int64_t(kvh) * HD;
+  const E* v_head = v + base + std::int64_t(kvh) * HD;
   MmaA qa[HD / 16], da[HD / 16];
-  load_tile<E, HD, block_rows>(smem, q + base + std::int64_t(h) * HD, dims.stride, q0, t, dims.packs);
+  start_tile<E, HD, block_rows>(smem, q + base + std::int64_t(h) * HD, dims.stride, q0, t, dims.packs);
+  start_tile<E, HD, block_rows>(smem + stage, dout + std::int64_t(b) * t * dims.out_stride + std::int64_t(h) * HD,
+                                dims.out_stride, q0, t, dims.packs);
+  copy_async_commit();
+  copy_async_wait<0>();
   __syncthreads();
   load_strip<E, HD>(qa, smem + warp * warp_rows * padded<HD>, lane);
+  load_strip<E, HD>(da, smem + stage + warp * warp_rows * padded<HD>, lane);
   __syncthreads();
-  load_tile<E, HD, block_rows>(smem, dout + std::int64_t(b) * t * dims.out_stride + std::int64_t(h) * HD,
-                               dims.out_stride, q0, t, dims.packs);
-  __syncthreads();
-  load_strip<E, HD>(da, smem + warp * warp_rows * padded<HD>, lane);
   const int rows[2] = {q0 + warp * warp_rows + g, q0 + warp * warp_rows + g + 8};
-  float row_lse[2], row_delta[2];
+  float row_lse[2], row_delta[2];  // the log-sum-exp in base 2
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    row_lse[r] = rows[r] < t ? lse[std::int64_t(bh) * t + rows[r]] : 0.0f;
+    row_lse[r] = rows[r] < t ? lse[std::int64_t(bh) * t + rows[r]] * log2e : 0.0f;
     row_delta[r] = rows[r] < t ? delta[std::int64_t(bh) * t + rows[r]] : 0.0f;
   }
   MmaC acc[HD / 8] = {};
   const int last_query = (q0 + block_rows < t ? q0 + block_rows : t) - 1;
-  for (int k0 = 0; k0 <= last_query; k0 += BK) {
-    __syncthreads();
-    load_tile<E, HD, BK>(ks, k + base + std::int64_t(kvh) * HD, dims.stride, k0, t, dims.packs);
-    load_tile<E, HD, BK>(vs, v + base + std::int64_t(kvh) * HD, dims.stride, k0, t, dims.packs);
-    __syncthreads();
+  auto start = [&](int j, int s) {
+    E* ks = smem + s * stage;
+    start_tile<E, HD, BK>(ks, k_head, dims.stride, j * BK, t, dims.packs);
+    start_tile<E, HD, BK>(ks + BK * padded<HD>, v_head, dims.stride, j * BK, t, dims.packs);
+  };
+  auto use = [&](int j, int st) {
+    const E* ks = smem + st * stage;
+    const E* vs = ks + BK * padded<HD>;
+    const int k0 = j * BK;
+    const bool edge = k0 + BK - 1 > q0 || k0 + BK > t || q0 + block_rows > t;
     MmaC s[BK / 8], dp[BK / 8];
     strip_scores<E, HD, BK>(s, qa, ks, lane);
     strip_scores<E, HD, BK>(dp, da, vs, lane);
@@ -292,20 +342,25 @@ __global__ void __launch_bounds__(block_threads)
     for (int n = 0; n < BK / 8; ++n)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int key = k0 + n * 8 + 2 * c + i % 2, row = rows[i / 2];
-        const float p = key <= row && key < t && row < t ? expf(s[n].r[i] * dims.scale - row_lse[i / 2]) : 0.0f;
+        float p = exp2f(s[n].r[i] * dims.scale_log2 - row_lse[i / 2]);
+        if (edge) {
+          const int key = k0 + n * 8 + 2 * c + i % 2, row = rows[i / 2];
+          if (!(key <= row && key < t && row < t)) p = 0.0f;
+        }
         s[n].r[i] = p * (dp[n].r[i] - row_delta[i / 2]);  // ds
       }
     accumulate_product<E, HD, BK>(acc, s, ks, lane);
-  }
+  };
+  stream_tiles(last_query / BK + 1, start, use);
   const float scale[2] = {dims.scale, dims.scale};
   write_strip<E, HD>(acc, dq + base + std::int64_t(h) * HD, dims.stride, q0 + warp * warp_rows, t, scale, accumulate,
                      lane);
 }
 
-template <class E, int HD>
-constexpr std::size_t dkdv_shared_elements =
-    std::max<std::size_t>(2 * stream_rows<HD> * padded<HD> + 4 * stream_rows<HD>, block_rows * padded<HD>);
+/// Elements of one stage of the dk/dv kernel: a tile of queries, one of output gradients, and
+/// their rows' log-sum-exp and delta (floats, two elements each).
+template <int HD>
+constexpr std::size_t query_stage = 2 * stream_rows<HD> * padded<HD> + 4 * stream_rows<HD>;
 
 /// dk and dv for 64 keys of one key-value head: over its group's query heads and the query tiles
 /// from the block's first key on, each warp recomputes its keys' transposed scores and their
@@ -315,55 +370,67 @@ __global__ void __launch_bounds__(block_threads)
     flash_dkdv_kernel(const E* q, const E* k, const E* v, const E* dout, const float* lse, const float* delta, E* dk,
                       E* dv, bool accumulate, Dims dims) {
   constexpr int BQ = stream_rows<HD>;
-  static_assert(dkdv_shared_elements<E, HD> * sizeof(E) <= 48 * 1024, "within a block's default shared memory");
-  alignas(128) POLYSHARD_SHARED(E, smem, [dkdv_shared_elements<E, HD>]);
-  E* qs = smem;                   // BQ x HD, for the transposed scores and ds^T q
-  E* dos = qs + BQ * padded<HD>;  // BQ x HD, for their gradients and p^T dout
-  float* tile_lse = reinterpret_cast<float*>(dos + BQ * padded<HD>);
-  float* tile_delta = tile_lse + BQ;
+  constexpr std::size_t stage = query_stage<HD>;
+  static_assert(2 * stage * sizeof(E) <= 48 * 1024, "within a block's default shared memory");
+  static_assert(block_rows * padded<HD> <= stage, "a 64-row tile fits in a stage");
+  static_assert(stage * sizeof(E) % 16 == 0, "stages start 16-byte aligned");
+  alignas(128) POLYSHARD_SHARED(E, smem, [2 * stage]);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
-  const int t = dims.t, k0 = blockIdx.x * block_rows;
+  const int t = dims.t, k0 = blockIdx.x * block_rows;  // the first keys see the most queries, and start first
   const int n_kv_head = dims.n_head / dims.group;
   const int b = blockIdx.y / n_kv_head, kvh = blockIdx.y % n_kv_head;
   const std::int64_t base = std::int64_t(b) * t * dims.stride, head = std::int64_t(kvh) * HD;
   MmaA ka[HD / 16], va[HD / 16];
-  load_tile<E, HD, block_rows>(smem, k + base + head, dims.stride, k0, t, dims.packs);
+  start_tile<E, HD, block_rows>(smem, k + base + head, dims.stride, k0, t, dims.packs);
+  start_tile<E, HD, block_rows>(smem + stage, v + base + head, dims.stride, k0, t, dims.packs);
+  copy_async_commit();
+  copy_async_wait<0>();
   __syncthreads();
   load_strip<E, HD>(ka, smem + warp * warp_rows * padded<HD>, lane);
+  load_strip<E, HD>(va, smem + stage + warp * warp_rows * padded<HD>, lane);
   __syncthreads();
-  load_tile<E, HD, block_rows>(smem, v + base + head, dims.stride, k0, t, dims.packs);
-  __syncthreads();
-  load_strip<E, HD>(va, smem + warp * warp_rows * padded<HD>, lane);
   const int keys[2] = {k0 + warp * warp_rows + g, k0 + warp * warp_rows + g + 8};  // rows are keys here
   MmaC dk_acc[HD / 8] = {}, dv_acc[HD / 8] = {};
-  for (int gi = 0; gi < dims.group; ++gi) {
-    const int h = kvh * dims.group + gi, bh = b * dims.n_head + h;
-    const E* dout_head = dout + std::int64_t(b) * t * dims.out_stride + std::int64_t(h) * HD;
-    for (int q0 = k0 / BQ * BQ; q0 < t; q0 += BQ) {
-      __syncthreads();
-      load_tile<E, HD, BQ>(qs, q + base + std::int64_t(h) * HD, dims.stride, q0, t, dims.packs);
-      load_tile<E, HD, BQ>(dos, dout_head, dims.out_stride, q0, t, dims.packs);
-      for (int i = threadIdx.x; i < BQ; i += blockDim.x) {
-        tile_lse[i] = q0 + i < t ? lse[std::int64_t(bh) * t + q0 + i] : 0.0f;
-        tile_delta[i] = q0 + i < t ? delta[std::int64_t(bh) * t + q0 + i] : 0.0f;
-      }
-      __syncthreads();
-      MmaC s[BQ / 8], dp[BQ / 8];
-      strip_scores<E, HD, BQ>(s, ka, qs, lane);
-      strip_scores<E, HD, BQ>(dp, va, dos, lane);
+  // Tile j is query tile j % per_head of the group's query head j / per_head.
+  const int first_query = k0 / BQ * BQ, per_head = (t - first_query + BQ - 1) / BQ;
+  auto start = [&](int j, int s) {
+    E* qs = smem + s * stage;
+    E* dos = qs + BQ * padded<HD>;
+    float* tile_lse = reinterpret_cast<float*>(dos + BQ * padded<HD>);
+    const int h = kvh * dims.group + j / per_head, bh = b * dims.n_head + h, q0 = first_query + j % per_head * BQ;
+    start_tile<E, HD, BQ>(qs, q + base + std::int64_t(h) * HD, dims.stride, q0, t, dims.packs);
+    start_tile<E, HD, BQ>(dos, dout + std::int64_t(b) * t * dims.out_stride + std::int64_t(h) * HD, dims.out_stride,
+                          q0, t, dims.packs);
+    start_rows<BQ>(tile_lse, lse + std::int64_t(bh) * t, q0, t);
+    start_rows<BQ>(tile_lse + BQ, delta + std::int64_t(bh) * t, q0, t);
+  };
+  auto use = [&](int j, int st) {
+    const E* qs = smem + st * stage;
+    const E* dos = qs + BQ * padded<HD>;
+    const float* tile_lse = reinterpret_cast<const float*>(dos + BQ * padded<HD>);
+    const float* tile_delta = tile_lse + BQ;
+    const int q0 = first_query + j % per_head * BQ;
+    const bool edge = q0 < k0 + block_rows - 1 || q0 + BQ > t || k0 + block_rows > t;
+    MmaC s[BQ / 8], dp[BQ / 8];
+    strip_scores<E, HD, BQ>(s, ka, qs, lane);
+    strip_scores<E, HD, BQ>(dp, va, dos, lane);
 #pragma unroll
-      for (int n = 0; n < BQ / 8; ++n)
+    for (int n = 0; n < BQ / 8; ++n)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int col = n * 8 + 2 * c + i % 2, query = q0 + col, key = keys[i / 2];
-          const float p = key <= query && query < t && key < t ? expf(s[n].r[i] * dims.scale - tile_lse[col]) : 0.0f;
-          s[n].r[i] = p;
-          dp[n].r[i] = p * (dp[n].r[i] - tile_delta[col]);  // ds^T
+      for (int i = 0; i < 4; ++i) {
+        const int col = n * 8 + 2 * c + i % 2;
+        float p = exp2f(s[n].r[i] * dims.scale_log2 - tile_lse[col] * log2e);
+        if (edge) {
+          const int query = q0 + col, key = keys[i / 2];
+          if (!(key <= query && query < t && key < t)) p = 0.0f;
         }
-      accumulate_product<E, HD, BQ>(dv_acc, s, dos, lane);
-      accumulate_product<E, HD, BQ>(dk_acc, dp, qs, lane);
-    }
-  }
+        s[n].r[i] = p;
+        dp[n].r[i] = p * (dp[n].r[i] - tile_delta[col]);  // ds^T
+      }
+    accumulate_product<E, HD, BQ>(dv_acc, s, dos, lane);
+    accumulate_product<E, HD, BQ>(dk_acc, dp, qs, lane);
+  };
+  if (k0 < t) stream_tiles(dims.group * per_head, start, use);
   const float one[2] = {1.0f, 1.0f}, scale[2] = {dims.scale, dims.scale};
   if (dv) write_strip<E, HD>(dv_acc, dv + base + head, dims.stride, k0 + warp * warp_rows, t, one, accumulate, lane);
   if (dk) write_strip<E, HD>(dk_acc, dk + base + head, dims.stride, k0 + warp * warp_rows, t, scale, accumulate, lane);
@@ -395,6 +462,7 @@ Dims dims_of(const AttentionShape& a, bool packs) {
   d.stride = a.stride;
   d.out_stride = a.out_stride;
   d.scale = static_cast<float>(1.0 / std::sqrt(double(a.head_dim)));
+  d.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(double(a.head_dim)));
   d.packs = packs;
   return d;
 }
