@@ -7,8 +7,9 @@
 # ($ROOT: the absolute path of the repository where it was packed). Steps, most telling first, each
 # under a time limit of its own so that one slow step cannot eat the lease: the fused attention's
 # tests, every GPU test, the attention benchmark against PyTorch's scaled_dot_product_attention,
-# GPT-2 small training (fused attention, materialized attention, vocabulary 50257) against PyTorch
-# eager and torch.compile, then compute-sanitizer (memcheck, initcheck, racecheck) over the fused
+# GPT-2 small training (fused attention, materialized attention, vocabulary 50257) and GPT-2
+# medium against PyTorch eager and torch.compile, a per-kernel time breakdown (Nsight Compute),
+# then compute-sanitizer (memcheck, initcheck, racecheck) over the fused
 # attention's tests. Each step writes a log and JSON; all are packed again into
 # OUT_DIR/results.tar after every step (a run cut short keeps what it finished; the device tool
 # brings back a few files only).
@@ -38,15 +39,26 @@ grep -E "tests passed|Failed|\*\*\*" "$out/gpu-tests.log" | head -20
 
 step 90 attention-bench.log benchmarks/tensor/bench_attention_cuda --json "$out/bench_attention_cuda.json"
 PYTHONUNBUFFERED=1 step 120 attention-torch.log "$python" "$here/pytorch_attention.py" --json "$out/pytorch_attention.json"
-tail -8 "$out/attention-bench.log" "$out/attention-torch.log"
+tail -n 8 "$out/attention-bench.log" "$out/attention-torch.log"
 
 steps=(); [ -n "$quick" ] && steps=(--steps 10)
 step 90 train-fused.log benchmarks/train/bench_train_cuda "${steps[@]}" --json "$out/train_fused.json"
 POLYSHARD_FUSED_ATTENTION=0 step 90 train-materialized.log benchmarks/train/bench_train_cuda "${steps[@]}" --json "$out/train_materialized.json"
 step 90 train-vocab50257.log benchmarks/train/bench_train_cuda "${steps[@]}" --vocab 50257 --json "$out/train_vocab50257.json"
-tail -3 "$out"/train-*.log
-PYTHONUNBUFFERED=1 step 240 train-torch.log "$python" "$here/pytorch_gpt2.py" ${quick:+--steps 10} --json "$out/pytorch_gpt2.json"
-tail -8 "$out/train-torch.log"
+step 120 train-medium.log benchmarks/train/bench_train_cuda "${steps[@]}" --medium --json "$out/train_medium.json"
+for f in "$out"/train-*.log; do tail -n 3 "$f"; done
+peak=$("$python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["peak_tflops"])' "$out/train_fused.json" 2>/dev/null || echo 0)
+PYTHONUNBUFFERED=1 step 240 train-torch.log "$python" "$here/pytorch_gpt2.py" ${quick:+--steps 10} --peak-tflops "$peak" \
+  --json "$out/pytorch_gpt2.json"
+tail -n 4 "$out/train-torch.log"
+PYTHONUNBUFFERED=1 step 240 train-torch-medium.log "$python" "$here/pytorch_gpt2.py" ${quick:+--steps 10} \
+  --layers 24 --width 1024 --heads 16 --peak-tflops "$peak" --json "$out/pytorch_gpt2_medium.json"
+tail -n 4 "$out/train-torch-medium.log"
+
+# Where a step's GPU time goes: every kernel of about two steps of a 2-layer GPT-2 (vocabulary
+# 50304), each timed alone by Nsight Compute, summed per kernel name.
+step 150 ncu-kernels.log ncu --metrics gpu__time_duration.sum --launch-skip 200 --launch-count 150 \
+  --print-summary per-kernel --csv benchmarks/train/bench_train_cuda --quick --json "$out/ncu_train.json"
 
 for tool in memcheck initcheck racecheck; do
   step 120 "sanitizer-$tool.log" compute-sanitizer --tool "$tool" --error-exitcode 3 tests/tensor/test_cuda_transformer "[attention]"

@@ -6,7 +6,9 @@
 // --engine trains the same model through the engine instead (DDP, bf16 compute, fp32 masters,
 // NCCL with one rank): what polyshard-train --device cuda runs, with its unit buffers, casts,
 // reductions and step checks.
-// Usage: bench_train_cuda [--engine] [--batch B] [--seq T] [--layers L] [--vocab V] [--steps S] [--quick] [--json FILE]
+// Usage: bench_train_cuda [--engine] [--batch B] [--seq T] [--layers L] [--width C] [--heads H] [--medium]
+//                         [--vocab V] [--steps S] [--quick] [--json FILE]
+// (--medium: GPT-2 medium, 24 layers 1024 wide with 16 heads.)
 // Prints the peak of the device memory pool beside the step time (what PyTorch reports as
 // torch.cuda.max_memory_allocated).
 #include <algorithm>
@@ -81,7 +83,7 @@ double measured_bf16_peak() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::int64_t batch = 8, seq = 1024, layers = 12, steps = 20, vocab = 50304;
+  std::int64_t batch = 8, seq = 1024, layers = 12, width = 768, heads = 12, steps = 20, vocab = 50304;
   bool through_engine = false;
   std::string json = "bench_train_cuda.json";
   for (int i = 1; i < argc; ++i) {
@@ -90,6 +92,9 @@ int main(int argc, char** argv) {
     if (s == "--batch") batch = next();
     else if (s == "--seq") seq = next();
     else if (s == "--layers") layers = next();
+    else if (s == "--width") width = next();
+    else if (s == "--heads") heads = next();
+    else if (s == "--medium") layers = 24, width = 1024, heads = 16;  // GPT-2 medium (350M)
     else if (s == "--vocab") vocab = next();
     else if (s == "--steps") steps = next();
     else if (s == "--quick") steps = 6, layers = 2;
@@ -107,7 +112,7 @@ int main(int argc, char** argv) {
     return 1;
   }
 #endif
-  const GptConfig config{.vocab_size = vocab, .block_size = seq, .n_layer = layers, .n_head = 12, .n_embd = 768};
+  const GptConfig config{.vocab_size = vocab, .block_size = seq, .n_layer = layers, .n_head = heads, .n_embd = width};
   const AdamWConfig adamw{.lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
 
   std::mt19937 rng(1);
@@ -168,21 +173,21 @@ int main(int argc, char** argv) {
   const double peak_gib = double(peak_bytes) / double(1 << 30);
   const float first_loss = timing.first_loss, last_loss = timing.last_loss;
   const double tokens_per_s = double(batch * seq) / (ms * 1e-3);
-  const double flops_per_token = 6 * params + 6.0 * double(layers) * 768.0 * double(seq);
+  const double flops_per_token = 6 * params + 6.0 * double(layers) * double(width) * double(seq);
   const double peak = measured_bf16_peak();
   const double mfu = tokens_per_s * flops_per_token / (peak * 1e12);
 
   const char* run = through_engine ? "polyshard engine (DDP, NCCL x1)" : "polyshard";
-  std::printf("GPT-2 (%lld layers, 768 wide, vocab %lld), batch %lld x %lld tokens, bf16 compute, fp32 master, fused "
-              "AdamW on %s\n",
-              (long long)layers, (long long)vocab, (long long)batch, (long long)seq, cuda::device_description(0).c_str());
+  std::printf("GPT-2 (%lld layers, %lld wide, %lld heads, vocab %lld), batch %lld x %lld tokens, bf16 compute, fp32 "
+              "master, fused AdamW on %s\n",
+              (long long)layers, (long long)width, (long long)heads, (long long)vocab, (long long)batch, (long long)seq, cuda::device_description(0).c_str());
   std::printf("| run | step ms | tokens/s | MFU | peak device memory GiB | loss first -> last |\n|---|---|---|---|---|---|\n");
   std::printf("| %s | %.1f | %.0f | %.1f%% | %.2f | %.3f -> %.3f |\n", run, ms, tokens_per_s, 100 * mfu, peak_gib, first_loss,
               last_loss);
   std::printf("measured bf16 matmul peak %.0f TFLOP/s; %.0f parameters\n", peak, params);
   std::ofstream out(json);
   out << "{\"benchmark\": \"train_cuda\", \"run\": \"" << run << "\", \"params\": " << params << ", \"batch\": " << batch << ", \"seq\": " << seq
-      << ", \"layers\": " << layers << ", \"step_ms\": " << ms << ", \"tokens_per_s\": " << tokens_per_s
+      << ", \"layers\": " << layers << ", \"width\": " << width << ", \"heads\": " << heads << ", \"step_ms\": " << ms << ", \"tokens_per_s\": " << tokens_per_s
       << ", \"mfu\": " << mfu << ", \"vocab\": " << vocab << ", \"peak_device_gib\": " << peak_gib << ", \"peak_tflops\": " << peak << ", \"first_loss\": " << first_loss
       << ", \"last_loss\": " << last_loss << "}\n";
   return 0;

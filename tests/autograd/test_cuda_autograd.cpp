@@ -142,3 +142,48 @@ TEST_CASE("Llama's blocks (RMSNorm, rotary grouped-query attention, SwiGLU) on t
   check_grad("w2 (down)", device.w2, host.w2);
   check_grad("w3 (up)", device.w3, host.w3);
 }
+
+TEST_CASE("linear_cross_entropy on the GPU matches the head and loss as two ops on the host", "[cuda][autograd]") {
+  // Vocabularies off the padding's multiple of 64 (61 pads to 64, 130 to 192); the weight is also
+  // the embedding's, so its head gradient adds to the embedding's; a seed other than 1 reaches the
+  // logits' gradient through the device scalar alone.
+  const int c = 32;
+  for (const int v : {61, 130}) {
+    INFO("vocabulary " << v);
+    const auto ids = random_ids(Shape{2, 9}, v, 21), targets = random_ids(Shape{2, 9}, v, 22);
+    const auto w_host = test::random_floats(Shape{v, c}, 23, 0.5), s_host = test::random_floats(Shape{c}, 24, 1.0);
+    const auto b_host = test::random_floats(Shape{c}, 25, 0.1);
+    Var<float, Cpu> w(w_host.clone(), true), s(s_host.clone(), true), b(b_host.clone(), true);
+    Var<float, Cuda> dw(to_device(w_host), true), ds(to_device(s_host), true), db(to_device(b_host), true);
+    const auto host_loss = linear_cross_entropy(layer_norm(embedding(ids, w), s, b), w, targets);
+    const auto device_loss =
+        linear_cross_entropy(layer_norm(embedding(to_device(ids), dw), ds, db), dw, to_device(targets));
+    CHECK(detail::scalar_value(device_loss.value()) == Approx(detail::scalar_value(host_loss.value())).epsilon(1e-6));
+    backward(host_loss, 3.0);
+    backward(device_loss, 3.0);
+    check_grad("weight (embedding and head)", dw, w);
+    check_grad("layer norm weight before the head", ds, s);
+    check_grad("layer norm bias before the head", db, b);
+  }
+}
+
+TEST_CASE("linear_cross_entropy on the GPU takes a seed past fp16's range through the root's factor",
+          "[cuda][autograd]") {
+  // backward(loss, 2^17) on a half graph: the root holds 1 and the seed rides as its grad_factor,
+  // which the op folds into the logits' gradient; the result is 2^17 times the seed-1 gradient.
+  const int v = 61, c = 16;
+  const auto ids = random_ids(Shape{3, 5}, v, 31), targets = random_ids(Shape{3, 5}, v, 32);
+  const auto w_host = test::random_floats(Shape{v, c}, 33, 0.5);
+  const auto w_half = cast<half>(to_device(w_host));
+  const auto gradient = [&](double seed) {
+    Var<half, Cuda> w(w_half.clone(), true);
+    backward(linear_cross_entropy(embedding(to_device(ids), w), w, to_device(targets)), seed);
+    return to_host(cast<float>(w.grad()));
+  };
+  const auto once = gradient(1.0), scaled = gradient(131072.0);
+  std::vector<float> want(once.span().begin(), once.span().end());
+  for (float& x : want) x *= 131072.0f;
+  const double err = test::relative_error(std::span<const float>(scaled.span()), std::span<const float>(want));
+  INFO("relative error " << err);
+  CHECK(err <= 2e-3);  // each gradient rounded to half once, at its own scale
+}

@@ -60,20 +60,14 @@ struct Gpt {
 
   /// ids: (B, T) token ids, T <= block_size -> logits (B, T, vocab_size).
   Var<T, D> logits(const Tensor<std::int32_t, D>& ids) const {
-    Var<T, D> x = embed(ids, 0);  // (B, T, C)
-    for (const Block<T, D>& block : transformer.h) {
-      if (checkpoint_blocks)
-        x = checkpoint([&block](const Var<T, D>& in) { return call(block, in); }, x);
-      else
-        x = call(block, x);
-    }
-    x = call(transformer.ln_f, x);
-    return linear(x, transformer.wte.weight.var());  // (B, T, V): the head shares wte
+    return linear(hidden(ids), transformer.wte.weight.var());  // (B, T, V): the head shares wte
   }
 
-  /// Mean cross-entropy of predicting `targets` (B, T) from `ids` (B, T).
+  /// Mean cross-entropy of predicting `targets` (B, T) from `ids` (B, T): the head and the loss
+  /// in one op (linear_cross_entropy), which on a GPU pads the logits' rows and keeps the loss on
+  /// the device.
   Var<T, D> loss(const Tensor<std::int32_t, D>& ids, const Tensor<std::int32_t, D>& targets) const {
-    return cross_entropy(logits(ids), targets);
+    return linear_cross_entropy(hidden(ids), transformer.wte.weight.var(), targets);
   }
 
   /// An empty key-value cache for `batch` sequences of up to block_size positions.
@@ -110,6 +104,18 @@ struct Gpt {
   }
 
  private:
+  /// The final layer norm's output (B, T, C) for ids (B, T): what the head reads.
+  Var<T, D> hidden(const Tensor<std::int32_t, D>& ids) const {
+    Var<T, D> x = embed(ids, 0);  // (B, T, C)
+    for (const Block<T, D>& block : transformer.h) {
+      if (checkpoint_blocks)
+        x = checkpoint([&block](const Var<T, D>& in) { return call(block, in); }, x);
+      else
+        x = call(block, x);
+    }
+    return call(transformer.ln_f, x);
+  }
+
   /// Token plus position embeddings of ids (B, T) at positions past to past + T - 1.
   Var<T, D> embed(const Tensor<std::int32_t, D>& ids, std::int64_t past) const {
     POLYSHARD_CHECK(ids.rank() == 2, "Gpt: token ids must have shape (B, T), got ", ids.shape());
@@ -120,11 +126,32 @@ struct Gpt {
     else
       POLYSHARD_CHECK(past + steps <= config.block_size, "Gpt: ", past, " cached and ", steps,
                       " new positions exceed the model's ", config.block_size, " positions");
-    auto positions = Tensor<std::int32_t>::empty({batch, steps});  // (B, T), on the host
-    for (std::int64_t b = 0; b < batch; ++b)
-      for (std::int64_t t = 0; t < steps; ++t) positions.data()[b * steps + t] = static_cast<std::int32_t>(past + t);
-    return add(transformer.wte(ids), transformer.wpe(on_device<D>(positions)));
+    return add(transformer.wte(ids), transformer.wpe(positions(batch, steps, past)));
   }
+
+  /// Positions past .. past + T - 1 of B sequences (B, T), made on the host. On a device they are
+  /// kept for the next call of the same shape: a copy to the device is waited for, and a training
+  /// step should wait for nothing.
+  Tensor<std::int32_t, D> positions(std::int64_t batch, std::int64_t steps, std::int64_t past) const {
+    if constexpr (!std::same_as<D, Cpu>) {
+      if (device_positions_.defined() && device_positions_.shape() == Shape{batch, steps} &&
+          device_positions_past_ == past)
+        return device_positions_;
+    }
+    auto host = Tensor<std::int32_t>::empty({batch, steps});  // (B, T)
+    for (std::int64_t b = 0; b < batch; ++b)
+      for (std::int64_t t = 0; t < steps; ++t) host.data()[b * steps + t] = static_cast<std::int32_t>(past + t);
+    if constexpr (std::same_as<D, Cpu>) {
+      return host;
+    } else {
+      device_positions_ = on_device<D>(host, MemoryCategory::Other);
+      device_positions_past_ = past;
+      return device_positions_;
+    }
+  }
+
+  mutable Tensor<std::int32_t, D> device_positions_;  // the last positions made on a device
+  mutable std::int64_t device_positions_past_ = -1;
 };
 
 }  // namespace polyshard

@@ -3,6 +3,7 @@
 
 #include "polyshard/core/precompiled.hpp"
 #include "polyshard/autograd/ops/grad_out.hpp"
+#include "polyshard/autograd/ops/linear.hpp"
 #include "polyshard/tensor/ops/cross_entropy.hpp"
 #include "polyshard/tensor/ops/reduce.hpp"
 
@@ -28,6 +29,47 @@ Var<T, D> cross_entropy(const Var<T, D>& logits, const Tensor<std::int32_t, D>& 
         const auto dlosses = Tensor<S, D>::full(lse.shape(), S(detail::scalar_grad(self) / double(n)));  // (...)
         cross_entropy_backward(self.inputs[0]->value, targets, lse, dlosses, detail::grad_out(self, 0));
       }));
+}
+
+/// cross_entropy(linear(x, weight), targets): a language model's head and its mean loss.
+/// x: (..., C); weight: (V, C); targets: (...) in [0, V). On the host, the two ops. On a GPU, one
+/// op with nothing waited for on the host:
+/// - the logits go to a buffer whose rows are padded_vocab(V) long, so that the products run on
+///   aligned rows whatever V is (the padding is never read: it is excluded from the softmax, the
+///   loss and the gradients);
+/// - the mean loss is computed and kept on the device (read it with item() when needed);
+/// - the backward pass turns the buffer into the logits' gradient in place, reading the loss's
+///   gradient on the device, so no second logits-sized buffer is made.
+template <FloatElement T, Device D>
+Var<T, D> linear_cross_entropy(const Var<T, D>& x, const Var<T, D>& weight, const Tensor<std::int32_t, D>& targets) {
+  if constexpr (std::same_as<D, Cpu>) {
+    return cross_entropy(linear(x, weight), targets);
+  } else {
+    const Shape& xs = x.shape();
+    const Shape& ws = weight.shape();
+    POLYSHARD_CHECK(ws.rank() == 2 && xs.rank() >= 1 && xs.back() == ws[1], "linear_cross_entropy: input of shape ",
+                    xs, " does not fit head weight of shape ", ws);
+    const Shape rows_shape = detail::row_shape(xs);
+    POLYSHARD_CHECK(targets.shape() == rows_shape, "linear_cross_entropy: targets of shape ", targets.shape(),
+                    " do not fit input of shape ", xs, " (expected ", rows_shape, ")");
+    const std::int64_t rows = rows_shape.numel();
+    POLYSHARD_CHECK(rows > 0, "linear_cross_entropy: no positions in input of shape ", xs);
+    const Tensor<T, D> x2 = x.value().contiguous().reshape({rows, ws[1]});
+    const Tensor<std::int32_t, D> t2 = targets.contiguous().reshape({rows});
+    auto logits = Tensor<T, D>::empty({rows, padded_vocab(ws[0])}, MemoryCategory::Activations);
+    auto lse = Tensor<float, D>::empty({rows}, MemoryCategory::Activations);
+    Tensor<T, D> y = Tensor<T, D>::empty(Shape{});
+    linear_cross_entropy_forward(x2, weight.value(), t2, logits, lse, y);
+    // A sweep runs each node's backward once and then releases it (backward.hpp), so the buffer
+    // can become the gradient in place.
+    return detail::reads_scalar_grad(make_result(
+        std::move(y), "linear_cross_entropy", {x, weight}, [x2, t2, logits, lse](Node<T, D>& self) {
+          GradOut<T, D> dx = detail::grad_out(self, 0);
+          if (dx.wanted()) dx.tensor = dx.tensor.reshape(x2.shape());
+          linear_cross_entropy_backward(x2, self.inputs[1]->value, t2, logits, lse, self.grad, self.grad_factor, dx,
+                                        detail::grad_out(self, 1));
+        }));
+  }
 }
 
 /// The float and double host instances compiled once in a precompiled library (core/precompiled.hpp).

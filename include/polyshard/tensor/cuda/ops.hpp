@@ -354,6 +354,75 @@ void cross_entropy_backward(const Tensor<T, Cuda>& logits, const Tensor<std::int
                                detail::cuda_ops::device_grad(dlogits), rows.numel(), logits.size(-1),
                                cuda::current_stream());
 }
+/// The head of a language model and its loss: logits = x weight^T into `logits`, whose rows are
+/// padded_vocab(V) long (the columns past V are never read or written), then each row's loss and
+/// log-sum-exp, and their mean into `loss`, a scalar left on the device. x: (R, C); weight:
+/// (V, C); targets: (R,); logits: (R, padded_vocab(V)); lse: (R,) float.
+template <CudaFloatElement T>
+void linear_cross_entropy_forward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& weight,
+                                  const Tensor<std::int32_t, Cuda>& targets, const Tensor<T, Cuda>& logits,
+                                  const Tensor<float, Cuda>& lse, const Tensor<T, Cuda>& loss) {
+  const char* op = "linear_cross_entropy";
+  using detail::cuda_ops::input;
+  POLYSHARD_CHECK(x.rank() == 2 && weight.rank() == 2 && x.size(1) == weight.size(1) && weight.size(0) > 0, op,
+                  ": input of shape ", x.shape(), " does not fit a head weight of shape ", weight.shape());
+  const std::int64_t rows = x.size(0), v = weight.size(0), ld = padded_vocab(v);
+  POLYSHARD_CHECK(rows > 0, op, ": no positions in input of shape ", x.shape());
+  check_same_shape("linear_cross_entropy targets", targets.shape(), Shape{rows});
+  detail::check_output(op, "logits", logits, Shape{rows, ld});
+  detail::check_output(op, "lse", lse, Shape{rows});
+  detail::check_output(op, "loss", loss, Shape{});
+  const cudaStream_t stream = cuda::current_stream();
+  cuda::MatmulArgs<T> p;  // (R, V) = x (R, C) times weight^T, weight stored (V, C)
+  p.m = rows, p.n = v, p.k = x.size(1);
+  p.a = input(op, "x", x);
+  p.b = input(op, "weight", weight), p.trans_b = true;
+  p.c = logits.data(), p.ldc = ld;
+  cuda::matmul(p, stream);
+  auto losses = Tensor<float, Cuda>::empty(Shape{rows}, MemoryCategory::Activations);
+  cuda::cross_entropy_rows_forward(logits.data(), ld, input(op, "targets", targets), losses.data(), lse.data(), rows,
+                                   v, stream);
+  cuda::mean_of_losses(losses.data(), rows, loss.data(), stream);
+}
+
+/// The gradients of linear_cross_entropy_forward's mean loss, times dloss (a scalar on the
+/// device, read there) and dloss_factor: the logits buffer becomes their gradient in place, then
+/// dx = dlogits weight and dweight = dlogits^T x (written or added to).
+template <CudaFloatElement T>
+void linear_cross_entropy_backward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& weight,
+                                   const Tensor<std::int32_t, Cuda>& targets, const Tensor<T, Cuda>& logits,
+                                   const Tensor<float, Cuda>& lse, const Tensor<T, Cuda>& dloss, double dloss_factor,
+                                   const GradOut<T, Cuda>& dx, const GradOut<T, Cuda>& dweight) {
+  const char* op = "linear_cross_entropy backward";
+  using detail::cuda_ops::input;
+  const std::int64_t rows = x.size(0), c = x.size(1), v = weight.size(0), ld = padded_vocab(v);
+  detail::check_output(op, "logits", logits, Shape{rows, ld});
+  check_same_shape("linear_cross_entropy backward lse", lse.shape(), Shape{rows});
+  check_same_shape("linear_cross_entropy backward dloss", dloss.shape(), Shape{});
+  const cudaStream_t stream = cuda::current_stream();
+  cuda::cross_entropy_rows_backward(logits.data(), ld, input(op, "targets", targets), input(op, "lse", lse), nullptr,
+                                    static_cast<float>(dloss_factor / double(rows)), input(op, "dloss", dloss),
+                                    cuda::DeviceGradOut<T>{logits.data(), false}, rows, v, stream);
+  if (dx.wanted()) {
+    detail::check_output(op, "dx", dx.tensor, x.shape());
+    cuda::MatmulArgs<T> p;  // (R, C) = dlogits (R, V) times weight (V, C)
+    p.m = rows, p.n = c, p.k = v;
+    p.a = logits.data(), p.lda = ld;
+    p.b = input(op, "weight", weight);
+    p.c = dx.tensor.data(), p.beta = dx.accumulate ? 1.0f : 0.0f;
+    cuda::matmul(p, stream);
+  }
+  if (dweight.wanted()) {
+    detail::check_output(op, "dweight", dweight.tensor, weight.shape());
+    cuda::MatmulArgs<T> p;  // (V, C) = dlogits^T, stored (R, V), times x (R, C)
+    p.m = v, p.n = c, p.k = rows;
+    p.a = logits.data(), p.lda = ld, p.trans_a = true;
+    p.b = input(op, "x", x);
+    p.c = dweight.tensor.data(), p.beta = dweight.accumulate ? 1.0f : 0.0f;
+    cuda::matmul(p, stream);
+  }
+}
+
 /// The loss and its gradient in one pass over the logits, for a mean loss over every row:
 /// losses[i] as cross_entropy_forward; dlogits[i, :] (+)= dloss_scale (softmax - onehot), which
 /// may be the logits tensor itself (the logits are not needed after the loss).

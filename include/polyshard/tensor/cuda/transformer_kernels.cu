@@ -965,17 +965,18 @@ __device__ __forceinline__ void ce_backward_row(const D* lr, D* dr, int v, int t
 /// element is read and written by one thread after it).
 template <class D, bool Grad, bool Acc>
 __global__ void __launch_bounds__(wide_row_threads)
-    cross_entropy_forward_kernel(const D* logits, const int* targets, float* losses, float* lse_out,
-                                 const float* dlosses, float dloss_scale, D* dlogits, std::int64_t rows, int v) {
+    cross_entropy_forward_kernel(const D* logits, std::int64_t ld, const int* targets, float* losses, float* lse_out,
+                                 const float* dlosses, float dloss_scale, const D* dloss, D* dlogits, std::int64_t rows,
+                                 int v) {
   constexpr int P = Pack<D>::size;
   POLYSHARD_SHARED(float, red, [32]);
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const D* lr = logits + r * v;  // (V,)
+    const D* lr = logits + r * ld;  // (V,)
     const int target = targets[r];
     const bool valid = target >= 0 && target < v;
     const float x_target = threadIdx.x == 0 && valid ? to_float(lr[target]) : 0.f;
     int head = pack_head<D>(lr);
-    if constexpr (Grad) head = co_aligned(lr, dlogits + r * v) ? head : -1;
+    if constexpr (Grad) head = co_aligned(lr, dlogits + r * ld) ? head : -1;
     float m = -INFINITY, s = 0.f;
     row_loop<D>(
         v, head, threadIdx.x, blockDim.x, [&](int i) { online_add(m, s, to_float(lr[i])); },
@@ -992,32 +993,44 @@ __global__ void __launch_bounds__(wide_row_threads)
       if (lse_out != nullptr) lse_out[r] = lse;
     }
     if constexpr (Grad) {
-      const float g = dlosses != nullptr ? dloss_scale * dlosses[r] : dloss_scale;
-      ce_backward_row<D, Acc>(lr, dlogits + r * v, v, valid ? target : -1, lse, g, head);
+      const float g = (dlosses != nullptr ? dloss_scale * dlosses[r] : dloss_scale) * (dloss ? to_float(*dloss) : 1.f);
+      ce_backward_row<D, Acc>(lr, dlogits + r * ld, v, valid ? target : -1, lse, g, head);
     }
   }
 }
 
 template <class D, bool Acc>
 __global__ void __launch_bounds__(wide_row_threads)
-    cross_entropy_backward_kernel(const D* logits, const int* targets, const float* lse, const float* dlosses,
-                                  float dloss_scale, D* dlogits, std::int64_t rows, int v) {
+    cross_entropy_backward_kernel(const D* logits, std::int64_t ld, const int* targets, const float* lse,
+                                  const float* dlosses, float dloss_scale, const D* dloss, D* dlogits,
+                                  std::int64_t rows, int v) {
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const D* lr = logits + r * v;  // (V,)
-    D* dr = dlogits + r * v;       // (V,)
+    const D* lr = logits + r * ld;  // (V,)
+    D* dr = dlogits + r * ld;       // (V,)
     const int target = targets[r];
     const int head = co_aligned(lr, dr) ? pack_head<D>(lr) : -1;
-    const float g = dlosses != nullptr ? dloss_scale * dlosses[r] : dloss_scale;
+    const float g = (dlosses != nullptr ? dloss_scale * dlosses[r] : dloss_scale) * (dloss ? to_float(*dloss) : 1.f);
     ce_backward_row<D, Acc>(lr, dr, v, target >= 0 && target < v ? target : -1, lse[r], g, head);
   }
 }
 
+/// out[0] = the mean of x[0, n), summed in double in a fixed order (one block), rounded to D.
+template <class D>
+__global__ void __launch_bounds__(1024) mean_of_floats_kernel(const float* x, std::int64_t n, D* out) {
+  POLYSHARD_SHARED(double, red, [32]);
+  double s = 0.0;
+  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
+  s = block_sum(s, red);
+  if (threadIdx.x == 0) *out = from_float<D>(static_cast<float>(s / double(n)));
+}
+
 template <class T>
-void launch_cross_entropy(const char* op, const T* logits, const std::int32_t* targets, float* losses, float* lse,
-                          const float* dlosses, float dloss_scale, DeviceGradOut<T> dlogits, std::int64_t rows,
-                          std::int64_t v, cudaStream_t stream) {
+void launch_cross_entropy(const char* op, const T* logits, std::int64_t ld, const std::int32_t* targets, float* losses,
+                          float* lse, const float* dlosses, float dloss_scale, DeviceGradOut<T> dlogits,
+                          std::int64_t rows, std::int64_t v, cudaStream_t stream) {
   using D = device_t<T>;
   check_rows(op, rows, v);
+  POLYSHARD_CHECK(ld >= v, op, ": rows ", ld, " elements apart are shorter than their ", v, " logits");
   if (rows == 0) return;
   check_pointer(op, "logits", logits);
   check_pointer(op, "targets", targets);
@@ -1026,14 +1039,15 @@ void launch_cross_entropy(const char* op, const T* logits, const std::int32_t* t
   const int threads = row_threads(v);
   const D* l = device_ptr(logits);
   if (!dlogits.wanted()) {
-    launch<cross_entropy_forward_kernel<D, false, false>>(grid, threads, 0, stream, l, targets, losses, lse, dlosses,
-                                                          dloss_scale, nullptr, rows, int(v));
+    launch<cross_entropy_forward_kernel<D, false, false>>(grid, threads, 0, stream, l, ld, targets, losses, lse,
+                                                          dlosses, dloss_scale, nullptr, nullptr, rows, int(v));
   } else if (dlogits.accumulate) {
-    launch<cross_entropy_forward_kernel<D, true, true>>(grid, threads, 0, stream, l, targets, losses, lse, dlosses,
-                                                        dloss_scale, device_ptr(dlogits.data), rows, int(v));
+    launch<cross_entropy_forward_kernel<D, true, true>>(grid, threads, 0, stream, l, ld, targets, losses, lse, dlosses,
+                                                        dloss_scale, nullptr, device_ptr(dlogits.data), rows, int(v));
   } else {
-    launch<cross_entropy_forward_kernel<D, true, false>>(grid, threads, 0, stream, l, targets, losses, lse, dlosses,
-                                                         dloss_scale, device_ptr(dlogits.data), rows, int(v));
+    launch<cross_entropy_forward_kernel<D, true, false>>(grid, threads, 0, stream, l, ld, targets, losses, lse,
+                                                         dlosses, dloss_scale, nullptr, device_ptr(dlogits.data), rows,
+                                                         int(v));
   }
   POLYSHARD_CUDA_CHECK_LAUNCH(op);
 }
@@ -1516,33 +1530,59 @@ void attention_unpermute_backward(const T* dout, T* dy, std::int64_t b, std::int
 template <class T>
 void cross_entropy_forward(const T* logits, const std::int32_t* targets, float* losses, float* lse,
                            std::int64_t rows, std::int64_t v, cudaStream_t stream) {
-  launch_cross_entropy<T>("cross_entropy", logits, targets, losses, lse, nullptr, 1.f, {}, rows, v, stream);
+  launch_cross_entropy<T>("cross_entropy", logits, v, targets, losses, lse, nullptr, 1.f, {}, rows, v, stream);
+}
+
+template <class T>
+void cross_entropy_rows_forward(const T* logits, std::int64_t ld, const std::int32_t* targets, float* losses,
+                                float* lse, std::int64_t rows, std::int64_t v, cudaStream_t stream) {
+  launch_cross_entropy<T>("cross_entropy", logits, ld, targets, losses, lse, nullptr, 1.f, {}, rows, v, stream);
+}
+
+template <class T>
+void mean_of_losses(const float* losses, std::int64_t n, T* out, cudaStream_t stream) {
+  const char* op = "mean of losses";
+  POLYSHARD_CHECK(n >= 1, op, ": no losses to average");
+  check_pointer(op, "losses", losses);
+  check_pointer(op, "out", out);
+  launch<mean_of_floats_kernel<device_t<T>>>(1, 1024, 0, stream, losses, n, device_ptr(out));
+  POLYSHARD_CUDA_CHECK_LAUNCH(op);
 }
 
 template <class T>
 void cross_entropy_fused(const T* logits, const std::int32_t* targets, float* losses, float* lse,
                          const float* dlosses, float dloss_scale, DeviceGradOut<T> dlogits, std::int64_t rows,
                          std::int64_t v, cudaStream_t stream) {
-  launch_cross_entropy<T>("cross_entropy fused", logits, targets, losses, lse, dlosses, dloss_scale, dlogits, rows, v,
-                          stream);
+  launch_cross_entropy<T>("cross_entropy fused", logits, v, targets, losses, lse, dlosses, dloss_scale, dlogits, rows,
+                          v, stream);
 }
 
 template <class T>
 void cross_entropy_backward(const T* logits, const std::int32_t* targets, const float* lse, const float* dlosses,
                             float dloss_scale, DeviceGradOut<T> dlogits, std::int64_t rows, std::int64_t v,
                             cudaStream_t stream) {
+  cross_entropy_rows_backward<T>(logits, v, targets, lse, dlosses, dloss_scale, nullptr, dlogits, rows, v, stream);
+}
+
+template <class T>
+void cross_entropy_rows_backward(const T* logits, std::int64_t ld, const std::int32_t* targets, const float* lse,
+                                 const float* dlosses, float dloss_scale, const T* dloss, DeviceGradOut<T> dlogits,
+                                 std::int64_t rows, std::int64_t v, cudaStream_t stream) {
   using D = device_t<T>;
   const char* op = "cross_entropy backward";
   check_rows(op, rows, v);
+  POLYSHARD_CHECK(ld >= v, op, ": rows ", ld, " elements apart are shorter than their ", v, " logits");
   if (rows == 0 || !dlogits.wanted()) return;
   check_pointer(op, "lse", lse);
   const unsigned grid = grid_for(static_cast<std::size_t>(rows), 1);
   if (dlogits.accumulate)
-    launch<cross_entropy_backward_kernel<D, true>>(grid, row_threads(v), 0, stream, device_ptr(logits), targets, lse,
-                                                   dlosses, dloss_scale, device_ptr(dlogits.data), rows, int(v));
+    launch<cross_entropy_backward_kernel<D, true>>(grid, row_threads(v), 0, stream, device_ptr(logits), ld, targets,
+                                                   lse, dlosses, dloss_scale, device_ptr(dloss),
+                                                   device_ptr(dlogits.data), rows, int(v));
   else
-    launch<cross_entropy_backward_kernel<D, false>>(grid, row_threads(v), 0, stream, device_ptr(logits), targets, lse,
-                                                    dlosses, dloss_scale, device_ptr(dlogits.data), rows, int(v));
+    launch<cross_entropy_backward_kernel<D, false>>(grid, row_threads(v), 0, stream, device_ptr(logits), ld, targets,
+                                                    lse, dlosses, dloss_scale, device_ptr(dloss),
+                                                    device_ptr(dlogits.data), rows, int(v));
   POLYSHARD_CUDA_CHECK_LAUNCH(op);
 }
 
@@ -1612,6 +1652,12 @@ void column_sum(const T* x, DeviceGradOut<T> out, std::int64_t rows, std::int64_
                                           DeviceGradOut<T>, std::int64_t, std::int64_t, cudaStream_t);                \
   template void cross_entropy_fused<T>(const T*, const std::int32_t*, float*, float*, const float*, float,            \
                                        DeviceGradOut<T>, std::int64_t, std::int64_t, cudaStream_t);                   \
+  template void cross_entropy_rows_forward<T>(const T*, std::int64_t, const std::int32_t*, float*, float*,          \
+                                              std::int64_t, std::int64_t, cudaStream_t);                              \
+  template void cross_entropy_rows_backward<T>(const T*, std::int64_t, const std::int32_t*, const float*,             \
+                                               const float*, float, const T*, DeviceGradOut<T>, std::int64_t,         \
+                                               std::int64_t, cudaStream_t);                                           \
+  template void mean_of_losses<T>(const float*, std::int64_t, T*, cudaStream_t);                                      \
   template void column_sum<T>(const T*, DeviceGradOut<T>, std::int64_t, std::int64_t, float*, std::size_t,            \
                               cudaStream_t);
 

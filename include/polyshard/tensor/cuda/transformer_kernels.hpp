@@ -271,6 +271,27 @@ void cross_entropy_fused(const T* logits, const std::int32_t* targets, float* lo
                          const float* dlosses, float dloss_scale, DeviceGradOut<T> dlogits, std::int64_t rows,
                          std::int64_t v, cudaStream_t stream);
 
+/// cross_entropy_forward over rows `ld` elements apart (ld >= v): the head's logits in a buffer
+/// whose rows are padded to an aligned length; the columns past v are not read.
+// logits: (rows, ld); targets: (rows,) int32; losses, lse: (rows,) float
+template <class T>
+void cross_entropy_rows_forward(const T* logits, std::int64_t ld, const std::int32_t* targets, float* losses,
+                                float* lse, std::int64_t rows, std::int64_t v, cudaStream_t stream);
+
+/// cross_entropy_backward over rows `ld` elements apart, with g[r] also multiplied by *dloss when
+/// dloss is not null: a loss's gradient read on the device, so that no host waits for it. The
+/// columns past v are neither read nor written.
+// logits, dlogits: (rows, ld); targets: (rows,) int32; lse, dlosses: (rows,) float; dloss: one T
+template <class T>
+void cross_entropy_rows_backward(const T* logits, std::int64_t ld, const std::int32_t* targets, const float* lse,
+                                 const float* dlosses, float dloss_scale, const T* dloss, DeviceGradOut<T> dlogits,
+                                 std::int64_t rows, std::int64_t v, cudaStream_t stream);
+
+/// out[0] = the mean of losses[0, n) (n >= 1), summed in double in a fixed order, rounded to T:
+/// a mean loss that stays on the device.
+template <class T>
+void mean_of_losses(const float* losses, std::int64_t n, T* out, cudaStream_t stream);
+
 // ---- column sum (bias gradients) ------------------------------------------------------------
 
 /// Floats of device workspace column_sum needs.
