@@ -256,6 +256,14 @@ struct NcclState {
       std::this_thread::yield();
     }
   }
+  /// settle() without failing: polls until the communicator is no longer in progress or the
+  /// deadline passed, and leaves any error for a later settle() to report.
+  void settle_quietly(std::chrono::steady_clock::time_point deadline) {
+    ncclResult_t state = ncclInProgress;
+    while (ncclCommGetAsyncError(comm, &state) == ncclSuccess && state == ncclInProgress &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
+  }
 
   /// Polls `event` (recorded after the collective) until it fired, NCCL reported an error, or
   /// the deadline passed.
@@ -675,6 +683,12 @@ class NcclCommunicator {
       s.note_nccl_call(desc.kind);
       gathered = ncclAllGather(up, device, NcclState::check_bytes, ncclUint8, s.comm, st);
     }
+    // Settled before anything else goes on the stream: a non-blocking communicator that answers
+    // ncclInProgress may not have put the gather there yet, and the copy would read the records
+    // before the gather wrote them (and the gather write freed memory). Quietly: should another
+    // rank abort meanwhile, the table still goes in flight below, and the settle() that follows
+    // reports the failure with the mismatch the table may explain.
+    if (gathered == ncclInProgress) s.settle_quietly(deadline);
     const bool enqueued = gathered == ncclSuccess || gathered == ncclInProgress;
     if (rc == cudaSuccess && enqueued)
       rc = cudaMemcpyAsync(check.table, device, NcclState::check_bytes * n, cudaMemcpyDeviceToHost, st);

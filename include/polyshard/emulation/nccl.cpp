@@ -17,6 +17,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -208,7 +210,27 @@ struct Rank {
   std::shared_ptr<Group> split_parent;
   std::shared_ptr<SplitRound> split;
   int parent_rank = -1;
+  // Collectives of a non-blocking communicator whose call answered ncclInProgress. NCCL issues
+  // such a call in the background and says so through ncclCommGetAsyncError; here it is put on
+  // its stream when ncclCommGetAsyncError is next asked, and not before, so that work a caller
+  // enqueues on the stream before the communicator settled runs before the collective, as it
+  // may on a GPU.
+  std::vector<std::function<void()>> unissued;
 };
+
+/// Whether a non-blocking communicator's collective answers ncclInProgress: half of them, drawn
+/// from the rank, the call's sequence number and POLYSHARD_EMULATED_NCCL_SEED (default 1), so a
+/// run is repeatable and another seed draws other calls.
+bool answers_in_progress(int rank, std::uint64_t sequence) {
+  static const std::uint64_t seed = [] {
+    const char* v = std::getenv("POLYSHARD_EMULATED_NCCL_SEED");
+    return v ? std::strtoull(v, nullptr, 10) : 1ull;
+  }();
+  std::uint64_t z = seed * 0x9e3779b97f4a7c15ull + (std::uint64_t(rank) << 40) + sequence;  // splitmix64
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return ((z ^ (z >> 31)) & 1u) != 0;
+}
 
 }  // namespace
 
@@ -599,7 +621,18 @@ ncclResult_t collective(Kind kind, const void* send, void* recv, std::size_t cou
     call.sequence = r->next_sequence++;
   }
   auto guard = std::make_shared<InFlight>(r);
-  emu::enqueue(stream, kind_name(kind), [g, r, call, guard] { rendezvous(*g, *r, call); });
+  auto issue = [stream, kind, g, r, call, guard] {
+    emu::enqueue(stream, kind_name(kind), [g, r, call, guard] { rendezvous(*g, *r, call); });
+  };
+  {
+    std::lock_guard lock(r->m);
+    // Behind a call still unissued, every later one waits too: they keep their order.
+    if (!r->blocking && (!r->unissued.empty() || answers_in_progress(rank, call.sequence))) {
+      r->unissued.emplace_back(std::move(issue));
+      return ncclInProgress;
+    }
+  }
+  issue();
   return ncclSuccess;
 }
 
@@ -742,8 +775,15 @@ ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   const auto r = find(comm);
   if (!r || !asyncError) return fail(nullptr, ncclInvalidArgument, "ncclCommGetAsyncError: not a live communicator");
-  std::lock_guard lock(r->m);
-  *asyncError = state_of(*r);
+  std::vector<std::function<void()>> issue;
+  {
+    std::lock_guard lock(r->m);
+    issue.swap(r->unissued);
+    *asyncError = state_of(*r);
+  }
+  // Issued now: the state reads ncclInProgress this once more, ncclSuccess after.
+  for (auto& f : issue) f();
+  if (!issue.empty() && *asyncError == ncclSuccess) *asyncError = ncclInProgress;
   return ncclSuccess;
 }
 
