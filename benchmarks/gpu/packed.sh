@@ -8,9 +8,8 @@
 # under a time limit of its own so that one slow step cannot eat the lease: the fused attention's
 # tests, every GPU test, the attention benchmark against PyTorch's scaled_dot_product_attention,
 # GPT-2 small training (fused attention, materialized attention, vocabulary 50257) and GPT-2
-# medium against PyTorch eager and torch.compile, a per-kernel time breakdown (Nsight Compute),
-# then compute-sanitizer (memcheck, initcheck, racecheck) over the fused
-# attention's tests. Each step writes a log and JSON; all are packed again into
+# medium against PyTorch eager and torch.compile, compute-sanitizer (memcheck, initcheck,
+# racecheck) over the fused attention's tests, then a per-kernel time breakdown (Nsight Compute). Each step writes a log and JSON; all are packed again into
 # OUT_DIR/results.tar after every step (a run cut short keeps what it finished; the device tool
 # brings back a few files only).
 set -uo pipefail
@@ -55,12 +54,12 @@ PYTHONUNBUFFERED=1 step 240 train-torch-medium.log "$python" "$here/pytorch_gpt2
   --layers 24 --width 1024 --heads 16 --peak-tflops "$peak" --json "$out/pytorch_gpt2_medium.json"
 tail -n 4 "$out/train-torch-medium.log"
 
-# Where a step's GPU time goes: every kernel of about two steps of a 2-layer GPT-2 (vocabulary
-# 50304), each timed alone by Nsight Compute, summed per kernel name.
-step 150 ncu-kernels.log ncu --metrics gpu__time_duration.sum --launch-skip 200 --launch-count 150 \
-  --print-summary per-kernel --csv benchmarks/train/bench_train_cuda --quick --json "$out/ncu_train.json"
-
 for tool in memcheck initcheck racecheck; do
   step 120 "sanitizer-$tool.log" compute-sanitizer --tool "$tool" --error-exitcode 3 tests/tensor/test_cuda_transformer "[attention]"
   tail -2 "$out/sanitizer-$tool.log"
 done
+
+# Where a step's GPU time goes: every kernel of about two steps of a 2-layer GPT-2 (vocabulary
+# 50304), each timed alone by Nsight Compute, summed per kernel name.
+step 100 ncu-kernels.log ncu --metrics gpu__time_duration.sum --launch-skip 200 --launch-count 150 \
+  --print-summary per-kernel --csv benchmarks/train/bench_train_cuda --quick --json "$out/ncu_train.json"
