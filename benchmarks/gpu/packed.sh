@@ -58,6 +58,14 @@ for tool in memcheck initcheck racecheck; do
   step 120 "sanitizer-$tool.log" compute-sanitizer --tool "$tool" --error-exitcode 3 tests/tensor/test_cuda_transformer "[attention]"
   tail -2 "$out/sanitizer-$tool.log"
 done
+# The model's ops and the head with its loss, under memcheck and initcheck.
+for prog in autograd/test_cuda_autograd nn/test_cuda_gpt; do
+  for tool in memcheck initcheck; do
+    log="sanitizer-$tool-$(basename "$prog").log"
+    step 60 "$log" compute-sanitizer --tool "$tool" --error-exitcode 3 "tests/$prog"
+    tail -n 1 "$out/$log"
+  done
+done
 
 # Where a step's GPU time goes: every kernel of about two steps of a 2-layer GPT-2 (vocabulary
 # 50304), each timed alone by Nsight Compute, summed per kernel name.
