@@ -2,9 +2,11 @@
 // GELU, residual adds, cross-entropy) and a Llama-style layer (RMSNorm, rotary grouped-query
 // attention, SwiGLU) run forward and backward on the GPU and on the host from the same values;
 // every leaf's gradient and the loss agree within the element type's bound.
+#include <algorithm>
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -164,6 +166,11 @@ TEST_CASE("linear_cross_entropy on the GPU matches the head and loss as two ops 
     check_grad("weight (embedding and head)", dw, w);
     check_grad("layer norm weight before the head", ds, s);
     check_grad("layer norm bias before the head", db, b);
+    // A second pass adds to the gradients: the head's weight gradient now lands on one already
+    // there (through scratch and an add, where the vocabulary is padded).
+    backward(linear_cross_entropy(w, w, random_ids(Shape{v}, v, 26)));
+    backward(linear_cross_entropy(dw, dw, to_device(random_ids(Shape{v}, v, 26))));
+    check_grad("weight after a second pass", dw, w);
   }
 }
 
@@ -186,4 +193,32 @@ TEST_CASE("linear_cross_entropy on the GPU takes a seed past fp16's range throug
   const double err = test::relative_error(std::span<const float>(scaled.span()), std::span<const float>(want));
   INFO("relative error " << err);
   CHECK(err <= 2e-3);  // each gradient rounded to half once, at its own scale
+}
+
+TEST_CASE("linear_cross_entropy_forward leaves zeros in its logits' padding, which the backward's products read",
+          "[cuda][autograd]") {
+  // A buffer that starts as NaN everywhere (as never-written device memory may): after the
+  // forward through the padded weight its columns past V are zeros, the rest the logits of
+  // linear_forward. The padded weight is the weight and zero rows.
+  const std::int64_t rows = 6, c = 8, v = 61, ld = padded_vocab(v);
+  const auto x = to_device(test::random_floats(Shape{rows, c}, 41, 1.0));
+  const auto w = to_device(test::random_floats(Shape{v, c}, 42, 0.5));
+  const auto targets = to_device(random_ids(Shape{rows}, v, 43));
+  auto logits = Tensor<float, Cuda>::full(Shape{rows, ld}, std::numeric_limits<float>::quiet_NaN());
+  auto lse = Tensor<float, Cuda>::empty(Shape{rows});
+  auto loss = Tensor<float, Cuda>::empty(Shape{});
+  const auto head = padded_head_weight(w);
+  REQUIRE(head.shape() == Shape{ld, c});
+  const auto head_values = head.to_vector(), w_values = w.to_vector();
+  CHECK(std::vector<float>(head_values.begin(), head_values.begin() + v * c) == w_values);
+  CHECK(std::all_of(head_values.begin() + v * c, head_values.end(), [](float e) { return e == 0.0f; }));
+  linear_cross_entropy_forward(x, head, v, targets, logits, lse, loss);
+  auto want = Tensor<float, Cuda>::empty(Shape{rows, v});
+  linear_forward(x, w, Tensor<float, Cuda>(), want);
+  const auto got = logits.to_vector(), reference = want.to_vector();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t k = 0; k < v; ++k)
+      CHECK(got[std::size_t(r * ld + k)] == Approx(reference[std::size_t(r * v + k)]).epsilon(1e-5));
+    for (std::int64_t k = v; k < ld; ++k) CHECK(got[std::size_t(r * ld + k)] == 0.0f);
+  }
 }

@@ -34,9 +34,10 @@ Var<T, D> cross_entropy(const Var<T, D>& logits, const Tensor<std::int32_t, D>& 
 /// cross_entropy(linear(x, weight), targets): a language model's head and its mean loss.
 /// x: (..., C); weight: (V, C); targets: (...) in [0, V). On the host, the two ops. On a GPU, one
 /// op with nothing waited for on the host:
-/// - the logits go to a buffer whose rows are padded_vocab(V) long, so that the products run on
-///   aligned rows whatever V is (the padding is never read: it is excluded from the softmax, the
-///   loss and the gradients);
+/// - the logits go to a buffer whose rows are padded_vocab(V) long, from a copy of the weight
+///   with zero rows up to that length (padded_head_weight, where V needs it), so that every
+///   product over the vocabulary runs on a multiple of 64 whatever V is; the padding comes out
+///   zero and is excluded from the softmax, the loss and the gradients;
 /// - the mean loss is computed and kept on the device (read it with item() when needed);
 /// - the backward pass turns the buffer into the logits' gradient in place, reading the loss's
 ///   gradient on the device, so no second logits-sized buffer is made.
@@ -56,17 +57,19 @@ Var<T, D> linear_cross_entropy(const Var<T, D>& x, const Var<T, D>& weight, cons
     POLYSHARD_CHECK(rows > 0, "linear_cross_entropy: no positions in input of shape ", xs);
     const Tensor<T, D> x2 = x.value().contiguous().reshape({rows, ws[1]});
     const Tensor<std::int32_t, D> t2 = targets.contiguous().reshape({rows});
-    auto logits = Tensor<T, D>::empty({rows, padded_vocab(ws[0])}, MemoryCategory::Activations);
+    const std::int64_t v = ws[0];
+    const Tensor<T, D> head_weight = padded_head_weight(weight.value());  // (padded_vocab(V), C)
+    auto logits = Tensor<T, D>::empty({rows, padded_vocab(v)}, MemoryCategory::Activations);
     auto lse = Tensor<float, D>::empty({rows}, MemoryCategory::Activations);
     Tensor<T, D> y = Tensor<T, D>::empty(Shape{});
-    linear_cross_entropy_forward(x2, weight.value(), t2, logits, lse, y);
+    linear_cross_entropy_forward(x2, head_weight, v, t2, logits, lse, y);
     // A sweep runs each node's backward once and then releases it (backward.hpp), so the buffer
     // can become the gradient in place.
     return detail::reads_scalar_grad(make_result(
-        std::move(y), "linear_cross_entropy", {x, weight}, [x2, t2, logits, lse](Node<T, D>& self) {
+        std::move(y), "linear_cross_entropy", {x, weight}, [x2, head_weight, v, t2, logits, lse](Node<T, D>& self) {
           GradOut<T, D> dx = detail::grad_out(self, 0);
           if (dx.wanted()) dx.tensor = dx.tensor.reshape(x2.shape());
-          linear_cross_entropy_backward(x2, self.inputs[1]->value, t2, logits, lse, self.grad, self.grad_factor, dx,
+          linear_cross_entropy_backward(x2, head_weight, v, t2, logits, lse, self.grad, self.grad_factor, dx,
                                         detail::grad_out(self, 1));
         }));
   }

@@ -933,6 +933,33 @@ __device__ __forceinline__ void online_add(float& m, float& s, float x) {
   }
 }
 
+/// Adds a pack's values to a running (max m, sum s) with one rescale: the pack's maximum first,
+/// then one exponential a value. A pack with a non-finite value takes online_add's way, whose
+/// infinities and NaNs the CPU op matches.
+template <class D>
+__device__ __forceinline__ void online_add_pack(float& m, float& s, const Pack<D>& p) {
+  constexpr int P = Pack<D>::size;
+  float x[P];
+  bool finite = true;
+  float top = m;
+#pragma unroll
+  for (int e = 0; e < P; ++e) {
+    x[e] = to_float(p.v[e]);
+    finite = finite && fabsf(x[e]) < INFINITY;  // false for infinities and NaN
+    top = fmaxf(top, x[e]);
+  }
+  if (!finite) {
+#pragma unroll
+    for (int e = 0; e < P; ++e) online_add(m, s, x[e]);
+    return;
+  }
+  float sum = m == -INFINITY ? 0.f : s * expf(m - top);
+#pragma unroll
+  for (int e = 0; e < P; ++e) sum += expf(x[e] - top);
+  m = top;
+  s = sum;
+}
+
 /// The gradient of one logit: g (exp(x - lse) - [i == target]), plus the old value when accumulating.
 template <class D, bool Acc>
 __device__ __forceinline__ D ce_grad(float x, float lse, float g, bool is_target, D old) {
@@ -978,13 +1005,26 @@ __global__ void __launch_bounds__(wide_row_threads)
     int head = pack_head<D>(lr);
     if constexpr (Grad) head = co_aligned(lr, dlogits + r * ld) ? head : -1;
     float m = -INFINITY, s = 0.f;
-    row_loop<D>(
-        v, head, threadIdx.x, blockDim.x, [&](int i) { online_add(m, s, to_float(lr[i])); },
-        [&](int i) {
-          const Pack<D> p = load_pack(lr + i);
+    // row_loop's order, with U packs' loads in flight at once: one at a time, a thread waits a
+    // memory round trip per pack.
+    int vec_begin = v, vec_end = v;
+    if (head >= 0 && head < v) {
+      vec_begin = head;
+      vec_end = head + (v - head) / P * P;
+    }
+    for (int i = threadIdx.x; i < vec_begin; i += blockDim.x) online_add(m, s, to_float(lr[i]));
+    constexpr int U = 4;
+    const int stride = static_cast<int>(blockDim.x) * P;
+    for (int i = vec_begin + static_cast<int>(threadIdx.x) * P; i < vec_end; i += U * stride) {
+      Pack<D> p[U];
 #pragma unroll
-          for (int e = 0; e < P; ++e) online_add(m, s, to_float(p.v[e]));
-        });
+      for (int u = 0; u < U; ++u)
+        if (i + u * stride < vec_end) p[u] = load_pack(lr + i + u * stride);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (i + u * stride < vec_end) online_add_pack(m, s, p[u]);
+    }
+    for (int i = vec_end + threadIdx.x; i < v; i += blockDim.x) online_add(m, s, to_float(lr[i]));
     const float row_max = block_max(m, red);
     const float total = block_sum(s == 0.f ? 0.f : s * expf(m - row_max), red);
     const float lse = row_max + logf(total);
