@@ -180,6 +180,16 @@ __device__ __forceinline__ float row_max(float x) {
 template <int HD>
 constexpr std::size_t key_value_stage = 2 * stream_rows<HD> * padded<HD>;
 
+/// Starts key tile j and value tile j (stream_rows<HD> rows each) into one stage of the forward
+/// and dq kernels: keys first, values after them.
+template <class E, int HD>
+__device__ __forceinline__ void start_key_value_tiles(E* stage, const E* k_head, const E* v_head, int j,
+                                                      const Dims& dims) {
+  constexpr int BK = stream_rows<HD>;
+  start_tile<E, HD, BK>(stage, k_head, dims.stride, j * BK, dims.t, dims.packs);
+  start_tile<E, HD, BK>(stage + BK * padded<HD>, v_head, dims.stride, j * BK, dims.t, dims.packs);
+}
+
 /// One block per 64 queries of one head; each warp keeps its 16 rows' scores, running maxima and
 /// sums and outputs in registers across the key tiles up to the block's last query (the online
 /// softmax: outputs rescaled as a row's maximum grows). Scores are kept in base 2 (times log2 e),
@@ -210,11 +220,7 @@ __global__ void __launch_bounds__(block_threads)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's columns only
   MmaC o[HD / 8] = {};
   const int last_query = (q0 + block_rows < t ? q0 + block_rows : t) - 1;
-  auto start = [&](int j, int s) {
-    E* ks = smem + s * stage;
-    start_tile<E, HD, BK>(ks, k_head, dims.stride, j * BK, t, dims.packs);
-    start_tile<E, HD, BK>(ks + BK * padded<HD>, v_head, dims.stride, j * BK, t, dims.packs);
-  };
+  auto start = [&](int j, int s) { start_key_value_tiles<E, HD>(smem + s * stage, k_head, v_head, j, dims); };
   auto use = [&](int j, int st) {
     const E* ks = smem + st * stage;
     const E* vs = ks + BK * padded<HD>;
@@ -325,11 +331,7 @@ __global__ void __launch_bounds__(block_threads)
   }
   MmaC acc[HD / 8] = {};
   const int last_query = (q0 + block_rows < t ? q0 + block_rows : t) - 1;
-  auto start = [&](int j, int s) {
-    E* ks = smem + s * stage;
-    start_tile<E, HD, BK>(ks, k_head, dims.stride, j * BK, t, dims.packs);
-    start_tile<E, HD, BK>(ks + BK * padded<HD>, v_head, dims.stride, j * BK, t, dims.packs);
-  };
+  auto start = [&](int j, int s) { start_key_value_tiles<E, HD>(smem + s * stage, k_head, v_head, j, dims); };
   auto use = [&](int j, int st) {
     const E* ks = smem + st * stage;
     const E* vs = ks + BK * padded<HD>;
