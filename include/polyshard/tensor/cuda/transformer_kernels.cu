@@ -594,6 +594,11 @@ void check_rows(const char* op, std::int64_t rows, std::int64_t cols) {
   check_count(op, "rows", rows);
   check_width(op, "the row length", cols);
 }
+/// As check_rows, for rows `ld` elements apart.
+void check_rows(const char* op, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+  check_rows(op, rows, cols);
+  POLYSHARD_CHECK(ld >= cols, op, ": rows ", ld, " elements apart are shorter than their ", cols, " columns");
+}
 
 // ---- grouped-query key-value sharing -----------------------------------------------------------
 
@@ -993,8 +998,7 @@ __device__ __forceinline__ void ce_backward_row(const D* lr, D* dr, int v, int t
 template <class D, bool Grad, bool Acc>
 __global__ void __launch_bounds__(wide_row_threads)
     cross_entropy_forward_kernel(const D* logits, std::int64_t ld, const int* targets, float* losses, float* lse_out,
-                                 const float* dlosses, float dloss_scale, const D* dloss, D* dlogits, std::int64_t rows,
-                                 int v) {
+                                 const float* dlosses, float dloss_scale, D* dlogits, std::int64_t rows, int v) {
   constexpr int P = Pack<D>::size;
   POLYSHARD_SHARED(float, red, [32]);
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -1033,7 +1037,7 @@ __global__ void __launch_bounds__(wide_row_threads)
       if (lse_out != nullptr) lse_out[r] = lse;
     }
     if constexpr (Grad) {
-      const float g = (dlosses != nullptr ? dloss_scale * dlosses[r] : dloss_scale) * (dloss ? to_float(*dloss) : 1.f);
+      const float g = dlosses != nullptr ? dloss_scale * dlosses[r] : dloss_scale;
       ce_backward_row<D, Acc>(lr, dlogits + r * ld, v, valid ? target : -1, lse, g, head);
     }
   }
@@ -1069,8 +1073,7 @@ void launch_cross_entropy(const char* op, const T* logits, std::int64_t ld, cons
                           float* lse, const float* dlosses, float dloss_scale, DeviceGradOut<T> dlogits,
                           std::int64_t rows, std::int64_t v, cudaStream_t stream) {
   using D = device_t<T>;
-  check_rows(op, rows, v);
-  POLYSHARD_CHECK(ld >= v, op, ": rows ", ld, " elements apart are shorter than their ", v, " logits");
+  check_rows(op, rows, v, ld);
   if (rows == 0) return;
   check_pointer(op, "logits", logits);
   check_pointer(op, "targets", targets);
@@ -1080,14 +1083,13 @@ void launch_cross_entropy(const char* op, const T* logits, std::int64_t ld, cons
   const D* l = device_ptr(logits);
   if (!dlogits.wanted()) {
     launch<cross_entropy_forward_kernel<D, false, false>>(grid, threads, 0, stream, l, ld, targets, losses, lse,
-                                                          dlosses, dloss_scale, nullptr, nullptr, rows, int(v));
+                                                          dlosses, dloss_scale, nullptr, rows, int(v));
   } else if (dlogits.accumulate) {
     launch<cross_entropy_forward_kernel<D, true, true>>(grid, threads, 0, stream, l, ld, targets, losses, lse, dlosses,
-                                                        dloss_scale, nullptr, device_ptr(dlogits.data), rows, int(v));
+                                                        dloss_scale, device_ptr(dlogits.data), rows, int(v));
   } else {
     launch<cross_entropy_forward_kernel<D, true, false>>(grid, threads, 0, stream, l, ld, targets, losses, lse,
-                                                         dlosses, dloss_scale, nullptr, device_ptr(dlogits.data), rows,
-                                                         int(v));
+                                                         dlosses, dloss_scale, device_ptr(dlogits.data), rows, int(v));
   }
   POLYSHARD_CUDA_CHECK_LAUNCH(op);
 }
@@ -1610,8 +1612,7 @@ void cross_entropy_rows_backward(const T* logits, std::int64_t ld, const std::in
                                  std::int64_t rows, std::int64_t v, cudaStream_t stream) {
   using D = device_t<T>;
   const char* op = "cross_entropy backward";
-  check_rows(op, rows, v);
-  POLYSHARD_CHECK(ld >= v, op, ": rows ", ld, " elements apart are shorter than their ", v, " logits");
+  check_rows(op, rows, v, ld);
   if (rows == 0 || !dlogits.wanted()) return;
   check_pointer(op, "lse", lse);
   const unsigned grid = grid_for(static_cast<std::size_t>(rows), 1);
