@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "polyshard/core/counter_rng.hpp"
 #include "polyshard/emulation/nccl_traffic.hpp"
 #include "polyshard/emulation/runtime.hpp"
 
@@ -226,10 +227,7 @@ bool answers_in_progress(int rank, std::uint64_t sequence) {
     const char* v = std::getenv("POLYSHARD_EMULATED_NCCL_SEED");
     return v ? std::strtoull(v, nullptr, 10) : 1ull;
   }();
-  std::uint64_t z = seed * 0x9e3779b97f4a7c15ull + (std::uint64_t(rank) << 40) + sequence;  // splitmix64
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return ((z ^ (z >> 31)) & 1u) != 0;
+  return (polyshard::counter_bits(polyshard::splitmix64(seed) ^ static_cast<std::uint64_t>(rank), sequence) & 1u) != 0;
 }
 
 }  // namespace
