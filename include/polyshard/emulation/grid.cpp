@@ -340,9 +340,10 @@ void run_thread(Worker& w) {
   w.uncommitted_copies.clear();
   try {
     (*run.body)();
-    // A thread that ends with copies in flight still has them land, as on a GPU.
-    async_copy_commit();
-    async_copy_wait(0);
+    // A thread that ends with copies in flight still has them land, as on a GPU. (Checked first:
+    // most kernels copy nothing, and an empty group would still cost an allocation a thread.)
+    if (!w.uncommitted_copies.empty()) async_copy_commit();
+    if (!w.copy_groups.empty()) async_copy_wait(0);
   } catch (const ctx::detail::forced_unwind&) {
     // Boost unwinding a fiber it destroys: the pool never destroys one inside the body, but if it
     // did, swallowing this would resume a dead context.

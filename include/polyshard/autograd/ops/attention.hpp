@@ -18,9 +18,11 @@ template <FloatElement T, Device D>
 Var<T, D> causal_self_attention(const Var<T, D>& qkv, int n_head) {
   const auto [nb, nt, c, hd] = detail::attention_dims("causal_self_attention", qkv.value(), n_head);
   Tensor<T, D> y = Tensor<T, D>::empty({nb, nt, c});  // (B, T, C)
-  if constexpr (std::is_same_v<D, Cuda>) {
+  if constexpr (std::is_same_v<D, Cuda> && sizeof(T) == 2) {
     // On a GPU, 16-bit attention runs fused (tensor/cuda/flash_attention.hpp): it saves its
     // output and each row's log-sum-exp, (B, n_head, T) floats, instead of the probabilities.
+    // (Decided at compile time, not only by fused_attention_applies: the kernels exist for the
+    // 16-bit types alone, and an unoptimized build links every call it sees.)
     if (fused_attention_applies(qkv.value(), n_head)) {
       Tensor<float, D> lse = Tensor<float, D>::empty({nb, n_head, nt});
       causal_self_attention_fused_forward(qkv.value(), n_head, y, lse);

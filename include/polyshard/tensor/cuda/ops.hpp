@@ -32,6 +32,9 @@ namespace polyshard {
 /// An element type the CUDA kernels are built for.
 template <class T>
 concept CudaFloatElement = std::same_as<T, float> || std::same_as<T, half> || std::same_as<T, bfloat16>;
+/// The 16-bit elements, those that the fused attention kernels are compiled for.
+template <class T>
+concept Cuda16BitElement = std::same_as<T, half> || std::same_as<T, bfloat16>;
 
 namespace detail::cuda_ops {
 template <class T>
@@ -736,7 +739,7 @@ inline cuda::AttentionShape gpt_attention_shape(const Shape& qkv, int n_head) {
 
 /// causal_self_attention_forward by the fused kernels: out as there; instead of the (B, n_head,
 /// T, T) probabilities, lse (B, n_head, T) float, each query row's log-sum-exp, for the backward.
-template <CudaFloatElement T>
+template <Cuda16BitElement T>
 void causal_self_attention_fused_forward(const Tensor<T, Cuda>& qkv, int n_head, const Tensor<T, Cuda>& out,
                                          const Tensor<float, Cuda>& lse) {
   const char* op = "causal_self_attention (fused)";
@@ -752,7 +755,7 @@ void causal_self_attention_fused_forward(const Tensor<T, Cuda>& qkv, int n_head,
 /// The gradient of causal_self_attention_fused_forward with respect to qkv, from its input, its
 /// output and lse (the probabilities recomputed tile by tile). dqkv: (B, T, 3C), written or
 /// added to.
-template <CudaFloatElement T>
+template <Cuda16BitElement T>
 void causal_self_attention_fused_backward(const Tensor<T, Cuda>& qkv, const Tensor<T, Cuda>& out,
                                           const Tensor<float, Cuda>& lse, const Tensor<T, Cuda>& dout, int n_head,
                                           const GradOut<T, Cuda>& dqkv) {
