@@ -73,9 +73,27 @@ expect(unknown-key-in-config EXIT 2 ARGS --config ${bad_config} SAYS "polyshard-
 expect(missing-config EXIT 2 ARGS --config ${WORK_DIR}/no-such-file.toml
        SAYS "polyshard-train: --config" "no-such-file.toml")
 
+# Loss scaling reaches the engine: from 2^5, doubling after every step without overflow (the
+# metrics give the scale after each step); a setting the precision has no use for stops the run.
+set(tiny --layers 1 --embd 32 --heads 2 --seq 16 --batch 4 --steps 2 --log-every 100)
+expect(loss-scale-settings-reach-the-engine EXIT 0 ARGS ${tiny} --precision fp16-mixed --initial-scale-power 5
+       --loss-scale-window 1 --metrics ${WORK_DIR}/loss-scale.jsonl)
+file(STRINGS ${WORK_DIR}/loss-scale.jsonl scale_lines)
+if(NOT scale_lines MATCHES "\"loss_scale\":64,.*;.*\"loss_scale\":128,")
+  set(failures "${failures}\nloss-scale-settings-reach-the-engine: the scales after the two steps are not 64 and 128: ${scale_lines}")
+endif()
+expect(static-loss-scale EXIT 0 ARGS ${tiny} --precision fp16-mixed --loss-scale 8 --metrics ${WORK_DIR}/static.jsonl)
+file(STRINGS ${WORK_DIR}/static.jsonl static_lines)
+if(NOT static_lines MATCHES "\"loss_scale\":8,.*;.*\"loss_scale\":8,")
+  set(failures "${failures}\nstatic-loss-scale: the scale is not 8 after both steps: ${static_lines}")
+endif()
+expect(loss-scale-setting-without-loss-scaling EXIT 2 ARGS ${tiny} --precision bf16-mixed --hysteresis 3
+       SAYS "StrategyConfig::hysteresis" "scales no loss")
+expect(loss-scale-window-below-one EXIT 2 ARGS --loss-scale-window 0 SAYS "polyshard-train: --loss-scale-window" "at least 1")
+
 expect(help EXIT 0 ARGS --help
        SAYS "--config FILE" "Model:" "Training:" "Optimizer:" "Strategy:" "Data:" "Output:" "Checkpoints:" "Sampling:"
-            "--layers N=4" "--betas B1,B2=0.9,0.999" "--nesterov" "--sample-tokens N=32" "--top-k K=0")
+            "Loss scaling" "--initial-scale-power N" "--layers N=4" "--betas B1,B2=0.9,0.999" "--nesterov" "--sample-tokens N=32" "--top-k K=0")
 expect(short-help EXIT 0 ARGS -h SAYS "Usage: polyshard-train")
 
 if(failures)

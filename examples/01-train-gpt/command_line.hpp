@@ -189,6 +189,30 @@ inline bool parse(int argc, char** argv, Options& o) {
       ->add_option("--nvme-path", o.nvme_path, "zero_infinity: directory on a local NVMe drive for the optimizer state")
       ->type_name("DIR");
 
+  auto* scaling = app.add_option_group("Loss scaling (fp16-mixed; DeepSpeed's keys, refused where they do not apply)");
+  scaling->add_option("--loss-scale", o.loss_scale, "0: dynamic; a positive value: that static scale")
+      ->type_name("X")
+      ->transform(detail::number_at_least<double>(0));
+  scaling->add_option("--initial-scale-power", o.initial_scale_power, "the dynamic scale starts at 2^N (default 16)")
+      ->type_name("N")
+      ->transform(at_least(0))
+      ->default_str("");
+  scaling
+      ->add_option("--loss-scale-window", o.loss_scale_window,
+                   "steps without overflow before the scale doubles (default 1000)")
+      ->type_name("N")
+      ->transform(at_least(1))
+      ->default_str("");
+  scaling
+      ->add_option("--hysteresis", o.hysteresis, "overflows that skip their step before the scale halves (default 2)")
+      ->type_name("N")
+      ->transform(at_least(1))
+      ->default_str("");
+  scaling->add_option("--min-loss-scale", o.min_loss_scale, "the scale never halves below X (default 1)")
+      ->type_name("X")
+      ->transform(detail::number_at_least<double>(0))
+      ->default_str("");
+
   auto* data = app.add_option_group("Data");
   data->add_option("--data", o.data, "text (byte tokens) or a token file of uint16 ids (default: the built-in corpus)")
       ->type_name("FILE");

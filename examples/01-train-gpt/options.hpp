@@ -42,6 +42,12 @@ struct Options {
   std::int64_t accum = 1;           // micro-batches per step (gradient accumulation with no_sync)
   std::int64_t hybrid_group = 0;    // --strategy hybrid: ranks per sharding group (0: half the world)
   std::string nvme_path = "/local_nvme";  // --strategy zero_infinity: directory of the optimizer-state files
+  // Loss scaling (fp16-mixed), DeepSpeed's keys: StrategyConfig's fields of the same names.
+  double loss_scale = 0;                  // 0: dynamic; > 0: a static scale
+  std::int64_t initial_scale_power = -1;  // -1 (as each of the three below): the precision policy's
+  std::int64_t loss_scale_window = -1;
+  std::int64_t hysteresis = -1;
+  double min_loss_scale = -1;
   // Input and output.
   std::string data;     // empty: the built-in corpus
   std::string data_format = "auto";  // auto (from the file's header and name) | text | nanogpt | llmc

@@ -102,6 +102,11 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
   // --strategy hybrid without --hybrid-group: two groups when the world splits evenly.
   config.nvme_path = o.nvme_path;  // --strategy zero_infinity: where each rank's optimizer-state file goes
   config.hybrid_group_size = o.hybrid_group > 0 ? static_cast<int>(o.hybrid_group) : (world % 2 == 0 ? world / 2 : world);
+  config.loss_scale = o.loss_scale;  // the engine refuses each setting the precision has no use for
+  if (o.initial_scale_power >= 0) config.initial_scale_power = static_cast<int>(o.initial_scale_power);
+  if (o.loss_scale_window >= 0) config.loss_scale_window = static_cast<int>(o.loss_scale_window);
+  if (o.hysteresis >= 0) config.hysteresis = static_cast<int>(o.hysteresis);
+  if (o.min_loss_scale >= 0) config.min_loss_scale = o.min_loss_scale;
   Engine<S, Model, Comm, AnyOptimizer<float>> engine(model, comm, optimizer_config(o), config, o.seed);
   engine.track_grad_norm(true);
   engine.set_trace(trace);

@@ -3,9 +3,11 @@
 #include <catch2/catch.hpp>
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "engine_fixture.hpp"
+#include "support/error_of.hpp"
 
 using namespace polyshard;
 
@@ -23,7 +25,7 @@ std::vector<double> scales_after(LossScaler<Scale>& s, const std::string& outcom
 }  // namespace
 
 // The sequences below are worked out by hand from each reference's rule (policy/precision.hpp).
-TEST_CASE("DeepSpeed's dynamic loss scale: hysteresis spent, not restored by halving; window; minimum",
+TEST_CASE("DeepSpeed's dynamic loss scale: hysteresis spent, not restored by halving, window, minimum",
           "[engine][loss_scale]") {
   LossScaler<DynamicLossScale<4, 3, 2, 2>> s;  // 2^4, window 3, hysteresis 2, min 2
   CHECK(s.scale() == 16);
@@ -32,7 +34,7 @@ TEST_CASE("DeepSpeed's dynamic loss scale: hysteresis spent, not restored by hal
   // O: at the minimum (2); G: not a whole window, so no hysteresis back; O: halves again at once,
   // held at the minimum (2).
   CHECK(scales_after(s, "OOGGGOOOOOGO") == std::vector<double>{16, 8, 8, 8, 16, 16, 8, 4, 2, 2, 2, 2});
-  CHECK(s.skipped_steps() == 9);
+  CHECK(s.skipped_steps() == 8);  // the eight overflows
 
   LossScaler<DynamicLossScale<>> defaults;  // initial_scale_power 16, hysteresis 2
   CHECK(defaults.scale() == 65536.0);
@@ -60,6 +62,114 @@ TEST_CASE("PyTorch's GradScaler: back-off at every overflow, no minimum, growth 
   CHECK(defaults.scale() == 65536.0);
   defaults.update(false);
   CHECK(defaults.scale() == 131072.0);
+}
+
+TEST_CASE("loss-scale settings at run time: StrategyConfig's replace the policy's numbers, one by one",
+          "[engine][loss_scale]") {
+  // The policy's own rule, unset settings: DeepSpeed's defaults, as Fp16Mixed carries them.
+  const LossScaler<Fp16Mixed::loss_scale> unset{StrategyConfig{}};
+  CHECK(unset.scale() == 65536.0);
+  CHECK(unset.rule().window == 1000);
+  CHECK(unset.rule().hysteresis == 2);
+  CHECK(unset.rule().min_scale == 1.0);
+
+  // Every setting at once, from DynamicLossScale<>'s defaults to DynamicLossScale<4, 3, 2, 2>'s:
+  // the same sequence as the first case above, worked out there by hand.
+  StrategyConfig c;
+  c.initial_scale_power = 4;
+  c.loss_scale_window = 3;
+  c.min_loss_scale = 2;
+  LossScaler<DynamicLossScale<>> s(c);
+  CHECK(s.scale() == 16);
+  CHECK(scales_after(s, "OOGGGOOOOOGO") == std::vector<double>{16, 8, 8, 8, 16, 16, 8, 4, 2, 2, 2, 2});
+
+  // Each alone, against the policy's numbers for the others:
+  struct Row {
+    const char* setting;
+    StrategyConfig config;
+    std::string outcomes;
+    std::vector<double> scales;
+  };
+  const std::vector<Row> rows{
+      // From 2^3, hysteresis 2 (the policy's): O spends it, O O halve (4, 2), O halves to 1, O: floor 1.
+      {"initial_scale_power = 3", StrategyConfig{.initial_scale_power = 3}, "OOOOO", {8, 4, 2, 1, 1}},
+      // Window 2 from 65536: G G doubles, G G doubles again.
+      {"loss_scale_window = 2", StrategyConfig{.loss_scale_window = 2}, "GGGG", {65536, 131072, 131072, 262144}},
+      // Hysteresis 3: two overflows spend it, the third halves.
+      {"hysteresis = 3", StrategyConfig{.hysteresis = 3}, "OOOO", {65536, 65536, 32768, 16384}},
+      // Floor 16384: the second halving stops there.
+      {"min_loss_scale = 16384", StrategyConfig{.min_loss_scale = 16384}, "OOOO", {65536, 32768, 16384, 16384}},
+  };
+  for (const Row& row : rows) {
+    CAPTURE(row.setting);
+    LossScaler<DynamicLossScale<>> one(row.config);
+    CHECK(scales_after(one, row.outcomes) == row.scales);
+  }
+
+  // PyTorch's GradScaler takes the initial power and the growth interval (loss_scale_window).
+  StrategyConfig g;
+  g.initial_scale_power = 4;
+  g.loss_scale_window = 3;
+  LossScaler<GradScalerLossScale<>> grad_scaler(g);
+  CHECK(scales_after(grad_scaler, "OOGGGOOOO") == std::vector<double>{8, 4, 4, 4, 8, 4, 2, 1, 0.5});
+}
+
+TEST_CASE("loss-scale settings that the policy's scaler has no use for are refused, naming them",
+          "[engine][loss_scale]") {
+  const auto refusal = [](auto scaler_tag, StrategyConfig c) {
+    using Scale = typename decltype(scaler_tag)::type;
+    return test::error_of([&] { LossScaler<Scale> s(c); });
+  };
+  // No scaling at all (bf16, fp32): every setting.
+  CHECK_THAT(refusal(std::type_identity<NoLossScale>{}, StrategyConfig{.loss_scale = 128}),
+             Catch::Contains("StrategyConfig::loss_scale") && Catch::Contains("scales no loss"));
+  CHECK_THAT(refusal(std::type_identity<NoLossScale>{}, StrategyConfig{.hysteresis = 2}),
+             Catch::Contains("StrategyConfig::hysteresis") && Catch::Contains("scales no loss"));
+  // A static scale: the dynamic settings.
+  CHECK_THAT(refusal(std::type_identity<StaticLossScale<8>>{}, StrategyConfig{.loss_scale_window = 5}),
+             Catch::Contains("StrategyConfig::loss_scale_window") && Catch::Contains("static"));
+  // loss_scale > 0 and a dynamic setting contradict each other.
+  CHECK_THAT(refusal(std::type_identity<DynamicLossScale<>>{}, StrategyConfig{.loss_scale = 8, .min_loss_scale = 2}),
+             Catch::Contains("StrategyConfig::min_loss_scale") && Catch::Contains("set one or the other"));
+  // PyTorch's GradScaler has no hysteresis and no floor.
+  CHECK_THAT(refusal(std::type_identity<GradScalerLossScale<>>{}, StrategyConfig{.hysteresis = 2}),
+             Catch::Contains("StrategyConfig::hysteresis") && Catch::Contains("GradScaler"));
+  CHECK_THAT(refusal(std::type_identity<GradScalerLossScale<>>{}, StrategyConfig{.min_loss_scale = 1}),
+             Catch::Contains("StrategyConfig::min_loss_scale") && Catch::Contains("GradScaler"));
+  // Values out of range.
+  CHECK_THAT(refusal(std::type_identity<DynamicLossScale<>>{}, StrategyConfig{.initial_scale_power = 63}),
+             Catch::Contains("initial_scale_power = 63"));
+  CHECK_THAT(refusal(std::type_identity<DynamicLossScale<>>{}, StrategyConfig{.loss_scale_window = 0}),
+             Catch::Contains("loss_scale_window = 0"));
+  CHECK_THAT(refusal(std::type_identity<DynamicLossScale<>>{}, StrategyConfig{.min_loss_scale = 0}),
+             Catch::Contains("min_loss_scale = 0"));
+  CHECK_THAT(refusal(std::type_identity<DynamicLossScale<>>{}, StrategyConfig{.loss_scale = -1}),
+             Catch::Contains("loss_scale = -1"));
+}
+
+TEST_CASE("an engine takes its loss-scale settings from StrategyConfig and refuses those that do not apply",
+          "[engine][loss_scale]") {
+  StrategyConfig c;
+  c.initial_scale_power = 5;
+  c.hysteresis = 4;
+  double scale = 0;
+  int hysteresis_left = 0;
+  std::string bf16_refusal;
+  run_ranks(1, [&](ThreadCommunicator& comm) {  // records here, checks on the test's thread
+    Gpt<float> model(test::tiny_gpt());
+    Engine<Strategy<NoShard, Fp16Mixed>, Gpt<float>, ThreadCommunicator, Sgd<float>> engine(model, comm,
+                                                                                           test::momentum_sgd(), c, 42);
+    scale = engine.loss_scaler().scale();
+    hysteresis_left = engine.loss_scaler().hysteresis_left();
+    Gpt<float> bf16_model(test::tiny_gpt());
+    bf16_refusal = test::error_of([&] {
+      Engine<Strategy<NoShard, Bf16Mixed>, Gpt<float>, ThreadCommunicator, Sgd<float>> bf16(bf16_model, comm,
+                                                                                          test::momentum_sgd(), c, 42);
+    });
+  });
+  CHECK(scale == 32);
+  CHECK(hysteresis_left == 4);
+  CHECK_THAT(bf16_refusal, Catch::Contains("StrategyConfig::initial_scale_power") && Catch::Contains("scales no loss"));
 }
 
 namespace {

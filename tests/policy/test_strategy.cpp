@@ -239,6 +239,12 @@ TEST_CASE("StrategyConfig carries the reference documents' defaults", "[policy]"
   CHECK(c.broadcast_buffers);                       // ShardedDataParallel
   CHECK(c.sync_models_at_startup);                  // ShardedDataParallel
   CHECK(c.loss_scale == 0);                         // DeepSpeed: 0 is dynamic
+  // Unset: the precision policy's own numbers, DeepSpeed's 16, 1000, 2 and 1 for Fp16Mixed
+  // (checked with the scaler in tests/engine/test_loss_scaling.cpp).
+  CHECK_FALSE(c.initial_scale_power.has_value());
+  CHECK_FALSE(c.loss_scale_window.has_value());
+  CHECK_FALSE(c.hysteresis.has_value());
+  CHECK_FALSE(c.min_loss_scale.has_value());
   CHECK(c.nvme_path == "/local_nvme");
   CHECK(c.block_size == 1'048'576);
   CHECK(c.queue_depth == 8);

@@ -127,7 +127,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// parameters or only the rank's shards, as the strategy says, initialised from `seed`.
   Engine(Model& model, Comm& comm, typename Opt::config_type optimizer, StrategyConfig config = {},
          std::uint64_t seed = 0)
-      : model_(model), comm_(comm), config_(config), scaler_(config.loss_scale) {
+      : model_(model), comm_(comm), config_(config), scaler_(config) {
     refuse_unread_fields(config);
     if constexpr (sharding::hybrid) {
       const int g = config.hybrid_group_size > 0 ? config.hybrid_group_size : comm.size();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "polyshard/core/error.hpp"
@@ -39,9 +40,23 @@ struct StrategyConfig {
   /// Broadcast rank 0's parameters at start-up; not needed when every rank uses the same seed.
   bool sync_models_at_startup = true;
 
-  // Loss scaling (DeepSpeed): 0 means dynamic when the precision policy scales dynamically;
-  // a positive value overrides the policy's initial scale with a static one.
+  // Loss scaling (DeepSpeed's fp16 keys, Lightning's DeepSpeedStrategy arguments). The precision
+  // policy chooses the scaler (engine/loss_scaler.hpp); these settle its numbers at run time.
+  // Each is refused, naming it, where the policy's scaler has no such setting.
+  /// 0 means dynamic when the precision policy scales dynamically; a positive value overrides
+  /// the policy's initial scale with a static one.
   double loss_scale = 0;
+  /// The dynamic scale starts at 2^initial_scale_power. Unset: the policy's (16 for
+  /// DynamicLossScale<> and GradScalerLossScale<>: DeepSpeed's default, and PyTorch's 65536).
+  std::optional<int> initial_scale_power{};
+  /// Steps in a row without overflow after which the scale doubles (DeepSpeed's
+  /// loss_scale_window; PyTorch's growth_interval). Unset: the policy's (1000; PyTorch's 2000).
+  std::optional<int> loss_scale_window{};
+  /// Overflows that skip their step before the scale halves (DeepSpeed's delayed_shift).
+  /// DeepSpeed's scaler only. Unset: the policy's (2).
+  std::optional<int> hysteresis{};
+  /// The dynamic scale never halves below this. DeepSpeed's scaler only. Unset: the policy's (1).
+  std::optional<double> min_loss_scale{};
 
   // NVMe offload (DeepSpeed).
   std::string nvme_path = "/local_nvme";

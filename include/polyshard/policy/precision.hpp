@@ -48,6 +48,8 @@ struct DynamicLossScale {
   static constexpr bool consecutive_hysteresis = ConsecutiveHysteresis;
   static constexpr double min_scale = MinScale;
   static constexpr double backoff = 0.5;
+  /// Whether hysteresis and min_scale may be set at run time (StrategyConfig).
+  static constexpr bool hysteresis_and_floor = true;
 };
 
 /// PyTorch's torch.amp.GradScaler, the scaler of FairScale's ShardedGradScaler and of FSDP's
@@ -68,6 +70,7 @@ struct GradScalerLossScale {
   static constexpr bool consecutive_hysteresis = false;
   static constexpr double min_scale = 0;
   static constexpr double backoff = 0.5;
+  static constexpr bool hysteresis_and_floor = false;
 };
 
 /// Required members of a PrecisionPolicy:
@@ -76,7 +79,8 @@ struct GradScalerLossScale {
 ///   using reduce_type;   // dtype gradients are reduced in (float: fp32_reduce_scatter)
 ///   using master_type;   // dtype of the weights the optimizer updates, and of its state
 ///   using loss_scale;    // NoLossScale, StaticLossScale<p>, DynamicLossScale<...> (DeepSpeed's)
-///                        // or GradScalerLossScale<...> (PyTorch's)
+///                        // or GradScalerLossScale<...> (PyTorch's): a type of one's own has
+///                        // their members (engine/loss_scaler.hpp reads them)
 template <class P>
 concept PrecisionPolicy = PolicyOf<P, precision_family> && requires {
   typename P::compute_type;
