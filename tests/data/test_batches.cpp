@@ -16,7 +16,7 @@ TEST_CASE("byte tokenizer round-trips any bytes", "[data]") {
   CHECK(ByteTokenizer::decode(ids) == text);
 }
 
-TEST_CASE("a file of exactly one window is valid; a shorter one is an error", "[data]") {
+TEST_CASE("a file of exactly one window is valid, a shorter one is an error", "[data]") {
   const std::string path = "polyshard_test_window.txt";
   {
     std::ofstream(path) << "abcdefghi";  // 9 bytes: one window of 8

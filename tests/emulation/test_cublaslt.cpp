@@ -448,7 +448,7 @@ TEMPLATE_TEST_CASE("the GELU epilogues: bias before GELU, aux holds the GELU inp
   if (!with_aux) CHECK(std::all_of(got_aux.v.begin(), got_aux.v.end(), [](T x) { return std::isnan(Type<T>::to(x)); }));
 }
 
-TEMPLATE_TEST_CASE("DGELU multiplies by gelu'(aux); DGELU_BGRAD sums the result over D's columns",
+TEMPLATE_TEST_CASE("DGELU multiplies by gelu'(aux), DGELU_BGRAD sums the result over D's columns",
                    "[emulation][cublaslt]", float, __half, __nv_bfloat16) {
   using T = TestType;
   const std::int64_t m = 5, n = 9, k = 4;

@@ -146,7 +146,7 @@ TEST_CASE("the one-process oracle: freezing leaves the frozen parameters alone a
   CHECK(test::max_difference(free, test::train<DDP, AdamW<float>>(1, steps, 6, adamw).parameters) == 0.0);
 }
 
-TEMPLATE_LIST_TEST_CASE("frozen parameters stay bit for bit, with zero optimizer state; the rest trains as in one "
+TEMPLATE_LIST_TEST_CASE("frozen parameters stay bit for bit, with zero optimizer state, the rest trains as in one "
                         "process", "[engine]", Frozen) {
   const Freezing frozen = GENERATE(Freezing{{wte}},
                                    Freezing{{wte, "transformer.h.1.attn.c_attn.weight", "transformer.h.0.ln_2.bias"}});
@@ -171,7 +171,7 @@ TEST_CASE("frozen parameters: the sharded stages agree bit for bit at world size
                              zero2.final) == 0.0);
 }
 
-TEST_CASE("refresh_trainable: an unfrozen parameter trains again; a frozen one keeps its values and state",
+TEST_CASE("refresh_trainable: an unfrozen parameter trains again, a frozen one keeps its values and state",
           "[engine]") {
   // Frozen for two steps, then trained; trained, frozen for two steps, then trained again (its
   // Adam moments from step 1 must have survived the frozen steps).

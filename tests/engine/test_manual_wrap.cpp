@@ -97,7 +97,7 @@ TEMPLATE_LIST_TEST_CASE("ManualWrap marking every Block cuts and trains as WrapB
   CHECK(test::max_difference(manual.parameters, train_marked<ByType>(world, [](Gpt<float>&) {}, 0).parameters) > 1e-3);
 }
 
-TEST_CASE("ManualWrap: marking only block 1 gives the root and that block; training equals one process", "[engine]") {
+TEST_CASE("ManualWrap: marking only block 1 gives the root and that block, training equals one process", "[engine]") {
   using S = Strategy<ShardParameters<true>, ManualWrap>;
   const Marker block1 = [](Gpt<float>& model) { wrap(model.transformer.h[1]); };
   const Run run = train_marked<S>(2, block1);

@@ -270,7 +270,7 @@ std::vector<std::pair<std::int64_t, std::vector<std::int64_t>>> activations(int 
 }
 }  // namespace
 
-TEST_CASE("memory: each unit reports the activations its forward keeps; a checkpointed block keeps its output only",
+TEST_CASE("memory: each unit reports the activations its forward keeps, a checkpointed block keeps its output only",
           "[engine][memory]") {
   using ByBlock = Strategy<ShardParameters<true>, WrapByType<Block>>;
   using Checkpointed = Strategy<ShardParameters<true>, WrapByType<Block>, ActivationCheckpointing<Block>>;

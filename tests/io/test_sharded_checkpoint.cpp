@@ -359,7 +359,7 @@ TEST_CASE("a corrupt or mismatched checkpoint fails on every rank with what is w
   CHECK(bit_identical(run<Zero3Blocks>({.world = 2}).parameters, fresh));
 }
 
-TEST_CASE("saving over a checkpoint replaces it whole; a consolidated file holds every weight", "[io][checkpoint]") {
+TEST_CASE("saving over a checkpoint replaces it whole, a consolidated file holds every weight", "[io][checkpoint]") {
   TempDir dir;
   const fs::path saved = dir / "ckpt";
   REQUIRE(succeeded(run<ZeRO<2>>({.world = 2, .steps = 1, .save = saved})));

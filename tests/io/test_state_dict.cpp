@@ -231,7 +231,7 @@ TEST_CASE("read_hf_gpt2_config reads GPT-2's published config.json and refuses w
   CHECK_THROWS_WITH(read_hf_gpt2_config(dir / "absent.json"), Catch::Contains("cannot open"));
 }
 
-TEST_CASE("parse_json_document reads the whole grammar; parse_json stays strict for tensor headers", "[io]") {
+TEST_CASE("parse_json_document reads the whole grammar, parse_json stays strict for tensor headers", "[io]") {
   const JsonValue v = parse_json_document(R"([1.5e3, -0.25, 2E-2, true, false, null, 7])");
   REQUIRE(v.elements.size() == 7);
   CHECK(v.elements[0].kind == JsonValue::Kind::Number);

@@ -136,7 +136,7 @@ TEST_CASE("device ops check shapes before any device work, with the host ops' se
              Contains("cross_entropy targets"));
 }
 
-TEST_CASE("without a usable device, device memory is a named error; with one, it is memory", "[cuda][core]") {
+TEST_CASE("without a usable device, device memory is a named error, with one, it is memory", "[cuda][core]") {
   const auto devices = cuda::available_devices();
   if (devices) {
     CHECK(devices.reason.empty());

@@ -431,7 +431,7 @@ TEMPLATE_LIST_TEST_CASE("BiasGradB sums op(B) over k", "[cuda][tensor]", Element
   CHECK(bias_err <= product_bound<TestType>(c.k));
 }
 
-TEST_CASE("a repeated problem reuses its plan; another pointer alignment gets its own", "[cuda][tensor]") {
+TEST_CASE("a repeated problem reuses its plan, another pointer alignment gets its own", "[cuda][tensor]") {
   const Case c{.m = 64, .n = 48, .k = 40, .trans_b = true};
   Problem<float> p1(c), p2(c);
   auto& lt = cuda::CublasLt::current();

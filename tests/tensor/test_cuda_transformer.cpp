@@ -538,7 +538,7 @@ TEST_CASE("permute, causal softmax and unpermute rebuild the CPU attention forwa
 
 // ---- embedding ------------------------------------------------------------------------------
 
-TEMPLATE_TEST_CASE("embedding forward and backward match the CPU twin; the backward is deterministic",
+TEMPLATE_TEST_CASE("embedding forward and backward match the CPU twin, the backward is deterministic",
                    "[cuda][tensor]", float, half, bfloat16) {
   using T = TestType;
   const auto [v, c] = GENERATE(std::pair<std::int64_t, std::int64_t>{50, 13}, std::pair<std::int64_t, std::int64_t>{100, 64},
