@@ -204,8 +204,10 @@ TEMPLATE_TEST_CASE("rope forward and backward match the CPU twin", "[cuda][tenso
                                   std::tuple<std::int64_t, std::int64_t, std::int64_t>{300, 2, 128});
   const std::int64_t offset = GENERATE(0, 1000);
   const bool accumulate = GENERATE(false, true);
-  CAPTURE(t, h, d, offset, accumulate);
-  const std::int64_t b = 2;
+  // Two sequences show the positions restarting per sequence; the long case, there for long
+  // positions and the widest head, needs only one (the emulated device spends its time per thread).
+  const std::int64_t b = t >= 300 ? 1 : 2;
+  CAPTURE(b, t, h, d, offset, accumulate);
   const std::size_t n = std::size_t(b * t * h * d);
   const Shape s{b, t, h, d};
   const double theta = 10000.0;
