@@ -131,11 +131,19 @@ double max_relative_difference(const std::vector<double>& a, const std::vector<d
 
 int main(int argc, char** argv) {
   std::filesystem::path export_dir;
+  // --part K/N: the presets I with I % N == K - 1 only (CTest runs the parts side by side).
+  int part = 1, parts = 1;
   for (int i = 1; i < argc; ++i) {
+    char slash = 0;
+    int end = 0;
     if (std::strcmp(argv[i], "--export") == 0 && i + 1 < argc) {
       export_dir = argv[++i];
+    } else if (std::strcmp(argv[i], "--part") == 0 && i + 1 < argc &&
+               std::sscanf(argv[i + 1], "%d%c%d%n", &part, &slash, &parts, &end) == 3 && slash == '/' &&
+               argv[i + 1][end] == '\0' && parts >= 1 && part >= 1 && part <= parts) {
+      ++i;
     } else {
-      std::fprintf(stderr, "usage: %s [--export DIR]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--export DIR] [--part K/N (1 <= K <= N)]\n", argv[0]);
       return 2;
     }
   }
@@ -152,6 +160,7 @@ int main(int argc, char** argv) {
     bool ok = reference.back() < 0.8 * reference.front();  // it learns
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (([&] {
+         if (I % static_cast<std::size_t>(parts) != static_cast<std::size_t>(part - 1)) return;
          using S = std::tuple_element_t<I, Presets>;
          const double tolerance = std::is_same_v<typename S::compute_type, float> ? kFp32Tolerance : kBf16Tolerance;
          const std::vector<double> one = train<S>(config, data, 1), three = train<S>(config, data, 3);
@@ -168,6 +177,7 @@ int main(int argc, char** argv) {
       std::printf("own model: a strategy did not end on the one-process losses\n");
       return 1;
     }
+    if (parts > 1) std::printf("(part %d of %d)\n", part, parts);
     std::printf("own model: every strategy ends on the one-process losses\n");
     return 0;
   } catch (const std::exception& e) {
