@@ -62,17 +62,29 @@ constexpr int padded = N + 8;
 template <class E, int HD, int ROWS>
 __device__ __forceinline__ void start_tile(E* dst, const E* src, std::int64_t stride, int row0, int t, bool packs) {
   constexpr int P = Pack<E>::size, per_row = HD / P;
+  if (packs) {
+    // Each thread copies the same pack of every rows_per_pass-th row: its row, column and
+    // addresses are worked out once, then stepped, rather than divided out of a flat index
+    // per pack (integer work that competed with the products for issue slots).
+    constexpr int rows_per_pass = block_threads / per_row;
+    static_assert(block_threads % per_row == 0 && ROWS % rows_per_pass == 0, "whole passes over the tile");
+    const int r = threadIdx.x / per_row, c = threadIdx.x % per_row * P;
+    const E* from = src + std::int64_t(row0 + r) * stride + c;
+    E* to = dst + r * padded<HD> + c;
+    const std::int64_t step = std::int64_t(rows_per_pass) * stride;
+#pragma unroll
+    for (int pass = 0; pass < ROWS / rows_per_pass; ++pass) {
+      const bool live = row0 + r + pass * rows_per_pass < t;
+      copy_async<16>(to + pass * rows_per_pass * padded<HD>, live ? from + pass * step : src, live);
+    }
+    return;
+  }
   for (int i = threadIdx.x; i < ROWS * per_row; i += block_threads) {
     const int r = i / per_row, c = (i % per_row) * P;
     const bool live = row0 + r < t;
-    E* to = dst + r * padded<HD> + c;
-    if (packs) {
-      copy_async<16>(to, live ? src + std::int64_t(row0 + r) * stride + c : src, live);
-    } else {
-      Pack<E> x;
-      for (int j = 0; j < P; ++j) x.v[j] = live ? src[std::int64_t(row0 + r) * stride + c + j] : from_float<E>(0.0f);
-      store_pack(to, x);
-    }
+    Pack<E> x;
+    for (int j = 0; j < P; ++j) x.v[j] = live ? src[std::int64_t(row0 + r) * stride + c + j] : from_float<E>(0.0f);
+    store_pack(dst + r * padded<HD> + c, x);
   }
 }
 
@@ -176,6 +188,12 @@ __device__ __forceinline__ float row_max(float x) {
 
 // ---- forward ------------------------------------------------------------------------------------
 
+/// Blocks of the forward kernel an SM keeps at once, as many as its shared memory holds at head
+/// dimension 64: registers are held to 128 a thread for it (the compiler would take 130). 0: no
+/// minimum.
+template <int HD>
+constexpr int forward_blocks_per_sm = HD == 64 ? 4 : 0;
+
 /// Elements of one stage of the forward and dq kernels: a tile of keys and one of values.
 template <int HD>
 constexpr std::size_t key_value_stage = 2 * stream_rows<HD> * padded<HD>;
@@ -195,7 +213,7 @@ __device__ __forceinline__ void start_key_value_tiles(E* stage, const E* k_head,
 /// softmax: outputs rescaled as a row's maximum grows). Scores are kept in base 2 (times log2 e),
 /// so that each probability is one exp2f.
 template <class E, int HD>
-__global__ void __launch_bounds__(block_threads)
+__global__ void __launch_bounds__(block_threads, forward_blocks_per_sm<HD>)
     flash_forward_kernel(const E* q, const E* k, const E* v, E* out, float* lse, Dims dims) {
   constexpr int BK = stream_rows<HD>;
   constexpr std::size_t stage = key_value_stage<HD>;
