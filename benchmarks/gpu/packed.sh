@@ -12,6 +12,11 @@
 # racecheck) over the fused attention's tests, then a per-kernel time breakdown (Nsight Compute). Each step writes a log and JSON; all are packed again into
 # OUT_DIR/results.tar after every step (a run cut short keeps what it finished; the device tool
 # brings back a few files only).
+#
+# POLYSHARD_COMPARE (optional): folders, relative to the build tree, each holding a
+# bench_attention_cuda and a bench_train_cuda built from another commit (copied there before
+# packing: gpu-pack takes every GPU program of the tree). Each runs right after this build's
+# attention and GPT-2 small benchmarks, so that before and after come from the same run.
 set -uo pipefail
 dest=${1:?OUT_DIR}
 quick=${2:-}
@@ -42,6 +47,12 @@ tail -n 8 "$out/attention-bench.log" "$out/attention-torch.log"
 
 steps=(); [ -n "$quick" ] && steps=(--steps 10)
 step 90 train-fused.log benchmarks/train/bench_train_cuda "${steps[@]}" --json "$out/train_fused.json"
+for other in ${POLYSHARD_COMPARE:-}; do
+  name=$(basename "$other")
+  step 60 "compare-$name-attention.log" "$other/bench_attention_cuda" --json "$out/compare_${name}_attention.json"
+  step 90 "compare-$name-train.log" "$other/bench_train_cuda" "${steps[@]}" --json "$out/compare_${name}_train.json"
+  tail -n 6 "$out/compare-$name-attention.log"; tail -n 3 "$out/compare-$name-train.log"
+done
 POLYSHARD_FUSED_ATTENTION=0 step 90 train-materialized.log benchmarks/train/bench_train_cuda "${steps[@]}" --json "$out/train_materialized.json"
 step 90 train-vocab50257.log benchmarks/train/bench_train_cuda "${steps[@]}" --vocab 50257 --json "$out/train_vocab50257.json"
 step 120 train-medium.log benchmarks/train/bench_train_cuda "${steps[@]}" --medium --json "$out/train_medium.json"
@@ -58,11 +69,18 @@ for tool in memcheck initcheck racecheck; do
   step 120 "sanitizer-$tool.log" compute-sanitizer --tool "$tool" --error-exitcode 3 tests/tensor/test_cuda_transformer "[attention]"
   tail -2 "$out/sanitizer-$tool.log"
 done
-# The model's ops and the head with its loss, under memcheck and initcheck.
+# The model's ops and the head with its loss, under memcheck and initcheck. initcheck does not
+# see the stores of the kernels cuBLASLt picks on Hopper: first the probe that shows it (a
+# product's output, right at every element, reported uninitialized when copied back; expected
+# to report), then the model's tests with every product's output cleared before cuBLASLt writes
+# it (POLYSHARD_CLEAR_PRODUCT_OUTPUTS=1, tensor/cuda/matmul.hpp), so that what initcheck reports
+# there is memory nothing wrote.
+step 60 sanitizer-initcheck-probe.log compute-sanitizer --tool initcheck tests/tensor/test_cuda_matmul "[fresh-output]"
+grep -E "ERROR SUMMARY" "$out/sanitizer-initcheck-probe.log" | head -1
 for prog in autograd/test_cuda_autograd nn/test_cuda_gpt; do
   for tool in memcheck initcheck; do
     log="sanitizer-$tool-$(basename "$prog").log"
-    step 60 "$log" compute-sanitizer --tool "$tool" --error-exitcode 3 "tests/$prog"
+    POLYSHARD_CLEAR_PRODUCT_OUTPUTS=1 step 60 "$log" compute-sanitizer --tool "$tool" --error-exitcode 3 "tests/$prog"
     tail -n 1 "$out/$log"
   done
 done

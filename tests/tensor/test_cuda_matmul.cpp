@@ -14,6 +14,7 @@
 
 #include "polyshard/tensor/cuda/matmul.hpp"
 #include "polyshard/tensor/cuda/ops.hpp"
+#include "polyshard/tensor/cuda/transfer.hpp"
 #include "polyshard/tensor/ops.hpp"
 #include "support/gpu_compare.hpp"
 
@@ -470,4 +471,71 @@ TEST_CASE("matmul_into on device tensors with k = 0 gives beta C, zeros for beta
   c.fill(2.0f);
   matmul_into(a, b, c, 1.0f, 0.5f);
   for (const float x : c.to_vector()) CHECK(x == 1.0f);
+}
+
+TEST_CASE("cuda::matmul writes every element of an output nothing wrote before", "[cuda][tensor][fresh-output]") {
+  // The product's output is taken from the memory pool and never written before cuBLASLt's
+  // kernel: every element equal to the CPU product (random inputs, so none is zero by chance)
+  // shows that the kernel wrote all of them. Run alone in a process (a fresh pool) under
+  // compute-sanitizer's initcheck, this case tells whether initcheck sees the stores of the
+  // kernels cuBLASLt picks on the GPU (on Hopper, through the tensor memory accelerator): a
+  // report of an uninitialized read of the output, when copied back here, would be initcheck's
+  // (benchmarks/gpu/packed.sh runs it so).
+  const std::int64_t m = 256, n = 384, k = 128;
+  const auto a_host = test::random_values<bfloat16>(std::size_t(m * k), 41);
+  const auto b_host = test::random_values<bfloat16>(std::size_t(k * n), 42);
+  const auto a = Tensor<bfloat16>::from({m, k}, std::span<const bfloat16>(a_host));
+  const auto b = Tensor<bfloat16>::from({k, n}, std::span<const bfloat16>(b_host));
+  const Tensor<bfloat16> got = to_host(matmul(to_device(a), to_device(b)));
+  const std::vector<float> a_float(a_host.begin(), a_host.end()), b_float(b_host.begin(), b_host.end());
+  const Tensor<float> want = matmul(Tensor<float>::from({m, k}, std::span<const float>(a_float)),
+                                    Tensor<float>::from({k, n}, std::span<const float>(b_float)));
+  std::size_t wrong = 0, zero = 0;
+  for (std::int64_t i = 0; i < m * n; ++i) {
+    const double g = static_cast<float>(got.data()[i]), w = want.data()[i];
+    if (!(std::abs(g - w) <= 1e-2 * std::max(1.0, std::abs(w)))) ++wrong;
+    if (w == 0.0) ++zero;
+  }
+  CHECK(zero == 0);
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("clearing a product's outputs zeros what it writes and nothing else", "[cuda][tensor]") {
+  // What POLYSHARD_CLEAR_PRODUCT_OUTPUTS=1 does before each product (for compute-sanitizer's
+  // initcheck): C's elements where beta is 0, aux and the bias gradient; the gaps between rows
+  // and between batch items keep their NaN, as does C where beta reads it.
+  const std::int64_t m = 5, n = 7;
+  Stored<float> c(2, m, n, 3, 4);
+  auto dc = test::device_copy(c.host);
+  Stored<float> aux(1, m, n, 1);  // aux_ld 8
+  auto daux = test::device_copy(aux.host);
+  std::vector<float> bias_grad(n + 2, nan_value<float>());
+  auto dgrad = test::device_copy(bias_grad);
+  cuda::MatmulArgs<float> args{.m = m, .n = n, .k = 3, .c = dc.data(), .ldc = c.ld, .batch_count = 2,
+                               .stride_c = c.stride, .epilogue = cuda::Epilogue::BiasGeluAux, .aux = daux.data(),
+                               .aux_ld = aux.ld};
+  cuda::detail::clear_outputs(args, cuda::current_stream());
+  const auto zero_inside = [](const Stored<float>& s) {
+    for (std::int64_t b = 0; b < s.batch; ++b)
+      for (std::int64_t r = 0; r < s.rows; ++r)
+        for (std::int64_t i = 0; i < s.cols; ++i)
+          if (s.host[s.index(b, r, i)] != 0.0f) return false;
+    return true;
+  };
+  const Stored<float> c_after = c.with(dc.to_host()), aux_after = aux.with(daux.to_host());
+  CHECK(zero_inside(c_after));
+  CHECK(c_after.padding_untouched());
+  CHECK(zero_inside(aux_after));
+  CHECK(aux_after.padding_untouched());
+
+  // The bias gradient (n of them for BiasGradB), and C left as it is when beta reads it.
+  auto dc2 = test::device_copy(c.host);
+  args = {.m = m, .n = n, .k = 3, .c = dc2.data(), .ldc = c.ld, .beta = 1.0f, .batch_count = 2,
+          .stride_c = c.stride, .epilogue = cuda::Epilogue::BiasGradB, .bias_grad = dgrad.data()};
+  cuda::detail::clear_outputs(args, cuda::current_stream());
+  const std::vector<float> grad_after = dgrad.to_host();
+  CHECK(std::all_of(grad_after.begin(), grad_after.begin() + n, [](float x) { return x == 0.0f; }));
+  CHECK(std::all_of(grad_after.begin() + n, grad_after.end(), [](float x) { return std::isnan(x); }));
+  const std::vector<float> c_read = dc2.to_host();
+  CHECK(std::all_of(c_read.begin(), c_read.end(), [](float x) { return std::isnan(x); }));
 }

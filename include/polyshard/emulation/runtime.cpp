@@ -1186,6 +1186,17 @@ cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count, cudaStream_t 
   return result(set("cudaMemsetAsync", devPtr, value, count, stream, false));
 }
 
+/// Row by row: `height` rows of `width` bytes, `pitch` bytes apart, each set in stream order.
+cudaError_t cudaMemset2DAsync(void* devPtr, size_t pitch, int value, size_t width, size_t height,
+                              cudaStream_t stream) {
+  if (height > 1 && width > pitch) return result(cudaErrorInvalidPitchValue);
+  for (size_t row = 0; row < height; ++row)
+    if (const cudaError_t e = set("cudaMemset2DAsync", static_cast<char*>(devPtr) + row * pitch, value, width, stream, false);
+        e != cudaSuccess)
+      return result(e);
+  return cudaSuccess;
+}
+
 // ---- Stream-ordered pools --------------------------------------------------------------------
 // A pool hands out host memory and gives it back when the stream reaches the free; it caches
 // nothing, so its reserved memory is its used memory and the release threshold only is stored.

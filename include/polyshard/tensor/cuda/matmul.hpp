@@ -8,6 +8,7 @@
 #include <compare>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <memory>
@@ -547,6 +548,42 @@ inline detail::Plan& CublasLt::plan(const detail::PlanKey& key, const void* bias
   return *it->second;
 }
 
+namespace detail {
+
+/// Whether the environment sets POLYSHARD_CLEAR_PRODUCT_OUTPUTS=1: then matmul clears what a
+/// product writes (C where beta is 0, aux, the bias gradient) before cuBLASLt writes it. For
+/// compute-sanitizer's initcheck only: on Hopper it does not see the stores of the kernels
+/// cuBLASLt picks there (an output equal to the CPU's product at every element is reported
+/// uninitialized when read; test_cuda_matmul's "[fresh-output]" case), so every read of a
+/// product's output is reported. Cleared first, what initcheck reports is left to memory nothing
+/// wrote. Off by default: it costs a memset of every output.
+inline bool clear_product_outputs() {
+  static const bool on = [] {
+    const char* v = std::getenv("POLYSHARD_CLEAR_PRODUCT_OUTPUTS");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
+
+/// Zeros, in `stream`, every element the product of `args` (validated: leading dimensions filled
+/// in) writes without reading it first; gaps between rows and batch items are left alone.
+template <class T>
+void clear_outputs(const MatmulArgs<T>& args, cudaStream_t stream) {
+  const std::size_t e = sizeof(T);
+  if (args.beta == 0.0f)
+    for (std::int64_t i = 0; i < args.batch_count; ++i)
+      POLYSHARD_CUDA_CHECK(cudaMemset2DAsync(args.c + i * args.stride_c, std::size_t(args.ldc) * e, 0,
+                                             std::size_t(args.n) * e, std::size_t(args.m), stream));
+  if (args.epilogue == Epilogue::BiasGeluAux)
+    POLYSHARD_CUDA_CHECK(cudaMemset2DAsync(args.aux, std::size_t(args.aux_ld) * e, 0, std::size_t(args.n) * e,
+                                           std::size_t(args.m), stream));
+  if (writes_bias_grad(args.epilogue))
+    POLYSHARD_CUDA_CHECK(cudaMemsetAsync(
+        args.bias_grad, 0, std::size_t(args.epilogue == Epilogue::BiasGradA ? args.m : args.n) * e, stream));
+}
+
+}  // namespace detail
+
 /// Computes `args` (see MatmulArgs) in `stream` with the calling thread's cuBLASLt handle of the
 /// current device. The first call of a problem builds its descriptors and asks cuBLASLt's
 /// heuristic for an algorithm; later calls with the same problem (shapes, strides, types,
@@ -564,6 +601,7 @@ void matmul(const MatmulArgs<T>& given, cudaStream_t stream) {
   detail::Plan& plan = lt.plan(key, vector, args.aux);
   detail::set_epilogue_pointers(plan.desc.get(), args.epilogue, vector, args.aux);
   void* workspace = lt.workspace(stream);
+  if (detail::clear_product_outputs()) detail::clear_outputs(args, stream);
   // Swapped operands: cuBLASLt's A is our B, its B our A; C is read (beta) and written in place.
   const cublasStatus_t rc = cublasLtMatmul(lt.handle(), plan.desc.get(), &args.alpha, args.b, plan.lt_a.get(), args.a,
                                            plan.lt_b.get(), &args.beta, args.c, plan.lt_c.get(), args.c,
