@@ -96,7 +96,8 @@ __device__ __forceinline__ void start_rows(float* dst, const float* src, int row
 
 /// The loop every kernel here runs over its streamed tiles, in two stages of shared memory: tile
 /// j + 1's copies run while tile j is used. start(j, stage) starts tile j's copies into a stage;
-/// use(j, stage) reads it once it has landed for the whole block.
+/// use(j, stage) reads it once it has landed for the whole block. Each is called with j = 0, 1,
+/// 2, ... in turn.
 template <class Start, class Use>
 __device__ __forceinline__ void stream_tiles(int tiles, Start&& start, Use&& use) {
   start(0, 0);
@@ -377,6 +378,15 @@ __global__ void __launch_bounds__(block_threads)
                      lane);
 }
 
+/// Where the dk/dv kernel's stream of query tiles is: which of the group's query heads, which of
+/// that head's tiles.
+struct QueryTileCursor {
+  int head = 0, tile = 0;
+  __device__ __forceinline__ void step(int per_head) {
+    if (++tile == per_head) tile = 0, ++head;
+  }
+};
+
 /// Elements of one stage of the dk/dv kernel: a tile of queries, one of output gradients, and
 /// their rows' log-sum-exp and delta (floats, two elements each).
 template <int HD>
@@ -411,25 +421,30 @@ __global__ void __launch_bounds__(block_threads)
   __syncthreads();
   const int keys[2] = {k0 + warp * warp_rows + g, k0 + warp * warp_rows + g + 8};  // rows are keys here
   MmaC dk_acc[HD / 8] = {}, dv_acc[HD / 8] = {};
-  // Tile j is query tile j % per_head of the group's query head j / per_head.
+  // Tile j is query tile j % per_head of the group's query head j / per_head. start and use see
+  // j in turn, so each steps a cursor instead of dividing by per_head (a run-time divisor: tens
+  // of integer instructions a tile).
   const int first_query = k0 / BQ * BQ, per_head = (t - first_query + BQ - 1) / BQ;
-  auto start = [&](int j, int s) {
+  QueryTileCursor starting, using_;
+  auto start = [&](int, int s) {
     E* qs = smem + s * stage;
     E* dos = qs + BQ * padded<HD>;
     float* tile_lse = reinterpret_cast<float*>(dos + BQ * padded<HD>);
-    const int h = kvh * dims.group + j / per_head, bh = b * dims.n_head + h, q0 = first_query + j % per_head * BQ;
+    const int h = kvh * dims.group + starting.head, bh = b * dims.n_head + h, q0 = first_query + starting.tile * BQ;
+    starting.step(per_head);
     start_tile<E, HD, BQ>(qs, q + base + std::int64_t(h) * HD, dims.stride, q0, t, dims.packs);
     start_tile<E, HD, BQ>(dos, dout + std::int64_t(b) * t * dims.out_stride + std::int64_t(h) * HD, dims.out_stride,
                           q0, t, dims.packs);
     start_rows<BQ>(tile_lse, lse + std::int64_t(bh) * t, q0, t);
     start_rows<BQ>(tile_lse + BQ, delta + std::int64_t(bh) * t, q0, t);
   };
-  auto use = [&](int j, int st) {
+  auto use = [&](int, int st) {
     const E* qs = smem + st * stage;
     const E* dos = qs + BQ * padded<HD>;
     const float* tile_lse = reinterpret_cast<const float*>(dos + BQ * padded<HD>);
     const float* tile_delta = tile_lse + BQ;
-    const int q0 = first_query + j % per_head * BQ;
+    const int q0 = first_query + using_.tile * BQ;
+    using_.step(per_head);
     const bool edge = q0 < k0 + block_rows - 1 || q0 + BQ > t || k0 + block_rows > t;
     MmaC s[BQ / 8], dp[BQ / 8];
     strip_scores<E, HD, BQ>(s, ka, qs, lane);
