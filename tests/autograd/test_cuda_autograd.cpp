@@ -117,7 +117,7 @@ Var<float, D> llama_loss(const LlamaLeaves<D>& p) {
   const Var<float, D> h = rms_norm(p.x, p.norm_w, 1e-6);                                              // (B, T, C)
   const Var<float, D> q = reshape(rope(reshape(linear(h, p.wq), {2, 17, 4, 8}), 10000.0, 3), {2, 17, 32});
   const Var<float, D> k = reshape(rope(reshape(linear(h, p.wk), {2, 17, 2, 8}), 10000.0, 3), {2, 17, 16});
-  const Var<float, D> a = causal_self_attention(grouped_qkv(q, k, linear(h, p.wv), 4, 2), 4);         // (B, T, C)
+  const Var<float, D> a = grouped_causal_self_attention(q, k, linear(h, p.wv), 4, 2);                // (B, T, C)
   const Var<float, D> r = p.x + linear(a, p.wo);                                                     // (B, T, C)
   const Var<float, D> gate = mul(silu(linear(r, p.w1)), linear(r, p.w3));                            // (B, T, H)
   const Var<float, D> y = r + linear(gate, p.w2);                                                    // (B, T, C)
@@ -143,6 +143,51 @@ TEST_CASE("Llama's blocks (RMSNorm, rotary grouped-query attention, SwiGLU) on t
   check_grad("w1 (gate)", device.w1, host.w1);
   check_grad("w2 (down)", device.w2, host.w2);
   check_grad("w3 (up)", device.w3, host.w3);
+}
+
+TEST_CASE("grouped-query attention on bf16 device tensors reads the key-value heads in place, as repeating them does",
+          "[cuda][autograd]") {
+  // grouped_causal_self_attention's fused path (the kernels read each key-value head for its
+  // group of query heads) against the same attention over repeated key-value heads (grouped_qkv,
+  // then causal_self_attention, on the same kernels): the loss and the gradients agree up to
+  // bf16's rounding (the repeated path sums each group's key-value gradients in bf16, the fused
+  // one in float). Multi-head (4/4) and multi-query (4/1) attention too.
+  const std::int64_t b = 2, t = 19, d = 32;
+  for (const auto& [n_head, n_kv_head] : {std::pair{4, 2}, std::pair{4, 1}, std::pair{4, 4}}) {
+    INFO(n_head << " query heads, " << n_kv_head << " key-value heads");
+    const auto bf16 = [](const Tensor<float>& host) { return Var<bfloat16, Cuda>(cast<bfloat16>(to_device(host)), true); };
+    const auto q_host = test::random_floats(Shape{b, t, n_head * d}, 41, 1.0);
+    const auto k_host = test::random_floats(Shape{b, t, n_kv_head * d}, 42, 1.0);
+    const auto v_host = test::random_floats(Shape{b, t, n_kv_head * d}, 43, 1.0);
+    const Var<bfloat16, Cuda> weights(cast<bfloat16>(to_device(test::random_floats(Shape{b, t, n_head * d}, 44, 1.0))));
+    struct Run {
+      Var<bfloat16, Cuda> q, k, v;
+      double loss;
+    };
+    const auto run = [&](bool in_place) {
+      Run r{bf16(q_host), bf16(k_host), bf16(v_host), 0.0};
+      REQUIRE(grouped_fused_attention_applies(r.q.value(), r.k.value(), r.v.value(), n_head, n_kv_head));
+      const Var<bfloat16, Cuda> a =
+          in_place ? grouped_causal_self_attention(r.q, r.k, r.v, n_head, n_kv_head)
+                   : causal_self_attention(grouped_qkv(r.q, r.k, r.v, n_head, n_kv_head), n_head);
+      CHECK(a.node()->op == std::string(in_place ? "grouped_causal_self_attention" : "causal_self_attention"));
+      const Var<bfloat16, Cuda> loss = mean(mul(a, weights));
+      r.loss = loss.item();
+      backward(loss);
+      return r;
+    };
+    const Run fused = run(true), repeated = run(false);
+    CHECK(fused.loss == Approx(repeated.loss).epsilon(1e-2).margin(1e-4));
+    const auto close = [](const char* what, const Var<bfloat16, Cuda>& got, const Var<bfloat16, Cuda>& want) {
+      const auto g = to_host(cast<float>(got.grad())), w = to_host(cast<float>(want.grad()));
+      const double err = test::relative_error(std::span<const float>(g.span()), std::span<const float>(w.span()));
+      INFO(what << ": relative error " << err);
+      CHECK(err <= 2e-2);  // a few bf16 roundings (2^-8 each) apart
+    };
+    close("dq", fused.q, repeated.q);
+    close("dk", fused.k, repeated.k);
+    close("dv", fused.v, repeated.v);
+  }
 }
 
 TEST_CASE("linear_cross_entropy on the GPU matches the head and loss as two ops on the host", "[cuda][autograd]") {

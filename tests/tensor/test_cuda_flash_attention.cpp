@@ -238,3 +238,76 @@ TEST_CASE("fused causal attention refuses what it does not compute, naming it", 
   CHECK_FALSE(pc::flash_attention_supports(8));
   CHECK(pc::flash_attention_supports(128));
 }
+
+namespace {
+
+/// Columns [from, from + width) of every position of the fused layout, as a (B, T, width) tensor.
+template <class T, class V>
+std::vector<V> columns(const Layout& L, const std::vector<T>& fused, std::int64_t from, std::int64_t width) {
+  std::vector<V> r;
+  for (std::int64_t p = 0; p < L.c.b * L.c.t; ++p)
+    for (std::int64_t e = 0; e < width; ++e) r.push_back(V(fused[std::size_t(p * L.stride() + from + e)]));
+  return r;
+}
+
+template <class T>
+Tensor<T, Cuda> device_tensor(const std::vector<T>& v, Shape shape) {
+  return to_device(Tensor<T>::from(std::move(shape), std::span<const T>(v)));
+}
+
+template <class T>
+std::vector<T> host_values(const Tensor<T, Cuda>& t) {
+  const Tensor<T> h = to_host(t);
+  return std::vector<T>(h.data(), h.data() + h.numel());
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("grouped attention over separate q, k and v reads the key-value heads in place and matches "
+                   "attention computed in double",
+                   "[cuda][tensor][attention]", half, bfloat16) {
+  // The op Llama's blocks call: q (B, T, H D), k and v (B, T, Hkv D) each a tensor of its own,
+  // so keys and values have a stride of their own. The oracle is the fused layout's, split.
+  for (const Case c : {Case{2, 37, 4, 2, 64}, Case{1, 70, 6, 2, 32}, Case{1, 33, 4, 1, 128}, Case{1, 20, 3, 3, 16}}) {
+    const Layout L{c};
+    INFO("B " << c.b << ", T " << c.t << ", heads " << c.n_head << "/" << c.n_kv_head << ", D " << c.d);
+    const auto qkv = test::random_values<TestType>(std::size_t(c.b * c.t * L.stride()), 17 + std::uint64_t(c.t), 2.0);
+    const auto dout = test::random_values<TestType>(std::size_t(c.b * c.t * L.out_stride()), 18);
+    const Oracle want = attention_in_double(L, qkv, dout);
+    const std::int64_t hq = c.n_head * c.d, hkv = c.n_kv_head * c.d;
+    const Shape q_shape{c.b, c.t, hq}, kv_shape{c.b, c.t, hkv};
+    const auto q = device_tensor(columns<TestType, TestType>(L, qkv, 0, hq), q_shape);
+    const auto k = device_tensor(columns<TestType, TestType>(L, qkv, hq, hkv), kv_shape);
+    const auto v = device_tensor(columns<TestType, TestType>(L, qkv, hq + hkv, hkv), kv_shape);
+    REQUIRE(grouped_fused_attention_supports(q, k, v, int(c.n_head), int(c.n_kv_head)));
+    auto out = Tensor<TestType, Cuda>::empty(q_shape);
+    auto lse = Tensor<float, Cuda>::empty({c.b, c.n_head, c.t});
+    grouped_attention_fused_forward(q, k, v, int(c.n_head), int(c.n_kv_head), out, lse);
+    check_against("out", host_values(out), want.out, 1.0);
+    check_against("lse", host_values(lse), want.lse, 1e-3 / test::gpu_tolerance<float>());
+
+    // dq and dk written, dv added to what is there (the kernel writes dk and dv alike: dv goes
+    // through scratch).
+    const auto before = test::random_values<TestType>(std::size_t(c.b * c.t * hkv), 19);
+    auto dq = Tensor<TestType, Cuda>::empty(q_shape), dk = Tensor<TestType, Cuda>::empty(kv_shape);
+    auto dv = device_tensor(before, kv_shape);
+    grouped_attention_fused_backward(q, k, v, out, lse, device_tensor(dout, q_shape), int(c.n_head), int(c.n_kv_head),
+                                     GradOut<TestType, Cuda>{dq, false}, GradOut<TestType, Cuda>{dk, false},
+                                     GradOut<TestType, Cuda>{dv, true});
+    std::vector<double> want_dv = columns<double, double>(L, want.dqkv, hq + hkv, hkv);
+    for (std::size_t i = 0; i < want_dv.size(); ++i) want_dv[i] += double(float(before[i]));
+    check_against("dq", host_values(dq), columns<double, double>(L, want.dqkv, 0, hq), 4.0);
+    check_against("dk", host_values(dk), columns<double, double>(L, want.dqkv, hq, hkv), 4.0);
+    check_against("dv", host_values(dv), want_dv, 4.0);
+  }
+}
+
+TEST_CASE("grouped attention refuses key-value heads that do not divide the query heads, naming them",
+          "[cuda][tensor][attention]") {
+  const auto q = Tensor<bfloat16, Cuda>::empty({1, 4, 6 * 16}), kv = Tensor<bfloat16, Cuda>::empty({1, 4, 4 * 16});
+  auto out = Tensor<bfloat16, Cuda>::empty({1, 4, 6 * 16});
+  auto lse = Tensor<float, Cuda>::empty({1, 6, 4});
+  CHECK_FALSE(grouped_fused_attention_supports(q, kv, kv, 6, 4));
+  CHECK(test::error_of([&] { grouped_attention_fused_forward(q, kv, kv, 6, 4, out, lse); })
+            .find("with 6 query heads and 4 key-value heads") != std::string::npos);
+}

@@ -35,9 +35,8 @@ struct GroupedQueryAttention {
   /// x: (B, T, dim) -> (B, T, dim); positions 0 to T - 1.
   Var<T, D> operator()(const Var<T, D>& x) const {
     POLYSHARD_CHECK(x.shape().rank() == 3, "GroupedQueryAttention: input must be (B, T, dim), got shape ", x.shape());
-    const Var<T, D> qkv = grouped_qkv(rotated(q_proj, x, n_head, 0), rotated(k_proj, x, n_kv_head, 0),
-                                      call(v_proj, x), n_head, n_kv_head);  // (B, T, 3 dim)
-    return call(o_proj, causal_self_attention(qkv, n_head));
+    return call(o_proj, grouped_causal_self_attention(rotated(q_proj, x, n_head, 0), rotated(k_proj, x, n_kv_head, 0),
+                                                      call(v_proj, x), n_head, n_kv_head));
   }
 
   /// x: (B, T, dim) at positions cache.length() onwards -> (B, T, dim), caching their rotated

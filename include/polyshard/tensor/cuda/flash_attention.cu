@@ -27,7 +27,7 @@ namespace flash_detail {
 /// What every kernel needs of the shape, in the types the kernels index with.
 struct Dims {
   int t = 0, n_head = 0, group = 1;  // sequence length; query heads; query heads per key-value head
-  std::int64_t stride = 0, out_stride = 0;
+  std::int64_t stride = 0, kv_stride = 0, out_stride = 0;  // q (and dq); k and v (and dk, dv); out
   float scale = 1.0f;       // 1 / sqrt(head_dim)
   float scale_log2 = 1.0f;  // scale * log2(e): scores in base 2, for exp2f
   bool packs = false;       // every row of q, k, v, out and dout starts 16-byte aligned
@@ -205,8 +205,8 @@ template <class E, int HD>
 __device__ __forceinline__ void start_key_value_tiles(E* stage, const E* k_head, const E* v_head, int j,
                                                       const Dims& dims) {
   constexpr int BK = stream_rows<HD>;
-  start_tile<E, HD, BK>(stage, k_head, dims.stride, j * BK, dims.t, dims.packs);
-  start_tile<E, HD, BK>(stage + BK * padded<HD>, v_head, dims.stride, j * BK, dims.t, dims.packs);
+  start_tile<E, HD, BK>(stage, k_head, dims.kv_stride, j * BK, dims.t, dims.packs);
+  start_tile<E, HD, BK>(stage + BK * padded<HD>, v_head, dims.kv_stride, j * BK, dims.t, dims.packs);
 }
 
 /// One block per 64 queries of one head; each warp keeps its 16 rows' scores, running maxima and
@@ -225,9 +225,9 @@ __global__ void __launch_bounds__(block_threads, forward_blocks_per_sm<HD>)
   // The blocks of a head's last queries, which see the most keys, start first.
   const int t = dims.t, q0 = (gridDim.x - 1 - blockIdx.x) * block_rows, bh = blockIdx.y;
   const int b = bh / dims.n_head, h = bh % dims.n_head, kvh = h / dims.group;
-  const std::int64_t base = std::int64_t(b) * t * dims.stride;
-  const E* k_head = k + base + std::int64_t(kvh) * HD;
-  const E* v_head = v + base + std::int64_t(kvh) * HD;
+  const std::int64_t base = std::int64_t(b) * t * dims.stride, kv_base = std::int64_t(b) * t * dims.kv_stride;
+  const E* k_head = k + kv_base + std::int64_t(kvh) * HD;
+  const E* v_head = v + kv_base + std::int64_t(kvh) * HD;
   MmaA qa[HD / 16];
   start_tile<E, HD, block_rows>(smem, q + base + std::int64_t(h) * HD, dims.stride, q0, t, dims.packs);
   copy_async_commit();
@@ -328,9 +328,9 @@ __global__ void __launch_bounds__(block_threads)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
   const int t = dims.t, q0 = (gridDim.x - 1 - blockIdx.x) * block_rows, bh = blockIdx.y;
   const int b = bh / dims.n_head, h = bh % dims.n_head, kvh = h / dims.group;
-  const std::int64_t base = std::int64_t(b) * t * dims.stride;
-  const E* k_head = k + base + std::int64_t(kvh) * HD;
-  const E* v_head = v + base + std::int64_t(kvh) * HD;
+  const std::int64_t base = std::int64_t(b) * t * dims.stride, kv_base = std::int64_t(b) * t * dims.kv_stride;
+  const E* k_head = k + kv_base + std::int64_t(kvh) * HD;
+  const E* v_head = v + kv_base + std::int64_t(kvh) * HD;
   MmaA qa[HD / 16], da[HD / 16];
   start_tile<E, HD, block_rows>(smem, q + base + std::int64_t(h) * HD, dims.stride, q0, t, dims.packs);
   start_tile<E, HD, block_rows>(smem + stage, dout + std::int64_t(b) * t * dims.out_stride + std::int64_t(h) * HD,
@@ -410,9 +410,10 @@ __global__ void __launch_bounds__(block_threads)
   const int n_kv_head = dims.n_head / dims.group;
   const int b = blockIdx.y / n_kv_head, kvh = blockIdx.y % n_kv_head;
   const std::int64_t base = std::int64_t(b) * t * dims.stride, head = std::int64_t(kvh) * HD;
+  const std::int64_t kv_base = std::int64_t(b) * t * dims.kv_stride;
   MmaA ka[HD / 16], va[HD / 16];
-  start_tile<E, HD, block_rows>(smem, k + base + head, dims.stride, k0, t, dims.packs);
-  start_tile<E, HD, block_rows>(smem + stage, v + base + head, dims.stride, k0, t, dims.packs);
+  start_tile<E, HD, block_rows>(smem, k + kv_base + head, dims.kv_stride, k0, t, dims.packs);
+  start_tile<E, HD, block_rows>(smem + stage, v + kv_base + head, dims.kv_stride, k0, t, dims.packs);
   copy_async_commit();
   copy_async_wait<0>();
   __syncthreads();
@@ -467,8 +468,9 @@ __global__ void __launch_bounds__(block_threads)
   };
   if (k0 < t) stream_tiles(dims.group * per_head, start, use);
   const float one[2] = {1.0f, 1.0f}, scale[2] = {dims.scale, dims.scale};
-  if (dv) write_strip<E, HD>(dv_acc, dv + base + head, dims.stride, k0 + warp * warp_rows, t, one, accumulate, lane);
-  if (dk) write_strip<E, HD>(dk_acc, dk + base + head, dims.stride, k0 + warp * warp_rows, t, scale, accumulate, lane);
+  const int row0 = k0 + warp * warp_rows;
+  if (dv) write_strip<E, HD>(dv_acc, dv + kv_base + head, dims.kv_stride, row0, t, one, accumulate, lane);
+  if (dk) write_strip<E, HD>(dk_acc, dk + kv_base + head, dims.kv_stride, row0, t, scale, accumulate, lane);
 }
 
 // ---- launchers ----------------------------------------------------------------------------------
@@ -483,6 +485,8 @@ void check_shape(const char* op, const AttentionShape& a) {
                   " query heads do not share ", a.n_kv_head, " key-value heads in equal groups");
   POLYSHARD_CHECK(a.stride >= a.n_head * a.head_dim, op, ": stride ", a.stride, " is shorter than a position's ",
                   a.n_head, " query heads of ", a.head_dim);
+  POLYSHARD_CHECK(a.kv_stride == 0 || a.kv_stride >= a.n_kv_head * a.head_dim, op, ": key-value stride ", a.kv_stride,
+                  " is shorter than a position's ", a.n_kv_head, " key-value heads of ", a.head_dim);
   POLYSHARD_CHECK(a.out_stride >= a.n_head * a.head_dim, op, ": output stride ", a.out_stride,
                   " is shorter than a position's ", a.n_head, " heads of ", a.head_dim);
   POLYSHARD_CHECK(a.batch * a.n_head <= 65535, op, ": batch * n_head = ", a.batch * a.n_head,
@@ -495,6 +499,7 @@ Dims dims_of(const AttentionShape& a, bool packs) {
   d.n_head = static_cast<int>(a.n_head);
   d.group = static_cast<int>(a.n_head / a.n_kv_head);
   d.stride = a.stride;
+  d.kv_stride = a.kv_stride != 0 ? a.kv_stride : a.stride;
   d.out_stride = a.out_stride;
   d.scale = static_cast<float>(1.0 / std::sqrt(double(a.head_dim)));
   d.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(double(a.head_dim)));
@@ -539,7 +544,7 @@ void flash_attention_forward(const T* q, const T* k, const T* v, T* out, float* 
   const char* op = "flash attention";
   check_shape(op, shape);
   if (shape.batch == 0 || shape.seq == 0) return;
-  const bool packs = rows_aligned<E>({q, k, v, out}, {shape.stride, shape.out_stride});
+  const bool packs = rows_aligned<E>({q, k, v, out}, {shape.stride, shape.kv_stride, shape.out_stride});
   const Dims dims = dims_of(shape, packs);
   with_head_dim(shape.head_dim, [&]<int HD>() {
     const dim3 grid(blocks_for(shape.seq, block_rows), static_cast<unsigned>(shape.batch * shape.n_head));
@@ -562,7 +567,8 @@ void flash_attention_backward(const T* q, const T* k, const T* v, const T* out, 
   check_shape(op, shape);
   if (shape.batch == 0 || shape.seq == 0 || !(dq.wanted() || dk.wanted() || dv.wanted())) return;
   POLYSHARD_CHECK(dk.accumulate == dv.accumulate, op, ": dk and dv are either both written or both added to");
-  const bool packs = rows_aligned<E>({q, k, v, out, dout, dq.data, dk.data, dv.data}, {shape.stride, shape.out_stride});
+  const bool packs = rows_aligned<E>({q, k, v, out, dout, dq.data, dk.data, dv.data},
+                                     {shape.stride, shape.kv_stride, shape.out_stride});
   const Dims dims = dims_of(shape, packs);
   float* delta = workspace;
   const std::int64_t rows = shape.batch * shape.n_head * shape.seq;

@@ -18,11 +18,13 @@ namespace polyshard::cuda {
 /// head_dim elements at q + (b T + t) stride + h head_dim; key and value heads likewise from k
 /// and v, shared by groups of n_head / n_kv_head consecutive query heads (grouped-query
 /// attention; n_kv_head = n_head is multi-head attention). GPT-2's fused projection (B, T, 3C):
-/// q = qkv, k = qkv + C, v = qkv + 2C, stride 3C. The output, (B, T, n_head head_dim), has its
-/// own stride.
+/// q = qkv, k = qkv + C, v = qkv + 2C, stride 3C. Keys and values may sit apart from the
+/// queries, (B, T, n_kv_head head_dim) each, with a stride of their own (kv_stride). The output,
+/// (B, T, n_head head_dim), has its own stride.
 struct AttentionShape {
   std::int64_t batch = 0, seq = 0, n_head = 0, n_kv_head = 0, head_dim = 0;
-  std::int64_t stride = 0;      // elements between consecutive positions of q, k and v
+  std::int64_t stride = 0;      // elements between consecutive positions of q (and of k and v)
+  std::int64_t kv_stride = 0;   // of k and v, where it is not 0
   std::int64_t out_stride = 0;  // elements between consecutive positions of the output
 };
 
@@ -43,7 +45,7 @@ std::int64_t flash_attention_backward_workspace_floats(const AttentionShape& sha
 
 /// The gradients of flash_attention_forward with respect to q, k and v, from its inputs, its
 /// output, the output's gradient and its lse: dq, dk and dv in the layout of q, k and v (the
-/// same stride), each written or added to (DeviceGradOut). The probabilities are recomputed tile
+/// same strides), each written or added to (DeviceGradOut). The probabilities are recomputed tile
 /// by tile; every sum runs in a fixed order (no atomics), so the result is bitwise reproducible.
 /// `workspace` holds flash_attention_backward_workspace_floats(shape) floats.
 template <class T>

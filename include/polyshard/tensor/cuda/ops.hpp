@@ -780,4 +780,102 @@ void causal_self_attention_fused_backward(const Tensor<T, Cuda>& qkv, const Tens
                                  cuda::current_stream());
 }
 
+/// Whether the fused kernels compute grouped-query attention over separate q (B, T, n_head D)
+/// and k, v (B, T, n_kv_head D) as they are, each key-value head read by its group of
+/// n_head / n_kv_head query heads without being repeated: 16-bit elements, a head dimension
+/// they take, n_kv_head dividing n_head, contiguous tensors.
+template <CudaFloatElement T>
+bool grouped_fused_attention_supports(const Tensor<T, Cuda>& q, const Tensor<T, Cuda>& k, const Tensor<T, Cuda>& v,
+                                      int n_head, int n_kv_head) {
+  if constexpr (std::is_same_v<T, float>) {
+    return false;
+  } else {
+    if (q.rank() != 3 || n_head <= 0 || n_kv_head <= 0 || n_head % n_kv_head != 0 || q.size(2) % n_head != 0)
+      return false;
+    const std::int64_t d = q.size(2) / n_head;
+    const Shape kv{q.size(0), q.size(1), n_kv_head * d};
+    return cuda::flash_attention_supports(d) && k.shape() == kv && v.shape() == kv && q.is_contiguous() &&
+           k.is_contiguous() && v.is_contiguous();
+  }
+}
+
+/// Whether grouped_causal_self_attention on Vars takes the fused kernels: where they compute it,
+/// unless POLYSHARD_FUSED_ATTENTION=0 turned them off.
+template <CudaFloatElement T>
+bool grouped_fused_attention_applies(const Tensor<T, Cuda>& q, const Tensor<T, Cuda>& k, const Tensor<T, Cuda>& v,
+                                     int n_head, int n_kv_head) {
+  return fused_attention_enabled() && grouped_fused_attention_supports(q, k, v, n_head, n_kv_head);
+}
+
+namespace detail::cuda_ops {
+/// The fused kernels' view of separate q (B, T, n_head D), k and v (B, T, n_kv_head D), refused
+/// with the op's name where they do not compute it.
+template <class T>
+cuda::AttentionShape grouped_attention_shape(const char* op, const Tensor<T, Cuda>& q, const Tensor<T, Cuda>& k,
+                                             const Tensor<T, Cuda>& v, int n_head, int n_kv_head) {
+  POLYSHARD_CHECK(grouped_fused_attention_supports(q, k, v, n_head, n_kv_head), op, ": q ", q.shape(),
+                  ", k ", k.shape(), " and v ", v.shape(), " with ", n_head, " query heads and ", n_kv_head,
+                  " key-value heads are not contiguous 16-bit (B, T, n_head D) and (B, T, n_kv_head D) with "
+                  "n_kv_head dividing n_head and D one of 16, 32, 64 and 128");
+  const std::int64_t d = q.size(2) / n_head;
+  return {.batch = q.size(0), .seq = q.size(1), .n_head = n_head, .n_kv_head = n_kv_head, .head_dim = d,
+          .stride = n_head * d, .kv_stride = n_kv_head * d, .out_stride = n_head * d};
+}
+}  // namespace detail::cuda_ops
+
+/// Grouped-query causal attention by the fused kernels, the key-value heads read in place: out
+/// (B, T, n_head D) = each query head's softmax(q k^T / sqrt(D), causal) v over key-value head
+/// h / (n_head / n_kv_head); lse (B, n_head, T) float for the backward.
+template <Cuda16BitElement T>
+void grouped_attention_fused_forward(const Tensor<T, Cuda>& q, const Tensor<T, Cuda>& k, const Tensor<T, Cuda>& v,
+                                     int n_head, int n_kv_head, const Tensor<T, Cuda>& out,
+                                     const Tensor<float, Cuda>& lse) {
+  const char* op = "grouped causal attention (fused)";
+  const cuda::AttentionShape shape = detail::cuda_ops::grouped_attention_shape(op, q, k, v, n_head, n_kv_head);
+  detail::check_output(op, "out", out, q.shape());
+  detail::check_output(op, "lse", lse, Shape{shape.batch, n_head, shape.seq});
+  using detail::cuda_ops::input;
+  cuda::flash_attention_forward(input(op, "q", q), input(op, "k", k), input(op, "v", v), out.data(), lse.data(), shape,
+                                cuda::current_stream());
+}
+
+/// The gradients of grouped_attention_fused_forward with respect to q, k and v, each written or
+/// added to; dk and dv sum their group's query heads inside the kernel.
+template <Cuda16BitElement T>
+void grouped_attention_fused_backward(const Tensor<T, Cuda>& q, const Tensor<T, Cuda>& k, const Tensor<T, Cuda>& v,
+                                      const Tensor<T, Cuda>& out, const Tensor<float, Cuda>& lse,
+                                      const Tensor<T, Cuda>& dout, int n_head, int n_kv_head, const GradOut<T, Cuda>& dq,
+                                      const GradOut<T, Cuda>& dk, const GradOut<T, Cuda>& dv) {
+  if (!(dq.wanted() || dk.wanted() || dv.wanted())) return;
+  const char* op = "grouped causal attention backward (fused)";
+  const cuda::AttentionShape shape = detail::cuda_ops::grouped_attention_shape(op, q, k, v, n_head, n_kv_head);
+  check_same_shape(op, out.shape(), q.shape());
+  check_same_shape(op, dout.shape(), q.shape());
+  check_same_shape(op, lse.shape(), Shape{shape.batch, n_head, shape.seq});
+  if (dq.wanted()) detail::check_output(op, "dq", dq.tensor, q.shape());
+  if (dk.wanted()) detail::check_output(op, "dk", dk.tensor, k.shape());
+  if (dv.wanted()) detail::check_output(op, "dv", dv.tensor, v.shape());
+  using detail::cuda_ops::input;
+  auto workspace = detail::cuda_ops::scratch_floats(
+      static_cast<std::size_t>(cuda::flash_attention_backward_workspace_floats(shape)));
+  const auto device = [](const GradOut<T, Cuda>& g) {
+    return g.wanted() ? cuda::DeviceGradOut<T>{g.tensor.data(), g.accumulate} : cuda::DeviceGradOut<T>{};
+  };
+  // The kernel writes dk and dv together, either both written or both added to: where they
+  // differ, dv goes through scratch and is added or copied after.
+  const bool apart = dk.wanted() && dv.wanted() && dk.accumulate != dv.accumulate;
+  Tensor<T, Cuda> dv_scratch = apart ? Tensor<T, Cuda>::empty(v.shape(), MemoryCategory::Activations) : Tensor<T, Cuda>{};
+  const cuda::DeviceGradOut<T> dv_out =
+      apart ? cuda::DeviceGradOut<T>{dv_scratch.data(), dk.accumulate} : device(dv);
+  cuda::flash_attention_backward(input(op, "q", q), input(op, "k", k), input(op, "v", v), input(op, "out", out),
+                                 input(op, "dout", dout), input(op, "lse", lse), device(dq), device(dk), dv_out,
+                                 workspace.data(), shape, cuda::current_stream());
+  if (apart) {
+    if (dv.accumulate)
+      add_into(dv.tensor, dv_scratch, dv.tensor);
+    else
+      dv.tensor.copy_from(dv_scratch);
+  }
+}
+
 }  // namespace polyshard
