@@ -1,5 +1,8 @@
 // main() of every GPU test program: runs the Catch2 session where a CUDA device is visible and
-// otherwise prints why and exits with 77, which CTest reports as skipped (never as passed).
+// otherwise prints why and exits with 77, which CTest reports as skipped (never as passed). A
+// session whose cases all passed but some of which found too few devices (gpu_devices.hpp) exits
+// with 77 too, on a GPU machine; on the emulated device (four devices unless
+// POLYSHARD_EMULATION_DEVICES says otherwise) it fails.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -7,6 +10,7 @@
 #include <string_view>
 
 #include "polyshard/core/cuda/runtime.hpp"
+#include "support/gpu_devices.hpp"
 
 int main(int argc, char** argv) {
   bool listing = false;
@@ -19,5 +23,16 @@ int main(int argc, char** argv) {
     }
     std::printf("running on %s\n", polyshard::cuda::device_description(0).c_str());
   }
-  return Catch::Session().run(argc, argv);
+  const int rc = Catch::Session().run(argc, argv);
+  const int short_of_devices = polyshard::test::cases_short_of_devices.load();
+  if (rc != 0 || listing || short_of_devices == 0) return rc;
+  if (polyshard::cuda::is_emulated_device(0)) {
+    std::printf("FAILED: %d of the test cases found fewer devices than they need on the emulated device, where "
+                "every case must run\n",
+                short_of_devices);
+    return 1;
+  }
+  std::printf("SKIPPED: %d of the test cases in %s need more CUDA devices than are visible: they did not run\n",
+              short_of_devices, argv[0]);
+  return 77;
 }

@@ -6,6 +6,8 @@
 // differs from a GPU on purpose, the comment at the definition says so.
 #include "polyshard/emulation/runtime.hpp"
 
+#include "polyshard/core/cuda/runtime.hpp"  // cuda::emulated_device_name
+
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -542,7 +544,7 @@ cudaError_t set(const char* call, void* dst, int value, std::size_t n, cudaStrea
 cudaDeviceProp properties_of(int device) {
   cudaDeviceProp p;
   std::memset(&p, 0, sizeof p);
-  std::snprintf(p.name, sizeof p.name, "polyshard emulated CUDA device");
+  std::snprintf(p.name, sizeof p.name, "%s", polyshard::cuda::emulated_device_name);
   for (std::size_t i = 0; i < sizeof p.uuid.bytes; ++i) p.uuid.bytes[i] = static_cast<char>(0x50 + i);
   p.uuid.bytes[15] = static_cast<char>(device);
   p.totalGlobalMem = total_global_memory;

@@ -26,6 +26,16 @@ inline DeviceAvailability available_devices() {
   return {count, {}};
 }
 
+/// The name the emulated device (emulation/, docs/cuda.md) gives itself in cudaDeviceProp.
+inline constexpr char emulated_device_name[] = "polyshard emulated CUDA device";
+
+/// Whether `device` is the emulated device rather than a GPU: for what must differ between them
+/// (the emulation has four devices, so a test that needs several must never skip there).
+inline bool is_emulated_device(int device) {
+  cudaDeviceProp p{};
+  return cudaGetDeviceProperties(&p, device) == cudaSuccess && std::string(p.name) == emulated_device_name;
+}
+
 /// The device's name and compute capability, as "NVIDIA H200 (sm_90)".
 inline std::string device_description(int device) {
   cudaDeviceProp p{};
