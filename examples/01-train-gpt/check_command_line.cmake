@@ -91,6 +91,24 @@ expect(loss-scale-setting-without-loss-scaling EXIT 2 ARGS ${tiny} --precision b
        SAYS "StrategyConfig::hysteresis" "scales no loss")
 expect(loss-scale-window-below-one EXIT 2 ARGS --loss-scale-window 0 SAYS "polyshard-train: --loss-scale-window" "at least 1")
 
+# Lightning's strategy names run the composition its DeepSpeed or FairScale settings make; the
+# one whose meaning polyshard does not have is refused, naming what differs.
+set(one_step --layers 1 --embd 32 --heads 2 --seq 16 --batch 4 --steps 1 --log-every 100)
+foreach(pair "deepspeed_stage_1=ShardOptimizerState, NoOffload"
+             "deepspeed_stage_2=ShardGradients, NoOffload"
+             "deepspeed_stage_2_offload=ShardGradients, OffloadOptimizer<Cpu>"
+             "deepspeed_stage_3=ShardParameters, NoOffload"
+             "deepspeed_stage_3_offload=ShardParameters, OffloadParameters<Cpu>"
+             "ddp_sharded=ShardGradients, NoOffload"
+             "fsdp=ShardParameters, NoOffload")
+  string(REPLACE "=" ";" pair "${pair}")
+  list(GET pair 0 name)
+  list(GET pair 1 composition)
+  expect(lightning-name-${name} EXIT 0 ARGS ${one_step} --strategy ${name} SAYS "strategy ${name} (${composition}, Fp32)")
+endforeach()
+expect(lightning-name-deepspeed_stage_3_offload_nvme EXIT 2 ARGS ${one_step} --strategy deepspeed_stage_3_offload_nvme
+       SAYS "deepspeed_stage_3_offload_nvme keeps the parameters on NVMe" "--strategy zero_infinity")
+
 expect(help EXIT 0 ARGS --help
        SAYS "--config FILE" "Model:" "Training:" "Optimizer:" "Strategy:" "Data:" "Output:" "Checkpoints:" "Sampling:"
             "Loss scaling" "--initial-scale-power N" "--layers N=4" "--betas B1,B2=0.9,0.999" "--nesterov" "--sample-tokens N=32" "--top-k K=0")

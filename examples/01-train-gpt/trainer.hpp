@@ -163,9 +163,10 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
     std::printf("polyshard-train: GPT %lld layers, %lld heads, width %lld, sequence %lld: %lld parameters\n",
                 static_cast<long long>(o.layers), static_cast<long long>(o.heads), static_cast<long long>(o.embd),
                 static_cast<long long>(o.seq), static_cast<long long>(engine.units().numel_total()));
-    std::printf("strategy %s (%s, %s), %d rank(s) on %s, %zu unit(s); data: %s (%lld tokens); batch %lld in %lld "
+    std::printf("strategy %s (%s, %s, %s), %d rank(s) on %s, %zu unit(s); data: %s (%lld tokens); batch %lld in %lld "
                 "micro-batch(es); optimizer %s, lr %g\n",
-                o.strategy.c_str(), S::sharding::name, S::precision::name, world, on_host ? "the host" : "GPUs",
+                o.strategy.c_str(), S::sharding::name, S::offload::name, S::precision::name, world,
+                on_host ? "the host" : "GPUs",
                 engine.units().units.size(),
                 data.train.origin().c_str(), static_cast<long long>(data.train.size()), static_cast<long long>(o.batch),
                 static_cast<long long>(o.accum), o.optimizer.c_str(), o.lr);
