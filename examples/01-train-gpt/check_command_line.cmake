@@ -109,12 +109,104 @@ endforeach()
 expect(lightning-name-deepspeed_stage_3_offload_nvme EXIT 2 ARGS ${one_step} --strategy deepspeed_stage_3_offload_nvme
        SAYS "deepspeed_stage_3_offload_nvme keeps the parameters on NVMe" "--strategy zero_infinity")
 
+# --deepspeed-config: a DeepSpeed JSON config using every key polyshard-train reads trains
+# exactly as the same settings given as flags (the metrics equal but for the timings), and the
+# composition it names is the one DeepSpeed's stage and offload sections make.
+set(tiny_model --layers 1 --embd 32 --heads 2 --seq 16 --steps 3 --world-size 2)
+set(every_key ${WORK_DIR}/deepspeed-every-key.json)
+file(WRITE ${every_key} [=[
+{
+  "train_batch_size": "auto",
+  "train_micro_batch_size_per_gpu": 2,
+  "gradient_accumulation_steps": 2,
+  "gradient_clipping": 0.5,
+  "steps_per_print": 100,
+  "wall_clock_breakdown": false,
+  "zero_allow_untested_optimizer": true,
+  "prescale_gradients": false,
+  "gradient_predivide_factor": 1.0,
+  "communication_data_type": null,
+  "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.8, 0.95], "eps": 1e-6, "weight_decay": 0.1}},
+  "fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 2, "hysteresis": 2,
+           "consecutive_hysteresis": false, "min_loss_scale": 1, "auto_cast": false,
+           "fp16_master_weights_and_grads": false},
+  "bf16": {"enabled": false},
+  "zero_optimization": {
+    "stage": 2, "contiguous_gradients": true, "overlap_comm": true, "reduce_scatter": true,
+    "reduce_bucket_size": 2e8, "allgather_partitions": true, "allgather_bucket_size": 200000000,
+    "round_robin_gradients": false, "elastic_checkpoint": false, "sub_group_size": 1e12,
+    "offload_optimizer": {"device": "cpu", "nvme_path": "/local_nvme", "pin_memory": false, "buffer_count": 4,
+                          "fast_init": false, "ratio": 1.0}
+  },
+  "activation_checkpointing": {"partition_activations": false, "cpu_checkpointing": false,
+    "contiguous_memory_optimization": false, "number_checkpoints": null, "synchronize_checkpoint_boundary": false,
+    "profile": false}
+}
+]=])
+expect(deepspeed-config-every-key EXIT 0 ARGS ${tiny_model} --deepspeed-config ${every_key}
+       --metrics ${WORK_DIR}/deepspeed-config.jsonl
+       SAYS "strategy zero_offload (ShardGradients, OffloadOptimizer<Cpu>, Fp16Mixed)" "batch 8 in 2 micro-batch(es)"
+            "optimizer adamw, lr 0.003")
+expect(deepspeed-config-as-flags EXIT 0 ARGS ${tiny_model} --strategy zero_offload --precision fp16-mixed --batch 8
+       --accum 2 --clip 0.5 --log-every 100 --optimizer adamw --lr 3e-3 --betas 0.8,0.95 --eps 1e-6
+       --weight-decay 0.1 --initial-scale-power 12 --loss-scale-window 2 --checkpoint-activations
+       --metrics ${WORK_DIR}/deepspeed-flags.jsonl)
+set(runs "")
+foreach(run deepspeed-config deepspeed-flags)
+  file(READ ${WORK_DIR}/${run}.jsonl text)
+  string(REGEX REPLACE "\"tokens_per_s\":[^,]*,\"step_s\":[^,]*,\"elapsed_s\":[^,]*," "" text "${text}")
+  list(APPEND runs "${text}")
+endforeach()
+list(GET runs 0 from_config)
+list(GET runs 1 from_flags)
+if(NOT from_config STREQUAL from_flags OR from_config STREQUAL "")
+  set(failures "${failures}\ndeepspeed-config-every-key: its metrics differ from the same settings as flags:\n"
+               "${from_config}\n---\n${from_flags}")
+endif()
+# The command line wins over the file; DeepSpeed's Adam is AdamW with weight decay 0 by default.
+file(WRITE ${WORK_DIR}/deepspeed-stage3.json
+     [=[{"zero_optimization": {"stage": 3}, "optimizer": {"type": "Adam", "params": {"lr": 0.002}}, "bf16": {"enabled": true}}]=])
+expect(deepspeed-config-stage-3 EXIT 0 ARGS ${one_step} --deepspeed-config ${WORK_DIR}/deepspeed-stage3.json
+       SAYS "strategy zero3 (ShardParameters, NoOffload, Bf16Mixed)" "optimizer adamw, lr 0.002")
+expect(deepspeed-config-command-line-wins EXIT 0 ARGS ${one_step} --deepspeed-config ${WORK_DIR}/deepspeed-stage3.json
+       --strategy ddp --lr 0.01 SAYS "strategy ddp (NoShard, NoOffload, Bf16Mixed)" "lr 0.01")
+file(WRITE ${WORK_DIR}/deepspeed-offload3.json
+     [=[{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}}]=])
+expect(deepspeed-config-stage-3-offload EXIT 0 ARGS ${one_step} --deepspeed-config ${WORK_DIR}/deepspeed-offload3.json
+       SAYS "strategy zero3_offload (ShardParameters, OffloadParameters<Cpu>, Fp32)")
+# What cannot be honoured is refused, naming the file and the key.
+foreach(case
+    "unknown-key|{\"zero_optimization\": {\"stage\": 3, \"stage_three\": 1}}|zero_optimization.stage_three: no such key"
+    "wrong-type|{\"fp16\": {\"enabled\": \"yes\"}}|fp16.enabled: expects true or false"
+    "fractional-stage|{\"zero_optimization\": {\"stage\": 2.5}}|zero_optimization.stage: expects an integer"
+    "not-json|{\"fp16\": |not JSON"
+    "nvme-parameters|{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"nvme\"}}}|offload_param.device: nvme"
+    "param-offload-below-stage-3|{\"zero_optimization\": {\"stage\": 2, \"offload_param\": {\"device\": \"cpu\"}}}|needs stage 3"
+    "fp16-and-bf16|{\"fp16\": {\"enabled\": true}, \"bf16\": {\"enabled\": true}}|both are true"
+    "scheduler|{\"scheduler\": {\"type\": \"WarmupLR\"}}|scheduler: polyshard-train cannot honour"
+    "optimizer-type|{\"optimizer\": {\"type\": \"Lamb\"}}|optimizer.type: 'Lamb' is not one of"
+    "partitioned-activations|{\"activation_checkpointing\": {\"partition_activations\": true}}|partition_activations")
+  string(REPLACE "|" ";" case "${case}")
+  list(GET case 0 name)
+  list(GET case 1 json)
+  list(GET case 2 says)
+  file(WRITE ${WORK_DIR}/deepspeed-${name}.json "${json}")
+  expect(deepspeed-config-${name} EXIT 2 ARGS ${one_step} --deepspeed-config ${WORK_DIR}/deepspeed-${name}.json
+         SAYS "--deepspeed-config ${WORK_DIR}/deepspeed-${name}.json" "${says}")
+endforeach()
+# DeepSpeed's train_batch_size = micro batch x accumulation x world size, checked once the world is known.
+file(WRITE ${WORK_DIR}/deepspeed-batches.json [=[{"train_batch_size": 6, "train_micro_batch_size_per_gpu": 2}]=])
+expect(deepspeed-config-micro-batch-against-batch EXIT 2 ARGS --layers 1 --embd 32 --heads 2 --seq 16 --steps 1
+       --world-size 2 --deepspeed-config ${WORK_DIR}/deepspeed-batches.json
+       SAYS "--deepspeed-config ${WORK_DIR}/deepspeed-batches.json" "x 2 rank(s) is 4, not the batch 6")
+
 expect(help EXIT 0 ARGS --help
        SAYS "--config FILE" "Model:" "Training:" "Optimizer:" "Strategy:" "Data:" "Output:" "Checkpoints:" "Sampling:"
-            "Loss scaling" "--initial-scale-power N" "--layers N=4" "--betas B1,B2=0.9,0.999" "--nesterov" "--sample-tokens N=32" "--top-k K=0")
+            "Loss scaling" "Strategy settings" "--deepspeed-config FILE.json" "--reduce-bucket-size N=200000000"
+            "--initial-scale-power N" "--layers N=4" "--betas B1,B2=0.9,0.999" "--nesterov" "--sample-tokens N=32" "--top-k K=0")
 expect(short-help EXIT 0 ARGS -h SAYS "Usage: polyshard-train")
 
 if(failures)
   message(FATAL_ERROR "polyshard-train's command line:${failures}")
 endif()
-message(STATUS "command line: --config sets the flags, the command line wins, bad input is named, --help shows the groups")
+message(STATUS "command line: --config and --deepspeed-config set the flags, the command line wins, bad input is named, --help shows the groups")

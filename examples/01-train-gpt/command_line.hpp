@@ -11,6 +11,7 @@
 #include <string>
 #include <type_traits>
 
+#include "deepspeed_config.hpp"
 #include "options.hpp"
 #include "polyshard/core/error.hpp"
 
@@ -190,6 +191,42 @@ inline bool parse(int argc, char** argv, Options& o) {
       ->add_option("--nvme-path", o.nvme_path, "zero_infinity: directory on a local NVMe drive for the optimizer state")
       ->type_name("DIR");
 
+  // StrategyConfig's fields under their reference names; the engine refuses, naming the field, a
+  // value its strategy does not read (docs/options.md).
+  auto* settings = app.add_option_group("Strategy settings (StrategyConfig; refused where the strategy does not read them)");
+  polyshard::StrategyConfig& c = o.settings;
+  settings->add_option("--bucket-cap-mb", c.bucket_cap_mb, "MiB of gradients a reduction carries (FairScale, DDP)")
+      ->type_name("X")->transform(number);
+  settings->add_option("--reduce-bucket-size", c.reduce_bucket_size, "elements reduced at once (DeepSpeed)")
+      ->type_name("N")->transform(at_least(1));
+  settings->add_option("--allgather-bucket-size", c.allgather_bucket_size, "elements gathered at once (DeepSpeed)")
+      ->type_name("N")->transform(at_least(1));
+  settings->add_option("--overlap-comm", c.overlap_comm, "overlap reductions with backward")->type_name("BOOL");
+  settings->add_option("--prefetch", c.prefetch, "sharded parameters: gather the next unit ahead")->type_name("BOOL");
+  settings->add_option("--sync-models-at-startup", c.sync_models_at_startup, "broadcast rank 0's weights first")
+      ->type_name("BOOL");
+  settings->add_option("--broadcast-buffers", c.broadcast_buffers, "broadcast module buffers before each forward")
+      ->type_name("BOOL");
+  settings->add_option("--pin-memory", c.pin_memory, "page-locked host buffers for offload")->type_name("BOOL");
+  settings->add_option("--block-size", c.block_size, "NVMe: bytes a read or write carries")->type_name("N")
+      ->transform(at_least(1));
+  settings->add_option("--queue-depth", c.queue_depth, "NVMe: requests in flight")->type_name("N")
+      ->transform(detail::number_at_least<int>(1));
+  settings->add_option("--optimizer-buffer-count", c.optimizer_buffer_count, "NVMe: optimizer-state buffers")
+      ->type_name("N")->transform(detail::number_at_least<int>(1));
+  settings->add_option("--params-buffer-count", c.params_buffer_count, "NVMe parameters: buffers")->type_name("N")
+      ->transform(detail::number_at_least<int>(1));
+  settings->add_option("--params-buffer-size", c.params_buffer_size, "NVMe parameters: elements a buffer holds")
+      ->type_name("N")->transform(at_least(1));
+  settings->add_option("--sub-group-size", c.sub_group_size, "elements the optimizer steps at once")->type_name("N")
+      ->transform(at_least(1));
+  settings->add_option("--state-dict-to-cpu", c.state_dict_to_cpu, "full state dicts gathered to host memory")
+      ->type_name("BOOL");
+  settings
+      ->add_option("--deepspeed-config", o.deepspeed_config,
+                   "a DeepSpeed JSON config: its keys set the flags not given on the command line or in --config")
+      ->type_name("FILE.json");
+
   auto* scaling = app.add_option_group("Loss scaling (fp16-mixed; DeepSpeed's keys, refused where they do not apply)");
   scaling->add_option("--loss-scale", o.loss_scale, "0: dynamic; a positive value: that static scale")
       ->type_name("X")
@@ -302,6 +339,10 @@ inline bool parse(int argc, char** argv, Options& o) {
                                      message);
     polyshard::detail::throw_error("polyshard-train: ", message, " (see --help)");
   }
+  o.batch_given = app.get_option("--batch")->count() > 0;
+  if (!o.deepspeed_config.empty())
+    apply_deepspeed_config(o.deepspeed_config, o,
+                           [&app](const std::string& flag) { return app.get_option(flag)->count() > 0; });
   detail::check_combinations(o);
   return true;
 }

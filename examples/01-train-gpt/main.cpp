@@ -81,6 +81,7 @@ int run(int argc, char** argv) {
 #ifdef POLYSHARD_WITH_MPI
     MpiSession session(&argc, &argv);
     MpiCommunicator comm = MpiCommunicator::world();
+    train::resolve_micro_batch(o, comm.size());
     cpu::set_blas_threads(o.threads > 0 ? o.threads : 1);
     Trace trace(comm.rank());
     try {
@@ -107,6 +108,7 @@ int run(int argc, char** argv) {
   }
   // Ranks as threads share the cores: each rank's BLAS and optimizer get their share.
   const int world = static_cast<int>(o.world_size);
+  train::resolve_micro_batch(o, world);
   cpu::set_blas_threads(o.threads > 0 ? o.threads : std::max(1, cores / world));
   if (world > 1) set_optimizer_threads(1);
   std::deque<Trace> traces;  // a deque: traces hold mutexes and never move

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "polyshard/core/error.hpp"
+#include "polyshard/policy/config.hpp"
 
 namespace train {
 
@@ -42,6 +43,13 @@ struct Options {
   std::int64_t accum = 1;           // micro-batches per step (gradient accumulation with no_sync)
   std::int64_t hybrid_group = 0;    // --strategy hybrid: ranks per sharding group (0: half the world)
   std::string nvme_path = "/local_nvme";  // --strategy zero_infinity: directory of the optimizer-state files
+  // StrategyConfig's other fields, each under its own flag (--reduce-bucket-size, ...); the ones
+  // set above (min_num_params from --wrap, hybrid_group_size, nvme_path, the loss scaling) are
+  // copied over these. The engine refuses a setting its strategy does not read.
+  polyshard::StrategyConfig settings;
+  std::int64_t micro_batch = 0;  // DeepSpeed's train_micro_batch_size_per_gpu; 0: --batch decides
+  bool batch_given = false;      // --batch, or train_batch_size, was given
+  std::string deepspeed_config;  // --deepspeed-config FILE (applied in command_line.hpp)
   // Loss scaling (fp16-mixed), DeepSpeed's keys: StrategyConfig's fields of the same names.
   double loss_scale = 0;                  // 0: dynamic; > 0: a static scale
   std::int64_t initial_scale_power = -1;  // -1 (as each of the three below): the precision policy's
@@ -97,6 +105,19 @@ inline std::int64_t wrap_threshold(const Options& o) {
     return n;
   }
   return 0;
+}
+
+/// DeepSpeed's rule, train_batch_size = micro batch x accumulation steps x world size, once the
+/// world is known: a micro batch (--deepspeed-config's train_micro_batch_size_per_gpu) sets
+/// --batch, or must agree with it where both were given.
+inline void resolve_micro_batch(Options& o, int world) {
+  if (o.micro_batch == 0) return;
+  const std::int64_t batch = o.micro_batch * o.accum * world;
+  POLYSHARD_CHECK(!o.batch_given || o.batch == batch, "polyshard-train: --deepspeed-config ", o.deepspeed_config,
+                  ": train_micro_batch_size_per_gpu ", o.micro_batch,
+                  " x gradient accumulation ", o.accum, " x ", world, " rank(s) is ", batch, ", not the batch ",
+                  o.batch, " given (train_batch_size or --batch)");
+  o.batch = batch;
 }
 
 /// The model's positions (its block size): --init-hf's n_positions, else --seq.

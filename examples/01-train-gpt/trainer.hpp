@@ -97,7 +97,7 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
                 .n_head = o.heads, .n_embd = o.embd};
   Model model(cfg);
   model.checkpoint_blocks = o.checkpoint_activations;
-  StrategyConfig config;
+  StrategyConfig config = o.settings;
   config.min_num_params = wrap_threshold(o);
   // --strategy hybrid without --hybrid-group: two groups when the world splits evenly.
   config.nvme_path = o.nvme_path;  // --strategy zero_infinity: where each rank's optimizer-state file goes
