@@ -194,6 +194,13 @@ foreach(case
   expect(deepspeed-config-${name} EXIT 2 ARGS ${one_step} --deepspeed-config ${WORK_DIR}/deepspeed-${name}.json
          SAYS "--deepspeed-config ${WORK_DIR}/deepspeed-${name}.json" "${says}")
 endforeach()
+# StrategyConfig's flags reach the engine, which refuses a field its strategy does not read.
+expect(strategy-setting-reaches-the-engine EXIT 2 ARGS ${one_step} --reduce-bucket-size 10
+       SAYS "StrategyConfig::reduce_bucket_size = 10")
+file(WRITE ${WORK_DIR}/deepspeed-bucket.json [=[{"zero_optimization": {"stage": 2, "allgather_bucket_size": 5e7}}]=])
+expect(deepspeed-setting-reaches-the-engine EXIT 2 ARGS ${one_step} --deepspeed-config ${WORK_DIR}/deepspeed-bucket.json
+       SAYS "StrategyConfig::allgather_bucket_size = 50000000")
+
 # DeepSpeed's train_batch_size = micro batch x accumulation x world size, checked once the world is known.
 file(WRITE ${WORK_DIR}/deepspeed-batches.json [=[{"train_batch_size": 6, "train_micro_batch_size_per_gpu": 2}]=])
 expect(deepspeed-config-micro-batch-against-batch EXIT 2 ARGS --layers 1 --embd 32 --heads 2 --seq 16 --steps 1

@@ -193,7 +193,8 @@ inline bool parse(int argc, char** argv, Options& o) {
 
   // StrategyConfig's fields under their reference names; the engine refuses, naming the field, a
   // value its strategy does not read (docs/options.md).
-  auto* settings = app.add_option_group("Strategy settings (StrategyConfig; refused where the strategy does not read them)");
+  auto* settings =
+      app.add_option_group("Strategy settings (StrategyConfig; refused where the strategy does not read them)");
   polyshard::StrategyConfig& c = o.settings;
   settings->add_option("--bucket-cap-mb", c.bucket_cap_mb, "MiB of gradients a reduction carries (FairScale, DDP)")
       ->type_name("X")->transform(number);

@@ -55,8 +55,9 @@ class DeepSpeedConfigReader {
         {"gradient_clipping", [&](const json& v, const std::string& k) { set("--clip", o_.clip, number(v, k, 0)); }},
         {"steps_per_print",
          [&](const json& v, const std::string& k) { set("--log-every", o_.log_every, integer(v, k, 1)); }},
-        {"wall_clock_breakdown", [&](const json& v, const std::string& k) { boolean(v, k); }},  // timing is always printed
-        {"zero_allow_untested_optimizer", [&](const json& v, const std::string& k) { boolean(v, k); }},  // any optimizer runs
+        // Timing is always printed; any optimizer runs.
+        {"wall_clock_breakdown", [&](const json& v, const std::string& k) { boolean(v, k); }},
+        {"zero_allow_untested_optimizer", [&](const json& v, const std::string& k) { boolean(v, k); }},
         {"prescale_gradients", [&](const json& v, const std::string& k) {
            refuse_unless(boolean(v, k).value_or(false) == false, k,
                          "gradients are averaged after the reduction, as DeepSpeed's default false does");
@@ -309,7 +310,9 @@ class DeepSpeedConfigReader {
   // memory-layout options, which polyshard does not have, are refused.
   void activation_checkpointing(const json& v, const std::string& key) {
     const auto unsupported = [&](const char* why) {
-      return [this, why](const json& x, const std::string& k) { refuse_unless(!boolean(x, k).value_or(false), k, why); };
+      return [this, why](const json& x, const std::string& k) {
+        refuse_unless(!boolean(x, k).value_or(false), k, why);
+      };
     };
     object(v, key, {
         {"partition_activations", unsupported("checkpointed activations are kept whole on each rank")},
