@@ -109,6 +109,37 @@ endforeach()
 expect(lightning-name-deepspeed_stage_3_offload_nvme EXIT 2 ARGS ${one_step} --strategy deepspeed_stage_3_offload_nvme
        SAYS "deepspeed_stage_3_offload_nvme keeps the parameters on NVMe" "--strategy zero_infinity")
 
+# The optimizer-offload families beside ZeRO-Offload's: ZeRO-1 and ZeRO-3 with the optimizer on the
+# host. On the host engine the offload moves nothing, so each trains exactly as its family
+# without offload: equal losses and gradient norms at every step, on two ranks.
+foreach(pair "zero1_offload=ShardOptimizerState, OffloadOptimizer<Cpu>=zero1"
+             "zero3_offload_optimizer=ShardParameters, OffloadOptimizer<Cpu>=zero3")
+  string(REPLACE "=" ";" pair "${pair}")
+  list(GET pair 0 name)
+  list(GET pair 1 composition)
+  list(GET pair 2 without)
+  set(figures "")
+  foreach(run ${name} ${without})
+    expect(offload-family-${run} EXIT 0 ARGS ${one_step} --steps 3 --world-size 2 --strategy ${run}
+           --metrics ${WORK_DIR}/family-${run}.jsonl SAYS "strategy ${run} (")
+    file(STRINGS ${WORK_DIR}/family-${run}.jsonl lines)
+    set(these "")
+    foreach(line IN LISTS lines)
+      string(JSON loss GET "${line}" loss)
+      string(JSON norm GET "${line}" grad_norm)
+      string(APPEND these "${loss}/${norm} ")
+    endforeach()
+    list(APPEND figures "${these}")
+  endforeach()
+  expect(offload-family-${name}-composition EXIT 0 ARGS ${one_step} --strategy ${name}
+         SAYS "strategy ${name} (${composition}, Fp32)")
+  list(GET figures 0 with_offload)
+  list(GET figures 1 without_offload)
+  if(NOT with_offload STREQUAL without_offload OR with_offload STREQUAL "")
+    set(failures "${failures}\noffload-family-${name}: losses/norms ${with_offload}, ${without}'s ${without_offload}")
+  endif()
+endforeach()
+
 # --deepspeed-config: a DeepSpeed JSON config using every key polyshard-train reads trains
 # exactly as the same settings given as flags (the metrics equal but for the timings), and the
 # composition it names is the one DeepSpeed's stage and offload sections make.
@@ -174,6 +205,15 @@ file(WRITE ${WORK_DIR}/deepspeed-offload3.json
      [=[{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}}]=])
 expect(deepspeed-config-stage-3-offload EXIT 0 ARGS ${one_step} --deepspeed-config ${WORK_DIR}/deepspeed-offload3.json
        SAYS "strategy zero3_offload (ShardParameters, OffloadParameters<Cpu>, Fp32)")
+foreach(pair "1=zero1_offload (ShardOptimizerState" "3=zero3_offload_optimizer (ShardParameters")
+  string(REPLACE "=" ";" pair "${pair}")
+  list(GET pair 0 stage)
+  list(GET pair 1 says)
+  file(WRITE ${WORK_DIR}/deepspeed-offload-optimizer-${stage}.json
+       "{\"zero_optimization\": {\"stage\": ${stage}, \"offload_optimizer\": {\"device\": \"cpu\"}}}")
+  expect(deepspeed-config-stage-${stage}-offload-optimizer EXIT 0 ARGS ${one_step}
+         --deepspeed-config ${WORK_DIR}/deepspeed-offload-optimizer-${stage}.json SAYS "strategy ${says}, OffloadOptimizer<Cpu>")
+endforeach()
 # What cannot be honoured is refused, naming the file and the key.
 foreach(case
     "unknown-key|{\"zero_optimization\": {\"stage\": 3, \"stage_three\": 1}}|zero_optimization.stage_three: no such key"

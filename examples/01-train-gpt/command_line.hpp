@@ -166,8 +166,8 @@ inline bool parse(int argc, char** argv, Options& o) {
   auto* strategy = app.add_option_group("Strategy");
   strategy
       ->add_option("--strategy", o.strategy,
-                   "ddp, sharded_ddp, fsdp, fsdp_grad_op, zero1, zero2, zero3, zero_offload, zero3_offload, "
-                   "zero_infinity or hybrid; or Lightning's deepspeed_stage_1, deepspeed_stage_2, "
+                   "ddp, sharded_ddp, fsdp, fsdp_grad_op, zero1, zero2, zero3, zero1_offload, zero_offload, "
+                   "zero3_offload_optimizer, zero3_offload, zero_infinity or hybrid; or Lightning's deepspeed_stage_1, deepspeed_stage_2, "
                    "deepspeed_stage_2_offload, deepspeed_stage_3, deepspeed_stage_3_offload or ddp_sharded")
       ->type_name("NAME");
   strategy->add_option("--world-size", o.world_size, "ranks as threads (under mpirun: the MPI world)")

@@ -344,9 +344,11 @@ class DeepSpeedConfigReader {
     if (opt == "nvme" && stage != 3) fail("zero_optimization.offload_optimizer.device", "nvme needs stage 3");
     if (stage == 0 && opt == "none") family = "ddp";
     else if (stage == 1 && opt == "none") family = "zero1";
+    else if (stage == 1 && opt == "cpu") family = "zero1_offload";
     else if (stage == 2 && opt == "none") family = "zero2";
     else if (stage == 2 && opt == "cpu") family = "zero_offload";
     else if (stage == 3 && opt == "none" && param == "none") family = "zero3";
+    else if (stage == 3 && opt == "cpu" && param == "none") family = "zero3_offload_optimizer";
     else if (stage == 3 && opt == "cpu" && param == "cpu") family = "zero3_offload";
     else if (stage == 3 && opt == "nvme" && param == "none") family = "zero_infinity";
     else if (stage == 3 && opt == "none" && param == "cpu")

@@ -17,7 +17,19 @@
 namespace train {
 
 /// One sharding and offload pair of --strategy; precision and wrapping make six strategies of each.
-enum class Family { ddp, zero1, zero2, zero3, fsdp_grad_op, zero_offload, zero3_offload, hybrid, zero_infinity };
+enum class Family {
+  ddp,
+  zero1,
+  zero2,
+  zero3,
+  fsdp_grad_op,
+  zero1_offload,
+  zero_offload,
+  zero3_offload_optimizer,
+  zero3_offload,
+  hybrid,
+  zero_infinity
+};
 
 /// --precision: fp32, bf16-mixed, fp16-mixed.
 enum class Precision { fp32, bf16_mixed, fp16_mixed };
@@ -37,7 +49,9 @@ void with_family(const Options& o, Fn&& f) {
   else if (s == "zero2" || s == "sharded_ddp") f.template operator()<Family::zero2>();
   else if (s == "zero3" || s == "fsdp") f.template operator()<Family::zero3>();
   else if (s == "fsdp_grad_op") f.template operator()<Family::fsdp_grad_op>();
+  else if (s == "zero1_offload") f.template operator()<Family::zero1_offload>();
   else if (s == "zero_offload") f.template operator()<Family::zero_offload>();
+  else if (s == "zero3_offload_optimizer") f.template operator()<Family::zero3_offload_optimizer>();
   else if (s == "zero3_offload") f.template operator()<Family::zero3_offload>();
   else if (s == "hybrid") f.template operator()<Family::hybrid>();
   else if (s == "zero_infinity") f.template operator()<Family::zero_infinity>();

@@ -329,7 +329,15 @@ template <> struct FamilyPolicies<Family::zero1> { using sharding = ShardOptimiz
 template <> struct FamilyPolicies<Family::zero2> { using sharding = ShardGradients; using offload = NoOffload; };
 template <> struct FamilyPolicies<Family::zero3> { using sharding = ShardParameters<true>; using offload = NoOffload; };
 template <> struct FamilyPolicies<Family::fsdp_grad_op> { using sharding = ShardParameters<false>; using offload = NoOffload; };
+template <> struct FamilyPolicies<Family::zero1_offload> {
+  using sharding = ShardOptimizerState;
+  using offload = OffloadOptimizer<Cpu>;
+};
 template <> struct FamilyPolicies<Family::zero_offload> { using sharding = ShardGradients; using offload = OffloadOptimizer<Cpu>; };
+template <> struct FamilyPolicies<Family::zero3_offload_optimizer> {
+  using sharding = ShardParameters<true>;
+  using offload = OffloadOptimizer<Cpu>;
+};
 template <> struct FamilyPolicies<Family::zero3_offload> {
   using sharding = ShardParameters<true>;
   using offload = OffloadParameters<Cpu>;
