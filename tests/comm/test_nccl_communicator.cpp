@@ -6,7 +6,10 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <iostream>
 #include <tuple>
@@ -212,6 +215,76 @@ TEST_CASE("NCCL: ranks that issue different collectives fail on every rank, nami
       CHECK_THAT(e, !Catch::Contains("a later call ran"));
     }
   }
+}
+
+TEST_CASE("NCCL: a rank that stops calling makes the other ranks fail, the first at its timeout naming the ranks it "
+          "waited for",
+          "[comm][nccl][.gpu]") {
+  const int gpus = NcclCommunicator::device_count();
+  if (gpus < 2) {
+    WARN("fewer than two GPUs visible: the NCCL timeout was not checked");
+    return;
+  }
+  const int world = std::min(gpus, 3);
+  const int silent = world - 1;  // alive, but issues no collective until the others have failed
+  constexpr auto timeout = 500ms;
+  std::vector<std::string> errors(static_cast<std::size_t>(world));
+  std::vector<std::chrono::steady_clock::duration> waited(static_cast<std::size_t>(world));
+  std::mutex mutex;
+  std::condition_variable changed;
+  int failed = 0;
+  REQUIRE_NOTHROW(run_ranks(world, [&](ThreadCommunicator& boot) {
+    const auto r = static_cast<std::size_t>(boot.rank());
+    {
+      // Created with the default timeout (an emulated or loaded start-up can be slow); the
+      // short one applies to the collective.
+      NcclCommunicator comm = NcclCommunicator::bootstrap(boot, boot.rank());
+      comm.set_timeout(timeout);
+      DeviceBuffer<float> x(8);
+      if (boot.rank() == silent) {
+        std::unique_lock lock(mutex);
+        if (!changed.wait_for(lock, 120s, [&] { return failed == world - 1; }))
+          errors[r] = "the other ranks did not fail within 120 s";
+      } else {
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          comm.all_reduce(x.span());
+          errors[r] = "(no error)";
+        } catch (const Error& e) {
+          errors[r] = e.what();
+        }
+        waited[r] = std::chrono::steady_clock::now() - start;
+        std::lock_guard lock(mutex);
+        ++failed;
+        changed.notify_all();
+      }
+    }
+    cudaDeviceReset();  // the aborted collective may leave the device with an error
+  }));
+  // A rank that times out aborts its communicator, which fails the others' calls where they wait
+  // (an NCCL error, or the aborted kernel's fault on the stream, as on a GPU): at least one rank
+  // reports the timeout itself, and every rank that called fails naming its call.
+  const std::string seconds = " timed out after 0.5 s waiting for ";
+  int timed_out = 0;
+  for (int r = 0; r < world; ++r) {
+    const std::string& e = errors[static_cast<std::size_t>(r)];
+    INFO("rank " << r << ": " << e);
+    if (r == silent) {
+      CHECK(e.empty());
+      continue;
+    }
+    CHECK_THAT(e, Catch::StartsWith("polyshard: all_reduce(F32, 8 elements, sum) on rank " + std::to_string(r) +
+                                    " of " + std::to_string(world) + " (NCCL"));
+    if (e.find(seconds) == std::string::npos) continue;  // a peer's abort reached this rank first
+    ++timed_out;
+    // NCCL cannot tell which peer is missing: the message names every rank the call waited for.
+    std::string waited_for;
+    for (int q = 0; q < world; ++q)
+      if (q != r) waited_for += (waited_for.empty() ? "" : ", ") + std::to_string(q);
+    CHECK_THAT(e, Catch::EndsWith(seconds + (world == 2 ? "rank " : "ranks ") + waited_for));
+    CHECK(waited[static_cast<std::size_t>(r)] >= timeout);  // its deadline, not an earlier failure
+  }
+  CHECK(timed_out >= 1);
 }
 
 TEST_CASE("NCCL: measured bytes are what the emulated NCCL brought into each rank's result, none on a real NCCL",
