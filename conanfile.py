@@ -18,10 +18,11 @@ class PolyshardConan(ConanFile):
     no_copy_source = True
 
     def requirements(self):
-        # A host profile may satisfy both from the system with [platform_requires]
-        # (Debian 12: eigen/3.4.0, boost/1.74.0); see .ci/conan-test.
+        # A host profile may satisfy these from the system with [platform_requires]
+        # (Debian 12: eigen/3.4.0, boost/1.74.0, nlohmann_json/3.11.2); see .ci/conan-test.
         self.requires("eigen/3.4.0")
         self.requires("boost/[>=1.74.0 <2]")
+        self.requires("nlohmann_json/[>=3.10.0 <4]")
         # No requirement on liburing: it is optional (NVMe offload only), and the package's own
         # CMake config looks for it on the consumer's machine (cmake/polyshardLiburing.cmake), so
         # the one header-only package serves machines with and without it.
@@ -51,7 +52,7 @@ class PolyshardConan(ConanFile):
     def package_info(self):
         self.cpp_info.bindirs = []
         self.cpp_info.libdirs = []
-        # Consumers use the package's own config, which finds Eigen3 and Boost itself: Conan's
+        # Consumers use the package's own config, which finds Eigen3, Boost and nlohmann-json itself: Conan's
         # generated config would omit find_dependency for platform requirements.
         self.cpp_info.set_property("cmake_find_mode", "none")
         self.cpp_info.builddirs = [os.path.join("share", "cmake", "polyshard")]

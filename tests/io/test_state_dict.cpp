@@ -242,10 +242,10 @@ TEST_CASE("parse_json_document reads the whole grammar, parse_json stays strict 
   CHECK((v.elements[4].kind == JsonValue::Kind::Boolean && !v.elements[4].boolean));
   CHECK(v.elements[5].kind == JsonValue::Kind::Null);
   CHECK((v.elements[6].kind == JsonValue::Kind::Integer && v.elements[6].integer == 7));
-  CHECK_THROWS_WITH(parse_json_document("[1.]"), Catch::Contains("expected a digit after '.'"));
-  CHECK_THROWS_WITH(parse_json_document("[1e+]"), Catch::Contains("expected a digit in the exponent"));
-  CHECK_THROWS_WITH(parse_json_document("[nul]"), Catch::Contains("unexpected 'n'"));
-  CHECK_THROWS_WITH(parse_json_document("[1e999]"), Catch::Contains("out of a double's range"));
+  CHECK_THROWS_WITH(parse_json_document("[1.]"), Catch::Contains("expected digit after '.'"));
+  CHECK_THROWS_WITH(parse_json_document("[1e+]"), Catch::Contains("expected digit after exponent sign"));
+  CHECK_THROWS_WITH(parse_json_document("[nul]"), Catch::Contains("invalid literal"));
+  CHECK_THROWS_WITH(parse_json_document("[1e999]"), Catch::Contains("number overflow"));
   CHECK_THROWS_WITH(parse_json("[1.5]"), Catch::Contains("only integers are expected here"));
   CHECK_THROWS_WITH(parse_json("[true]"), Catch::Contains("true, false and null are not expected here"));
 }

@@ -1,9 +1,11 @@
-// A small strict JSON parser for file headers we do not trust: objects, arrays, strings with
-// escapes and integers; anything else, and any malformed byte, is an error with its position.
+// JSON read into a small tree (JsonValue) by nlohmann-json's SAX parser, strictly, for file
+// headers we do not trust (objects, arrays, strings with escapes and integers, under limits on
+// depth, length and count) and, with the whole grammar, for configuration files. Anything else,
+// and any malformed byte, is an error that names it.
 #pragma once
 
-#include <algorithm>
-#include <charconv>
+#include <nlohmann/json.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -65,333 +67,158 @@ inline const char* json_kind_name(JsonValue::Kind k) {
 
 namespace detail {
 
-/// Recursive-descent parser. Recursion is bounded by `max_depth`, so a hostile "[[[[..." cannot
-/// exhaust the stack; every read is bounds-checked against the text.
-class JsonParser {
+/// Builds a JsonValue from nlohmann-json's SAX events, with the limits a header we do not trust
+/// needs: nesting depth, elements per array, values in all (each costs a JsonValue of about 100
+/// bytes however short its text: "[]," is 3 bytes), no duplicate member names (two readers of one
+/// file would disagree on which entry counts), integers that fit in 64 bits, and, unless the
+/// whole grammar is asked for, neither fractions nor true, false and null. nlohmann-json's lexer
+/// checks the rest: UTF-8, escapes and surrogate pairs, the grammar, trailing text.
+class JsonTreeBuilder : public nlohmann::json_sax<nlohmann::json> {
  public:
-  JsonParser(std::string_view text, int max_depth, std::size_t max_array, std::size_t max_values,
-             bool whole_grammar = false)
-      : text_(text), max_depth_(max_depth), max_array_(max_array), max_values_(max_values),
-        whole_grammar_(whole_grammar) {}
+  JsonTreeBuilder(int max_depth, std::size_t max_array, std::size_t max_values, bool whole_grammar)
+      : max_depth_(max_depth), max_array_(max_array), max_values_(max_values), whole_grammar_(whole_grammar) {}
 
-  JsonValue parse_document() {
-    skip_whitespace();
-    JsonValue v = parse_value(0);
-    skip_whitespace();
-    if (pos_ != text_.size()) fail("unexpected '", printable(text_[pos_]), "' after the end of the JSON value");
-    return v;
+  JsonValue take() { return std::move(root_); }
+
+  bool null() override {
+    scalars_only_in_whole_grammar();
+    return add(of(JsonValue::Kind::Null));
+  }
+  bool boolean(bool b) override {
+    scalars_only_in_whole_grammar();
+    JsonValue v = of(JsonValue::Kind::Boolean);
+    v.boolean = b;
+    return add(std::move(v));
+  }
+  bool number_integer(number_integer_t n) override {
+    JsonValue v = of(JsonValue::Kind::Integer);
+    v.integer = n;
+    return add(std::move(v));
+  }
+  bool number_unsigned(number_unsigned_t n) override {
+    if (n > static_cast<number_unsigned_t>(INT64_MAX)) fail("integer ", n, " does not fit in 64 bits");
+    JsonValue v = of(JsonValue::Kind::Integer);
+    v.integer = static_cast<std::int64_t>(n);
+    return add(std::move(v));
+  }
+  /// A fraction or an exponent, or an integer too long for 64 bits (the lexer reads it as a double).
+  bool number_float(number_float_t x, const string_t& text) override {
+    if (text.find_first_of(".eE") == string_t::npos) fail("integer ", text.substr(0, 40), " does not fit in 64 bits");
+    if (!whole_grammar_) fail("only integers are expected here, not fractions or exponents (", text.substr(0, 40), ")");
+    JsonValue v = of(JsonValue::Kind::Number);
+    v.number = x;
+    return add(std::move(v));
+  }
+  bool string(string_t& text) override {
+    JsonValue v = of(JsonValue::Kind::String);
+    v.string = std::move(text);
+    return add(std::move(v));
+  }
+  bool binary(binary_t&) override { fail("binary values are not JSON"); }
+  bool start_object(std::size_t) override { return open(JsonValue::Kind::Object); }
+  bool key(string_t& name) override {
+    Frame& f = stack_.back();
+    if (!f.names.insert(name).second) fail("duplicate name \"", name, "\"");
+    f.value.members.push_back(JsonMember{std::move(name), JsonValue{}});
+    return true;
+  }
+  bool end_object() override { return close(); }
+  bool start_array(std::size_t) override { return open(JsonValue::Kind::Array); }
+  bool end_array() override { return close(); }
+  bool parse_error(std::size_t byte, const std::string&, const nlohmann::detail::exception& e) override {
+    // nlohmann-json's message without its "[json.exception.parse_error.101] " tag.
+    std::string_view what = e.what();
+    if (const auto tag = what.find("] "); what.rfind("[json.exception.", 0) == 0 && tag != std::string_view::npos)
+      what.remove_prefix(tag + 2);
+    detail::throw_error("invalid JSON at byte ", byte, ": ", what);
   }
 
  private:
+  struct Frame {
+    JsonValue value;
+    std::unordered_set<std::string> names;  // a hash set keeps a million names linear, not quadratic
+  };
+
   template <class... Parts>
   [[noreturn]] void fail(const Parts&... parts) const {
-    detail::throw_error("invalid JSON at byte ", pos_, ": ", parts...);
+    detail::throw_error("invalid JSON: ", parts...);
   }
-
-  static std::string printable(char c) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u >= 0x20 && u < 0x7f) return std::string(1, c);
-    static constexpr char hex[] = "0123456789abcdef";
-    return std::string("\\x") + hex[u >> 4] + hex[u & 15];
+  static JsonValue of(JsonValue::Kind kind) {
+    JsonValue v;
+    v.kind = kind;
+    return v;
   }
-
-  bool at_end() const { return pos_ >= text_.size(); }
-  char peek() const { return text_[pos_]; }
-
-  void skip_whitespace() {
-    while (!at_end() && (peek() == ' ' || peek() == '\t' || peek() == '\n' || peek() == '\r')) ++pos_;
+  void scalars_only_in_whole_grammar() const {
+    if (!whole_grammar_) fail("true, false and null are not expected here (only objects, arrays, strings and integers)");
   }
-
-  void expect(char c) {
-    if (at_end()) fail("expected '", c, "' but the text ended");
-    if (peek() != c) fail("expected '", c, "' but found '", printable(peek()), "'");
-    ++pos_;
-  }
-
-  JsonValue parse_value(int depth) {
-    if (depth > max_depth_) fail("values nested deeper than ", max_depth_, " levels");
-    // Each value costs a JsonValue (about 100 bytes) however short its text ("[]," is 3 bytes):
-    // bound the count so that a hostile 100 MB header cannot make the tree take gigabytes.
+  /// Counts a value at the current depth and checks the limits it is under.
+  void count() {
+    if (static_cast<int>(stack_.size()) > max_depth_) fail("values nested deeper than ", max_depth_, " levels");
     if (++values_ > max_values_) fail("more than ", max_values_, " values");
-    if (at_end()) fail("expected a value but the text ended");
-    const char c = peek();
-    if (c == '{') return parse_object(depth);
-    if (c == '[') return parse_array(depth);
-    if (c == '"') {
-      JsonValue v;
-      v.kind = JsonValue::Kind::String;
-      v.string = parse_string();
-      return v;
+    if (!stack_.empty() && stack_.back().value.kind == JsonValue::Kind::Array &&
+        stack_.back().value.elements.size() == max_array_)
+      fail("array longer than ", max_array_, " elements");
+  }
+  bool add(JsonValue v) {
+    count();
+    place(std::move(v));
+    return true;
+  }
+  /// Where a finished value goes: the open object's last member, the open array, or the root.
+  void place(JsonValue v) {
+    if (stack_.empty()) {
+      root_ = std::move(v);
+      return;
     }
-    if (c == '-' || (c >= '0' && c <= '9')) return parse_integer();
-    if (c == 't' || c == 'f' || c == 'n') {
-      if (!whole_grammar_) fail("true, false and null are not expected here (only objects, arrays, strings and integers)");
-      for (const std::string_view word : {std::string_view("true"), std::string_view("false"), std::string_view("null")})
-        if (text_.substr(pos_, word.size()) == word) {
-          pos_ += word.size();
-          JsonValue v;
-          v.kind = word == "null" ? JsonValue::Kind::Null : JsonValue::Kind::Boolean;
-          v.boolean = word == "true";
-          return v;
-        }
-      fail("unexpected '", printable(c), "' where a value should start");
-    }
-    fail("unexpected '", printable(c), "' where a value should start");
+    JsonValue& parent = stack_.back().value;
+    if (parent.kind == JsonValue::Kind::Object) parent.members.back().value = std::move(v);
+    else parent.elements.push_back(std::move(v));
+  }
+  bool open(JsonValue::Kind kind) {
+    count();
+    stack_.push_back(Frame{of(kind), {}});
+    return true;
+  }
+  bool close() {
+    JsonValue done = std::move(stack_.back().value);
+    stack_.pop_back();
+    place(std::move(done));
+    return true;
   }
 
-  JsonValue parse_object(int depth) {
-    JsonValue v;
-    v.kind = JsonValue::Kind::Object;
-    expect('{');
-    skip_whitespace();
-    if (!at_end() && peek() == '}') {
-      ++pos_;
-      return v;
-    }
-    // Names seen so far: a hash set keeps a header of a million names linear, not quadratic.
-    std::unordered_set<std::string> seen;
-    for (;;) {
-      skip_whitespace();
-      if (at_end() || peek() != '"') fail("expected a member name in double quotes");
-      std::string key = parse_string();
-      // A duplicate would let two readers of one file disagree on which entry counts.
-      if (!seen.insert(key).second) fail("duplicate name \"", key, "\"");
-      skip_whitespace();
-      expect(':');
-      skip_whitespace();
-      v.members.push_back(JsonMember{std::move(key), parse_value(depth + 1)});
-      skip_whitespace();
-      if (at_end()) fail("object not closed: the text ended");
-      if (peek() == ',') {
-        ++pos_;
-        continue;
-      }
-      expect('}');
-      return v;
-    }
-  }
-
-  JsonValue parse_array(int depth) {
-    JsonValue v;
-    v.kind = JsonValue::Kind::Array;
-    expect('[');
-    skip_whitespace();
-    if (!at_end() && peek() == ']') {
-      ++pos_;
-      return v;
-    }
-    for (;;) {
-      skip_whitespace();
-      // A parsed value takes ~100 bytes per byte of "0," text: bound arrays so that a hostile
-      // header cannot turn its 100 MB into gigabytes.
-      if (v.elements.size() == max_array_) fail("array longer than ", max_array_, " elements");
-      v.elements.push_back(parse_value(depth + 1));
-      skip_whitespace();
-      if (at_end()) fail("array not closed: the text ended");
-      if (peek() == ',') {
-        ++pos_;
-        continue;
-      }
-      expect(']');
-      return v;
-    }
-  }
-
-  JsonValue parse_integer() {
-    const std::size_t start = pos_;
-    const bool negative = peek() == '-';
-    if (negative) ++pos_;
-    if (at_end() || peek() < '0' || peek() > '9') fail("expected a digit after '-'");
-    if (peek() == '0' && pos_ + 1 < text_.size() && text_[pos_ + 1] >= '0' && text_[pos_ + 1] <= '9')
-      fail("numbers may not have leading zeros");
-    // Accumulate as a negative number so that INT64_MIN is representable and overflow is exact.
-    std::int64_t value = 0;
-    constexpr std::int64_t min = INT64_MIN;
-    while (!at_end() && peek() >= '0' && peek() <= '9') {
-      const int digit = peek() - '0';
-      if (value < (min + digit) / 10) {
-        pos_ = start;
-        fail("integer ", std::string(number_text(start)), " does not fit in 64 bits");
-      }
-      value = value * 10 - digit;
-      ++pos_;
-    }
-    if (!at_end() && (peek() == '.' || peek() == 'e' || peek() == 'E')) {
-      if (!whole_grammar_) fail("only integers are expected here, not fractions or exponents");
-      return parse_fraction(start);
-    }
-    if (!negative) {
-      if (value == min) {
-        pos_ = start;
-        fail("integer ", std::string(number_text(start)), " does not fit in 64 bits");
-      }
-      value = -value;
-    }
-    JsonValue v;
-    v.kind = JsonValue::Kind::Integer;
-    v.integer = value;
-    return v;
-  }
-
-  /// The rest of a number whose integer part [start, pos_) has been read: JSON's grammar
-  /// ('.' digits, then e or E, a sign and digits), converted by from_chars.
-  JsonValue parse_fraction(std::size_t start) {
-    auto digits = [&](const char* what) {
-      if (at_end() || peek() < '0' || peek() > '9') fail("expected a digit ", what);
-      while (!at_end() && peek() >= '0' && peek() <= '9') ++pos_;
-    };
-    if (peek() == '.') {
-      ++pos_;
-      digits("after '.'");
-    }
-    if (!at_end() && (peek() == 'e' || peek() == 'E')) {
-      ++pos_;
-      if (!at_end() && (peek() == '+' || peek() == '-')) ++pos_;
-      digits("in the exponent");
-    }
-    JsonValue v;
-    v.kind = JsonValue::Kind::Number;
-    const auto [end, error] = std::from_chars(text_.data() + start, text_.data() + pos_, v.number);
-    if (error != std::errc() || end != text_.data() + pos_) {
-      pos_ = start;
-      fail("number ", std::string(text_.substr(start, std::min<std::size_t>(40, text_.size() - start))),
-           " is out of a double's range");
-    }
-    return v;
-  }
-
-  std::string_view number_text(std::size_t start) const {
-    std::size_t end = start + 1;
-    while (end < text_.size() && text_[end] >= '0' && text_[end] <= '9' && end - start < 40) ++end;
-    return text_.substr(start, end - start);
-  }
-
-  unsigned parse_hex4() {
-    if (text_.size() - pos_ < 4) fail("\\u escape needs four hex digits but the text ended");
-    unsigned u = 0;
-    for (int i = 0; i < 4; ++i) {
-      const char c = text_[pos_++];
-      u <<= 4;
-      if (c >= '0' && c <= '9') u |= static_cast<unsigned>(c - '0');
-      else if (c >= 'a' && c <= 'f') u |= static_cast<unsigned>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F') u |= static_cast<unsigned>(c - 'A' + 10);
-      else fail("\\u escape needs four hex digits, found '", printable(c), "'");
-    }
-    return u;
-  }
-
-  static void append_utf8(std::string& out, unsigned cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xc0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3f));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xe0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (cp & 0x3f));
-    } else {
-      out += static_cast<char>(0xf0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (cp & 0x3f));
-    }
-  }
-
-  // Copies one raw UTF-8 sequence starting at pos_, rejecting overlong forms, surrogates and
-  // code points past U+10FFFF: names must compare equal only when their text is equal.
-  void copy_utf8_sequence(std::string& out) {
-    const auto lead = static_cast<unsigned char>(peek());
-    int extra = 0;
-    unsigned cp = 0, min_cp = 0;
-    if (lead >= 0xc2 && lead <= 0xdf) extra = 1, cp = lead & 0x1f, min_cp = 0x80;
-    else if (lead >= 0xe0 && lead <= 0xef) extra = 2, cp = lead & 0x0f, min_cp = 0x800;
-    else if (lead >= 0xf0 && lead <= 0xf4) extra = 3, cp = lead & 0x07, min_cp = 0x10000;
-    else fail("invalid UTF-8 byte ", printable(static_cast<char>(lead)), " in a string");
-    if (text_.size() - pos_ <= static_cast<std::size_t>(extra)) fail("truncated UTF-8 sequence in a string");
-    for (int i = 1; i <= extra; ++i) {
-      const auto b = static_cast<unsigned char>(text_[pos_ + static_cast<std::size_t>(i)]);
-      if ((b & 0xc0) != 0x80) fail("invalid UTF-8 continuation byte in a string");
-      cp = (cp << 6) | (b & 0x3f);
-    }
-    if (cp < min_cp || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-      fail("invalid UTF-8 sequence (overlong, surrogate or beyond U+10FFFF) in a string");
-    out.append(text_.substr(pos_, static_cast<std::size_t>(extra) + 1));
-    pos_ += static_cast<std::size_t>(extra) + 1;
-  }
-
-  std::string parse_string() {
-    expect('"');
-    std::string out;
-    for (;;) {
-      if (at_end()) fail("string not closed: the text ended");
-      const char c = peek();
-      if (c == '"') {
-        ++pos_;
-        return out;
-      }
-      if (static_cast<unsigned char>(c) < 0x20) fail("control character ", printable(c), " inside a string");
-      if (static_cast<unsigned char>(c) >= 0x80) {
-        copy_utf8_sequence(out);
-        continue;
-      }
-      ++pos_;
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (at_end()) fail("escape not finished: the text ended");
-      const char e = text_[pos_++];
-      switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          unsigned cp = parse_hex4();
-          if (cp >= 0xdc00 && cp <= 0xdfff) fail("\\u escape is a lone low surrogate");
-          if (cp >= 0xd800 && cp <= 0xdbff) {
-            // A high surrogate must be followed by an escaped low one: together one code point.
-            if (text_.size() - pos_ < 2 || text_[pos_] != '\\' || text_[pos_ + 1] != 'u')
-              fail("\\u escape is a high surrogate without its low surrogate");
-            pos_ += 2;
-            const unsigned low = parse_hex4();
-            if (low < 0xdc00 || low > 0xdfff) fail("\\u escape: high surrogate followed by a non-low surrogate");
-            cp = 0x10000 + ((cp - 0xd800) << 10) + (low - 0xdc00);
-          }
-          append_utf8(out, cp);
-          break;
-        }
-        default: --pos_; fail("unknown escape '\\", printable(e), "'");
-      }
-    }
-  }
-
-  std::string_view text_;
-  std::size_t pos_ = 0;
   int max_depth_;
   std::size_t max_array_;
   std::size_t max_values_;
   bool whole_grammar_;
   std::size_t values_ = 0;
+  std::vector<Frame> stack_;
+  JsonValue root_;
 };
+
+inline JsonValue parse_json_tree(std::string_view text, int max_depth, std::size_t max_array, std::size_t max_values,
+                                 bool whole_grammar) {
+  // nlohmann-json's lexer ends the input at a NUL byte (for C strings): "{}" followed by NUL
+  // padding would pass for "{}". No JSON text holds one (a string needs "\u0000").
+  if (const auto nul = text.find('\0'); nul != std::string_view::npos)
+    throw_error("invalid JSON at byte ", nul, ": a NUL byte, which no JSON text holds");
+  JsonTreeBuilder builder(max_depth, max_array, max_values, whole_grammar);
+  nlohmann::json::sax_parse(text.data(), text.data() + text.size(), &builder, nlohmann::json::input_format_t::json,
+                            /*strict=*/true);
+  return builder.take();
+}
 
 }  // namespace detail
 
 /// Parses `text` as one JSON value (objects, arrays, strings, integers), strictly: no trailing
 /// text, no duplicate member names, valid UTF-8 and escapes, integers that fit in 64 bits.
-/// Throws polyshard::Error naming the byte offset and the fault.
+/// Throws polyshard::Error naming the fault (and, for a fault of the grammar, its byte offset).
 /// @param text       the JSON text (not necessarily NUL-terminated)
 /// @param max_depth  deepest nesting accepted (bounds the recursion on hostile input)
 /// @param max_array  most elements accepted in one array (bounds memory on hostile input)
 /// @param max_values most values accepted in all (bounds the parsed tree's memory)
 inline JsonValue parse_json(std::string_view text, int max_depth = 16, std::size_t max_array = 1 << 20,
                             std::size_t max_values = 1 << 22) {
-  return detail::JsonParser(text, max_depth, max_array, max_values).parse_document();
+  return detail::parse_json_tree(text, max_depth, max_array, max_values, /*whole_grammar=*/false);
 }
 
 /// Parses `text` with the whole JSON grammar: also fractions and exponents (Kind::Number),
@@ -399,7 +226,7 @@ inline JsonValue parse_json(std::string_view text, int max_depth = 16, std::size
 /// errors as parse_json's.
 inline JsonValue parse_json_document(std::string_view text, int max_depth = 16, std::size_t max_array = 1 << 20,
                                      std::size_t max_values = 1 << 22) {
-  return detail::JsonParser(text, max_depth, max_array, max_values, true).parse_document();
+  return detail::parse_json_tree(text, max_depth, max_array, max_values, /*whole_grammar=*/true);
 }
 
 /// Appends `s` to `out` as a JSON string literal (quotes, escapes for '"', '\\' and controls).
