@@ -84,7 +84,7 @@ std::vector<RankMemory> measure(int world, const GptConfig& cfg, std::int64_t ba
 template <class S>
 void row(bench::Table& table, const char* name, int world, const GptConfig& cfg, std::int64_t batch,
          StrategyConfig config = {}) {
-  config.optimizer_buffer_count = 1;  // NVMe: one unit's state in memory at a time, an exact peak
+  if constexpr (S::offload::to_nvme) config.optimizer_buffer_count = 1;  // one unit's state in memory at a time
   const std::vector<RankMemory> ranks = measure<S>(world, cfg, batch, config);
   // The largest difference between measurement and prediction over every rank and category.
   double peak_error = 0, held_error = 0;

@@ -99,9 +99,13 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
   model.checkpoint_blocks = o.checkpoint_activations;
   StrategyConfig config = o.settings;
   config.min_num_params = wrap_threshold(o);
-  // --strategy hybrid without --hybrid-group: two groups when the world splits evenly.
   config.nvme_path = o.nvme_path;  // --strategy zero_infinity: where each rank's optimizer-state file goes
-  config.hybrid_group_size = o.hybrid_group > 0 ? static_cast<int>(o.hybrid_group) : (world % 2 == 0 ? world / 2 : world);
+  // --strategy hybrid without --hybrid-group: two groups when the world splits evenly.
+  if constexpr (S::sharding::hybrid)
+    config.hybrid_group_size =
+        o.hybrid_group > 0 ? static_cast<int>(o.hybrid_group) : (world % 2 == 0 ? world / 2 : world);
+  else
+    config.hybrid_group_size = static_cast<int>(o.hybrid_group);  // the engine refuses it where set
   config.loss_scale = o.loss_scale;  // the engine refuses each setting the precision has no use for
   if (o.initial_scale_power >= 0) config.initial_scale_power = static_cast<int>(o.initial_scale_power);
   if (o.loss_scale_window >= 0) config.loss_scale_window = static_cast<int>(o.loss_scale_window);

@@ -48,8 +48,8 @@ TEMPLATE_LIST_TEST_CASE("lattice: the covering subset trains as one double-preci
   for (int world = 1; world <= 8; ++world) {
     INFO("world size " << world);
     StrategyConfig config;
-    config.hybrid_group_size = hybrid_group_size(world);
-    config.nvme_path = nvme.path().string();
+    if constexpr (S::sharding::hybrid) config.hybrid_group_size = hybrid_group_size(world);
+    if constexpr (S::offload::to_nvme) config.nvme_path = nvme.path().string();
     const double tolerance = sgd_tolerance<P>(expected, world, sgd.lr);
     CAPTURE(tolerance);
     const Trained run = train_engine<S, Sgd<typename P::master_type>>(world, sgd, no_clip, config);

@@ -103,8 +103,10 @@ TEMPLATE_LIST_TEST_CASE("memory: what a rank holds between steps and at most wit
   using S = TestType;
   test::TempDir nvme;
   StrategyConfig config;
-  config.nvme_path = nvme.path().string();
-  config.optimizer_buffer_count = 1;  // NVMe: one unit's state in memory at a time, an exact peak
+  if constexpr (S::offload::to_nvme) {
+    config.nvme_path = nvme.path().string();
+    config.optimizer_buffer_count = 1;  // one unit's state in memory at a time, an exact peak
+  }
   for (int world = 1; world <= 8; ++world) {
     const std::vector<Held> held = hold<S>(world, config);
     for (int rank = 0; rank < world; ++rank) {

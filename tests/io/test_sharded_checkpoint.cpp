@@ -263,7 +263,7 @@ TEST_CASE("a checkpoint loads onto any world size, sharding and wrap policy unch
   auto reload = [&]<class S>(int world, const std::string& name) {
     INFO(name << " on " << world << " rank(s)");
     StrategyConfig config;
-    config.hybrid_group_size = 2;
+    if constexpr (S::sharding::hybrid) config.hybrid_group_size = 2;
     const CheckpointRun b = run<S>({.world = world, .first_step = 3, .load = saved, .save = dir / name}, config);
     REQUIRE(succeeded(b));
     CHECK(b.resumed_step == 3);

@@ -2,10 +2,12 @@
 // presets and StrategyConfig carry the reference documents' defaults, accounting is ZeRO's.
 #include <catch2/catch.hpp>
 
+#include <functional>
 #include <string>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "polyshard/nn/block.hpp"
 #include "polyshard/nn/mlp.hpp"
@@ -281,6 +283,36 @@ TEST_CASE("StrategyConfig fields no strategy reads are refused away from their d
   // Fields that are read stay free.
   CHECK(refused([](StrategyConfig& c) { c.bucket_cap_mb = 1; }) == "(accepted)");
   CHECK(refused([](StrategyConfig& c) { c.optimizer_buffer_count = 2; }) == "(accepted)");
+}
+
+TEST_CASE("StrategyConfig fields a composition does not read are refused for it, and free for one that does",
+          "[policy]") {
+  const auto refused = [](auto strategy, auto set) {
+    using S = decltype(strategy);
+    StrategyConfig c;
+    set(c);
+    try {
+      refuse_fields_not_read_by<S>(c);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  const auto nvme_path = [](StrategyConfig& c) { c.nvme_path = "/scratch"; };
+  const auto queue_depth = [](StrategyConfig& c) { c.queue_depth = 2; };
+  const auto block_size = [](StrategyConfig& c) { c.block_size = 8192; };
+  const auto buffers = [](StrategyConfig& c) { c.optimizer_buffer_count = 1; };
+  const auto group = [](StrategyConfig& c) { c.hybrid_group_size = 2; };
+  const std::vector<std::function<void(StrategyConfig&)>> nvme_settings{nvme_path, queue_depth, block_size, buffers};
+  for (const auto& nvme_setting : nvme_settings) {
+    CHECK_THAT(refused(ZeRO<3>{}, nvme_setting), Catch::Contains("NVMe settings") && Catch::Contains("NoOffload"));
+    CHECK_THAT(refused(ZeROOffload{}, nvme_setting), Catch::Contains("OffloadOptimizer<Cpu>"));
+    CHECK(refused(ZeROInfinity{}, nvme_setting) == "(accepted)");
+  }
+  CHECK_THAT(refused(ZeRO<3>{}, nvme_path), Catch::Contains("nvme_path '/scratch'"));
+  CHECK_THAT(refused(DDP{}, group), Catch::Contains("hybrid_group_size = 2") && Catch::Contains("NoShard"));
+  CHECK(refused(Strategy<HybridShard<ShardParameters<true>>>{}, group) == "(accepted)");
+  CHECK(refused(DDP{}, [](StrategyConfig&) {}) == "(accepted)");
 }
 
 TEST_CASE("model_state_bytes gives ZeRO's bytes per rank", "[policy][accounting]") {

@@ -129,6 +129,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
          std::uint64_t seed = 0)
       : model_(model), comm_(comm), config_(config), scaler_(config) {
     refuse_unread_fields(config);
+    refuse_fields_not_read_by<S>(config);
     if constexpr (sharding::hybrid) {
       const int g = config.hybrid_group_size > 0 ? config.hybrid_group_size : comm.size();
       POLYSHARD_CHECK(comm.size() % g == 0, "HybridShard: world size ", comm.size(),

@@ -94,4 +94,27 @@ inline void refuse_unread_fields(const StrategyConfig& c) {
                   "checkpoints are always gathered into host memory (save_full_weights, save_checkpoint); leave it true");
 }
 
+/// Refuses, naming it, a field set away from its default that strategy S never reads: the NVMe
+/// settings (nvme_path, block_size, queue_depth, optimizer_buffer_count) without an offload to
+/// NVMe, hybrid_group_size without HybridShard. A user who sets one expects it to act; a run that
+/// ignores it is a silently different run. Engine's constructor calls it.
+template <class S>
+void refuse_fields_not_read_by(const StrategyConfig& c) {
+  const StrategyConfig d;
+  if constexpr (!S::offload::to_nvme) {
+    POLYSHARD_CHECK(c.nvme_path == d.nvme_path && c.block_size == d.block_size && c.queue_depth == d.queue_depth &&
+                        c.optimizer_buffer_count == d.optimizer_buffer_count,
+                    "StrategyConfig's NVMe settings (nvme_path '", c.nvme_path, "', block_size ", c.block_size,
+                    ", queue_depth ", c.queue_depth, ", optimizer_buffer_count ", c.optimizer_buffer_count,
+                    ") are read only under an offload to NVMe, and this strategy's offload is ", S::offload::name,
+                    ": leave them at their defaults ('", d.nvme_path, "', ", d.block_size, ", ", d.queue_depth, ", ",
+                    d.optimizer_buffer_count, ")");
+  }
+  if constexpr (!S::sharding::hybrid) {
+    POLYSHARD_CHECK(c.hybrid_group_size == d.hybrid_group_size, "StrategyConfig::hybrid_group_size = ",
+                    c.hybrid_group_size, " is read only by HybridShard, and this strategy shards with ",
+                    S::sharding::name, ": leave it at 0");
+  }
+}
+
 }  // namespace polyshard
