@@ -241,6 +241,12 @@ file(WRITE ${WORK_DIR}/deepspeed-bucket.json [=[{"zero_optimization": {"stage": 
 expect(deepspeed-setting-reaches-the-engine EXIT 2 ARGS ${one_step} --deepspeed-config ${WORK_DIR}/deepspeed-bucket.json
        SAYS "StrategyConfig::allgather_bucket_size = 50000000")
 
+# A setting the strategy does not read is refused, naming it and the policy that ignores it.
+expect(nvme-path-without-nvme-offload EXIT 2 ARGS ${one_step} --strategy zero3 --nvme-path ${WORK_DIR}
+       SAYS "NVMe settings (nvme_path '${WORK_DIR}'" "NoOffload")
+expect(hybrid-group-without-hybrid EXIT 2 ARGS ${one_step} --strategy ddp --hybrid-group 1
+       SAYS "hybrid_group_size = 1 is read only by HybridShard")
+
 # DeepSpeed's train_batch_size = micro batch x accumulation x world size, checked once the world is known.
 file(WRITE ${WORK_DIR}/deepspeed-batches.json [=[{"train_batch_size": 6, "train_micro_batch_size_per_gpu": 2}]=])
 expect(deepspeed-config-micro-batch-against-batch EXIT 2 ARGS --layers 1 --embd 32 --heads 2 --seq 16 --steps 1
