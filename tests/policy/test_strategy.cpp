@@ -313,6 +313,16 @@ TEST_CASE("StrategyConfig fields a composition does not read are refused for it,
   CHECK_THAT(refused(DDP{}, group), Catch::Contains("hybrid_group_size = 2") && Catch::Contains("NoShard"));
   CHECK(refused(Strategy<HybridShard<ShardParameters<true>>>{}, group) == "(accepted)");
   CHECK(refused(DDP{}, [](StrategyConfig&) {}) == "(accepted)");
+  const auto bucket = [](StrategyConfig& c) { c.bucket_cap_mb = 1; };
+  CHECK_THAT(refused(ZeRO<2>{}, bucket), Catch::Contains("bucket_cap_mb = 1") && Catch::Contains("ShardGradients"));
+  CHECK(refused(DDP{}, bucket) == "(accepted)");
+  const auto no_prefetch = [](StrategyConfig& c) { c.prefetch = false; };
+  CHECK_THAT(refused(ZeRO<1>{}, no_prefetch), Catch::Contains("prefetch = false"));
+  CHECK(refused(ZeRO<3>{}, no_prefetch) == "(accepted)");
+  const auto threshold = [](StrategyConfig& c) { c.min_num_params = 500; };
+  CHECK_THAT(refused(Strategy<ShardParameters<true>, WrapByType<Block>>{}, threshold),
+             Catch::Contains("min_num_params = 500") && Catch::Contains("WrapByType"));
+  CHECK(refused(FSDP{}, threshold) == "(accepted)");
 }
 
 TEST_CASE("model_state_bytes gives ZeRO's bytes per rank", "[policy][accounting]") {

@@ -94,26 +94,57 @@ inline void refuse_unread_fields(const StrategyConfig& c) {
                   "checkpoints are always gathered into host memory (save_full_weights, save_checkpoint); leave it true");
 }
 
+namespace detail {
+/// A policy's name for a message: its `name`, which a policy of the user's may leave out.
+template <class P>
+constexpr const char* policy_name() {
+  if constexpr (requires { P::name; }) return P::name;
+  else return "a policy of its own";
+}
+}  // namespace detail
+
 /// Refuses, naming it, a field set away from its default that strategy S never reads: the NVMe
 /// settings (nvme_path, block_size, queue_depth, optimizer_buffer_count) without an offload to
-/// NVMe, hybrid_group_size without HybridShard. A user who sets one expects it to act; a run that
-/// ignores it is a silently different run. Engine's constructor calls it.
+/// NVMe, hybrid_group_size without HybridShard, bucket_cap_mb under a sharded policy (it slices
+/// NoShard's all-reduce; reduce-scatters go one unit at a time), prefetch without sharded
+/// parameters (nothing is gathered), min_num_params without a size-based wrap policy. A user who
+/// sets one expects it to act; a run that ignores it is a silently different run. Engine's
+/// constructor calls it.
 template <class S>
 void refuse_fields_not_read_by(const StrategyConfig& c) {
+  [[maybe_unused]] const char* offload = detail::policy_name<typename S::offload>();
+  [[maybe_unused]] const char* sharding = detail::policy_name<typename S::sharding>();
+  [[maybe_unused]] const char* wrap = detail::policy_name<typename S::wrap>();
   const StrategyConfig d;
   if constexpr (!S::offload::to_nvme) {
     POLYSHARD_CHECK(c.nvme_path == d.nvme_path && c.block_size == d.block_size && c.queue_depth == d.queue_depth &&
                         c.optimizer_buffer_count == d.optimizer_buffer_count,
                     "StrategyConfig's NVMe settings (nvme_path '", c.nvme_path, "', block_size ", c.block_size,
                     ", queue_depth ", c.queue_depth, ", optimizer_buffer_count ", c.optimizer_buffer_count,
-                    ") are read only under an offload to NVMe, and this strategy's offload is ", S::offload::name,
+                    ") are read only under an offload to NVMe, and this strategy's offload is ", offload,
                     ": leave them at their defaults ('", d.nvme_path, "', ", d.block_size, ", ", d.queue_depth, ", ",
                     d.optimizer_buffer_count, ")");
   }
   if constexpr (!S::sharding::hybrid) {
     POLYSHARD_CHECK(c.hybrid_group_size == d.hybrid_group_size, "StrategyConfig::hybrid_group_size = ",
                     c.hybrid_group_size, " is read only by HybridShard, and this strategy shards with ",
-                    S::sharding::name, ": leave it at 0");
+                    sharding, ": leave it at 0");
+  }
+  if constexpr (S::sharding::shards_optimizer_state) {
+    POLYSHARD_CHECK(c.bucket_cap_mb == d.bucket_cap_mb, "StrategyConfig::bucket_cap_mb = ", c.bucket_cap_mb,
+                    " is read only by NoShard (it slices the all-reduce of a unit's gradients); ",
+                    sharding, " reduce-scatters each unit as one collective: leave it at ",
+                    d.bucket_cap_mb);
+  }
+  if constexpr (!S::sharding::shards_parameters) {
+    POLYSHARD_CHECK(c.prefetch == d.prefetch, "StrategyConfig::prefetch = false is read only by ShardParameters ",
+                    "(which gathers units), and this strategy shards with ", sharding,
+                    ": leave it true");
+  }
+  if constexpr (S::wrap::min_num_params == 0) {
+    POLYSHARD_CHECK(c.min_num_params == d.min_num_params, "StrategyConfig::min_num_params = ", c.min_num_params,
+                    " is read only by a size-based wrap policy (WrapBySize), and this strategy wraps with ",
+                    wrap, ": leave it at 0");
   }
 }
 
