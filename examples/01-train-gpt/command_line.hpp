@@ -167,8 +167,9 @@ inline bool parse(int argc, char** argv, Options& o) {
   strategy
       ->add_option("--strategy", o.strategy,
                    "ddp, sharded_ddp, fsdp, fsdp_grad_op, zero1, zero2, zero3, zero1_offload, zero_offload, "
-                   "zero3_offload_optimizer, zero3_offload, zero_infinity or hybrid; or Lightning's deepspeed_stage_1, deepspeed_stage_2, "
-                   "deepspeed_stage_2_offload, deepspeed_stage_3, deepspeed_stage_3_offload or ddp_sharded")
+                   "zero3_offload_optimizer, zero3_offload, zero_infinity or hybrid; or Lightning's "
+                   "deepspeed_stage_1, deepspeed_stage_2, deepspeed_stage_2_offload, deepspeed_stage_3, "
+                   "deepspeed_stage_3_offload or ddp_sharded")
       ->type_name("NAME");
   strategy->add_option("--world-size", o.world_size, "ranks as threads (under mpirun: the MPI world)")
       ->type_name("N")
@@ -188,7 +189,8 @@ inline bool parse(int argc, char** argv, Options& o) {
       ->transform(at_least(1))
       ->default_str("");
   strategy
-      ->add_option("--nvme-path", o.nvme_path, "zero_infinity: directory on a local NVMe drive for the optimizer state")
+      ->add_option("--nvme-path", o.settings.nvme_path,
+                   "zero_infinity: directory on a local NVMe drive for the optimizer state")
       ->type_name("DIR");
 
   // StrategyConfig's fields under their reference names; the engine refuses, naming the field, a

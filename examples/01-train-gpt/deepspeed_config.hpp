@@ -241,7 +241,7 @@ class DeepSpeedConfigReader {
            if (device && *device != "none" && *device != "cpu" && *device != "nvme")
              fail(k, "expects none, cpu or nvme, got " + x.dump());
          }},
-        {"nvme_path", [&](const json& x, const std::string& k) { set("--nvme-path", o_.nvme_path, text(x, k)); }},
+        {"nvme_path", [&](const json& x, const std::string& k) { set("--nvme-path", o_.settings.nvme_path, text(x, k)); }},
         {"pin_memory", [&](const json& x, const std::string& k) {
            set("--pin-memory", o_.settings.pin_memory, boolean(x, k));
          }},
@@ -332,6 +332,7 @@ class DeepSpeedConfigReader {
     if (fp16_.value_or(false) && bf16_.value_or(false)) fail("fp16.enabled, bf16.enabled", "both are true");
     if (fp16_.value_or(false)) set("--precision", o_.precision, std::optional<std::string>("fp16-mixed"));
     if (bf16_.value_or(false)) set("--precision", o_.precision, std::optional<std::string>("bf16-mixed"));
+    if (!(stage_ || offload_optimizer_ || offload_param_)) return;  // no zero_optimization: --strategy stands
     const std::string opt = offload_optimizer_.value_or("none"), param = offload_param_.value_or("none");
     const std::int64_t stage = stage_.value_or(0);
     const std::string where = "zero_optimization.stage " + std::to_string(stage) + " with offload_optimizer " + opt +
@@ -355,9 +356,7 @@ class DeepSpeedConfigReader {
       fail("zero_optimization.offload_param", "cpu without offload_optimizer cpu: polyshard's parameter offload "
                                               "also offloads the optimizer; set offload_optimizer.device to cpu");
     else fail(where, "polyshard-train has no strategy of this composition");
-    if (!(stage_ || offload_optimizer_ || offload_param_)) return;  // no zero_optimization: --strategy stands
-    if (given_("--strategy")) return;
-    o_.strategy = family;
+    set("--strategy", o_.strategy, std::optional<std::string>(family));
   }
 
   std::string file_;

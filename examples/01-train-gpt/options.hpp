@@ -42,10 +42,10 @@ struct Options {
   std::string wrap = "block";       // whole | block | size:N
   std::int64_t accum = 1;           // micro-batches per step (gradient accumulation with no_sync)
   std::int64_t hybrid_group = 0;    // --strategy hybrid: ranks per sharding group (0: half the world)
-  std::string nvme_path = "/local_nvme";  // --strategy zero_infinity: directory of the optimizer-state files
-  // StrategyConfig's other fields, each under its own flag (--reduce-bucket-size, ...); the ones
-  // set above (min_num_params from --wrap, hybrid_group_size, nvme_path, the loss scaling) are
-  // copied over these. The engine refuses a setting its strategy does not read.
+  // StrategyConfig's fields, each under its own flag (--nvme-path, --reduce-bucket-size, ...),
+  // except those other options decide (min_num_params from --wrap, hybrid_group_size from
+  // --hybrid-group, the loss scaling), which the trainer writes over these. The engine refuses a
+  // setting its strategy does not read.
   polyshard::StrategyConfig settings;
   std::int64_t micro_batch = 0;  // DeepSpeed's train_micro_batch_size_per_gpu; 0: --batch decides
   bool batch_given = false;      // --batch, or train_batch_size, was given

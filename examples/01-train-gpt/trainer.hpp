@@ -99,7 +99,6 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
   model.checkpoint_blocks = o.checkpoint_activations;
   StrategyConfig config = o.settings;
   config.min_num_params = wrap_threshold(o);
-  config.nvme_path = o.nvme_path;  // --strategy zero_infinity: where each rank's optimizer-state file goes
   // --strategy hybrid without --hybrid-group: two groups when the world splits evenly.
   if constexpr (S::sharding::hybrid)
     config.hybrid_group_size =

@@ -8,7 +8,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_set>
@@ -149,7 +148,8 @@ class JsonTreeBuilder : public nlohmann::json_sax<nlohmann::json> {
     return v;
   }
   void scalars_only_in_whole_grammar() const {
-    if (!whole_grammar_) fail("true, false and null are not expected here (only objects, arrays, strings and integers)");
+    if (!whole_grammar_)
+      fail("true, false and null are not expected here (only objects, arrays, strings and integers)");
   }
   /// Counts a value at the current depth and checks the limits it is under.
   void count() {
