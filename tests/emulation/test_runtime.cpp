@@ -373,6 +373,48 @@ TEST_CASE("the legacy default stream is ordered with blocking streams only", "[e
   REQUIRE(cudaSetDevice(0) == cudaSuccess);
 }
 
+TEST_CASE("each host thread has a default stream of its own", "[emulation][runtime]") {
+  // CUDA gives every host thread its own cudaStreamPerThread: what one thread holds there does
+  // not hold another thread's, as the shared legacy stream would. The other thread's work must
+  // finish while this thread's is held; its wait is bounded so that a shared stream fails the
+  // check instead of hanging.
+  Gate gate;
+  gate.hold(cudaStreamPerThread);
+  std::atomic<bool> held_ran{false};
+  enqueue(cudaStreamPerThread, "held", [&] { held_ran = true; });
+  std::atomic<bool> other_ran{false};
+  cudaError_t other_state = cudaErrorNotReady;
+  std::thread other([&] {
+    enqueue(cudaStreamPerThread, "other thread's", [&] { other_ran = true; });
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while ((other_state = cudaStreamQuery(cudaStreamPerThread)) == cudaErrorNotReady &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
+  });
+  other.join();
+  CHECK(other_state == cudaSuccess);
+  CHECK(other_ran.load());
+  CHECK_FALSE(held_ran.load());
+  CHECK(cudaStreamQuery(cudaStreamPerThread) == cudaErrorNotReady);
+  gate.release();
+  REQUIRE(cudaStreamSynchronize(cudaStreamPerThread) == cudaSuccess);
+  CHECK(held_ran.load());
+}
+
+TEST_CASE("a thread's default stream is ordered with the legacy stream", "[emulation][runtime]") {
+  // It is a blocking stream: legacy work waits for it, and its later work for the legacy stream.
+  Gate gate;
+  gate.hold(cudaStreamPerThread);
+  std::atomic<bool> on_per_thread{false};
+  std::atomic<int> legacy_saw{-1};
+  enqueue(cudaStreamPerThread, "held", [&] { on_per_thread = true; });
+  enqueue(cudaStreamLegacy, "reader", [&] { legacy_saw = on_per_thread.load(); });
+  CHECK(cudaStreamQuery(cudaStreamLegacy) == cudaErrorNotReady);
+  gate.release();
+  REQUIRE(cudaStreamSynchronize(cudaStreamLegacy) == cudaSuccess);
+  CHECK(legacy_saw.load() == 1);
+}
+
 TEST_CASE("event elapsed time is the host time between the records", "[emulation][runtime]") {
   TestStream stream;
   cudaEvent_t start = nullptr, stop = nullptr, untimed = nullptr, unrecorded = nullptr;

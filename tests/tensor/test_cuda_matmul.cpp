@@ -461,6 +461,33 @@ TEST_CASE("a repeated problem reuses its plan, another pointer alignment gets it
   CHECK(std::isnan(got[0]));
 }
 
+TEST_CASE("a stream that takes a destroyed stream's handle gets a cuBLASLt workspace of its own", "[cuda][tensor]") {
+  // A destroyed stream's handle can come back for the next stream created (the emulated device
+  // always gives it back at once), while the old stream's products may still run in the
+  // workspace kept for that handle: the workspace follows the stream's id, not its handle.
+  const Case c{.m = 64, .n = 48, .k = 40};
+  Problem<float> p(c);
+  auto& lt = cuda::CublasLt::current();
+  cudaStream_t first = nullptr, second = nullptr;
+  unsigned long long first_id = 0, second_id = 0;
+  REQUIRE(cudaStreamCreate(&first) == cudaSuccess);
+  REQUIRE(cudaStreamGetId(first, &first_id) == cudaSuccess);
+  cuda::matmul(p.args(), first);
+  CHECK(lt.workspace_stream_id(first) == first_id);
+  REQUIRE(cudaStreamDestroy(first) == cudaSuccess);
+  REQUIRE(cudaStreamCreate(&second) == cudaSuccess);
+  REQUIRE(cudaStreamGetId(second, &second_id) == cudaSuccess);
+  CHECK(second_id != first_id);
+#if defined(POLYSHARD_CUDA_EMULATION)
+  REQUIRE(second == first);
+#endif
+  cuda::matmul(p.args(), second);
+  CHECK(lt.workspace_stream_id(second) == second_id);
+  REQUIRE(cudaStreamSynchronize(second) == cudaSuccess);
+  CHECK(error_of(p.result().values(), p.cpu_product()) <= product_bound<float>(c.k));
+  REQUIRE(cudaStreamDestroy(second) == cudaSuccess);
+}
+
 TEST_CASE("matmul_into on device tensors with k = 0 gives beta C, zeros for beta = 0 even over NaN",
           "[cuda][tensor]") {
   const auto a = Tensor<float, Cuda>::empty(Shape{2, 4, 0}), b = Tensor<float, Cuda>::empty(Shape{0, 3});

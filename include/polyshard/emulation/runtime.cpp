@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <set>
 #include <shared_mutex>
 #include <string>
 #include <thread>
@@ -124,6 +125,7 @@ struct Stream {
   unsigned flags = cudaStreamDefault;
   int priority = 0;
   bool legacy = false;
+  unsigned long long id = 0;  // cudaStreamGetId: unique for the life of the program
 
   std::mutex m;
   std::condition_variable has_work;    // the worker waits on it
@@ -151,7 +153,9 @@ struct Device {
 void worker_loop(const std::shared_ptr<Stream>& s);
 
 std::shared_ptr<Stream> make_stream(int device, unsigned flags, int priority, bool legacy) {
+  static std::atomic<unsigned long long> next_id{1};
   auto s = std::make_shared<Stream>();
+  s->id = next_id++;
   s->device = device;
   s->flags = flags;
   s->priority = priority;
@@ -333,9 +337,39 @@ thread_local int t_device = 0;
 
 bool is_default_stream(cudaStream_t s) { return s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread; }
 
-/// The stream behind a handle; the default streams are the current device's legacy stream
-/// (cudaStreamPerThread included: the emulation gives each thread no stream of its own).
+/// The calling thread's per-thread default stream on `device`, made on first use. CUDA gives each
+/// host thread one: an ordinary blocking stream (ordered with the legacy stream, as a created
+/// blocking stream is) that other threads' work does not wait for. It closes when the thread
+/// exits, its queued work finishing first.
+std::shared_ptr<Stream> per_thread_stream(int device) {
+  struct Owned {
+    std::map<int, std::shared_ptr<Stream>> streams;
+    ~Owned() {
+      for (auto& [index, s] : streams) {
+        {
+          std::lock_guard lock(s->m);
+          s->closing = true;
+        }
+        s->has_work.notify_one();
+      }
+    }
+  };
+  thread_local Owned owned;
+  std::shared_ptr<Stream>& s = owned.streams[device];
+  if (!s) {
+    s = make_stream(device, cudaStreamDefault, 0, /*legacy=*/false);
+    Device& d = device_at(device);
+    std::lock_guard lock(d.m);
+    prune(d);
+    d.streams.push_back(s);
+  }
+  return s;
+}
+
+/// The stream behind a handle: the null handle and cudaStreamLegacy are the current device's
+/// legacy stream, cudaStreamPerThread the calling thread's own default stream on it.
 std::shared_ptr<Stream> find_stream(cudaStream_t handle) {
+  if (handle == cudaStreamPerThread) return valid_device(t_device) ? per_thread_stream(t_device) : nullptr;
   if (is_default_stream(handle)) return valid_device(t_device) ? device_at(t_device).legacy : nullptr;
   std::shared_lock lock(handles().m);
   const auto it = handles().streams.find(handle);
@@ -651,7 +685,26 @@ namespace emu = polyshard::emulation;
 namespace {
 
 /// A stream's handle is the address of its state (looked up in handles(), never dereferenced).
-cudaStream_t stream_handle(const std::shared_ptr<Stream>& p) { return reinterpret_cast<cudaStream_t>(p.get()); }
+/// A handle for a new stream: the lowest one a destroyed stream gave back, else a new one. A
+/// driver hands out a destroyed stream's handle again too; doing it at once, every time, lets
+/// tests show what keys state by a stream's handle rather than by the stream (cudaStreamGetId).
+/// Handles are small multiples of 16 above 0x10000, clear of the special streams. handles().m held.
+std::set<std::uintptr_t>& free_stream_handles() {
+  static auto* p = new std::set<std::uintptr_t>;
+  return *p;
+}
+cudaStream_t take_stream_handle() {
+  static std::uintptr_t next = 0x10000;
+  std::uintptr_t h = 0;
+  if (auto& free = free_stream_handles(); !free.empty()) {
+    h = *free.begin();
+    free.erase(free.begin());
+  } else {
+    h = next;
+    next += 16;
+  }
+  return reinterpret_cast<cudaStream_t>(h);
+}
 
 const char* error_name(cudaError_t e) {
   switch (e) {
@@ -786,9 +839,11 @@ cudaError_t create_stream(cudaStream_t* out, unsigned flags, int priority) {
   // Out-of-range priorities are clamped, as CUDA documents.
   priority = std::clamp(priority, greatest_stream_priority, least_stream_priority);
   auto s = make_stream(t_device, flags, priority, false);
+  cudaStream_t handle = nullptr;
   {
     std::unique_lock lock(handles().m);
-    handles().streams[s.get()] = s;
+    handle = take_stream_handle();
+    handles().streams[handle] = s;
   }
   Device& d = device_at(t_device);
   {
@@ -796,7 +851,7 @@ cudaError_t create_stream(cudaStream_t* out, unsigned flags, int priority) {
     prune(d);
     d.streams.push_back(s);
   }
-  *out = stream_handle(s);
+  *out = handle;
   return cudaSuccess;
 }
 
@@ -1354,6 +1409,14 @@ cudaError_t cudaStreamGetPriority(cudaStream_t hStream, int* priority) {
   return cudaSuccess;
 }
 
+cudaError_t cudaStreamGetId(cudaStream_t hStream, unsigned long long* streamId) {
+  const auto s = find_stream(hStream);
+  if (!s) return result(cudaErrorInvalidResourceHandle);
+  if (!streamId) return result(cudaErrorInvalidValue);
+  *streamId = s->id;
+  return cudaSuccess;
+}
+
 cudaError_t cudaStreamGetFlags(cudaStream_t hStream, unsigned int* flags) {
   const auto s = find_stream(hStream);
   if (!s) return result(cudaErrorInvalidResourceHandle);
@@ -1372,6 +1435,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     if (it == handles().streams.end()) return result(cudaErrorInvalidResourceHandle);
     s = std::move(it->second);
     handles().streams.erase(it);
+    free_stream_handles().insert(reinterpret_cast<std::uintptr_t>(stream));
   }
   {
     std::lock_guard lock(s->m);

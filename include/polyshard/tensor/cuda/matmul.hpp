@@ -239,7 +239,7 @@ class CublasLt {
   ~CublasLt() {
     // At thread (or process) exit the runtime may already be going away: nothing is checked.
     plans_.clear();
-    for (auto& [stream, p] : workspaces_) cudaFree(p);
+    for (auto& [stream, w] : workspaces_) cudaFree(w.memory);
     cublasLtDestroy(handle_);
   }
   CublasLt(const CublasLt&) = delete;
@@ -251,18 +251,35 @@ class CublasLt {
   /// The workspace of matmuls issued to `stream`. One per stream, because two streams may run
   /// at once and a shared workspace would be written by both. It comes from cudaMalloc, not
   /// from the stream-ordered pool: it lives as long as this thread, longer than the streams it
-  /// serves, and a stream-ordered free needs a live stream.
+  /// serves, and a stream-ordered free needs a live stream. A handle is kept with its stream's
+  /// id (cudaStreamGetId, unique for the life of the program): a destroyed stream's handle can
+  /// come back for a new stream while the old one's products still run in its workspace, so a
+  /// new id for a known handle waits for the device, frees that workspace and takes a new one.
   void* workspace(cudaStream_t stream) {
-    auto& p = workspaces_[stream];
-    if (!p) {
-      const cudaError_t rc = cudaMalloc(&p, workspace_bytes);
+    unsigned long long id = 0;
+    POLYSHARD_CUDA_CHECK(cudaStreamGetId(stream, &id));
+    Workspace& w = workspaces_[stream];
+    if (w.memory && w.stream_id != id) {
+      POLYSHARD_CUDA_CHECK(cudaDeviceSynchronize());
+      POLYSHARD_CUDA_CHECK(cudaFree(w.memory));
+      w.memory = nullptr;
+    }
+    if (!w.memory) {
+      const cudaError_t rc = cudaMalloc(&w.memory, workspace_bytes);
       if (rc != cudaSuccess) {
         cudaGetLastError();  // not sticky: later checks must not see this one
         workspaces_.erase(stream);
         check(rc, "cudaMalloc of the 32 MiB cuBLASLt workspace", __FILE__, __LINE__);
       }
+      w.stream_id = id;
     }
-    return p;
+    return w.memory;
+  }
+
+  /// The id of the stream whose workspace `stream`'s handle holds now (for tests).
+  unsigned long long workspace_stream_id(cudaStream_t stream) const {
+    const auto it = workspaces_.find(stream);
+    return it == workspaces_.end() ? 0 : it->second.stream_id;
   }
 
   /// The plan of `key`, built (descriptors, layouts, heuristic) the first time it is asked for.
@@ -277,7 +294,11 @@ class CublasLt {
 
   int device_ = 0;
   cublasLtHandle_t handle_ = nullptr;
-  std::map<cudaStream_t, void*> workspaces_;
+  struct Workspace {
+    unsigned long long stream_id = 0;
+    void* memory = nullptr;
+  };
+  std::map<cudaStream_t, Workspace> workspaces_;
   std::map<detail::PlanKey, std::unique_ptr<detail::Plan>> plans_;
 };
 
