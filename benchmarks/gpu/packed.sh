@@ -13,6 +13,10 @@
 # OUT_DIR/results.tar after every step (a run cut short keeps what it finished; the device tool
 # brings back a few files only).
 #
+# With `train` as a third argument, only the GPU tests and the training runs (GPT-2 small, vocabulary
+# 50257, medium and small through the engine, each also from the POLYSHARD_COMPARE builds, then
+# PyTorch's): about 4 minutes on an H200.
+#
 # POLYSHARD_COMPARE (optional): folders, relative to the build tree, each holding a
 # bench_attention_cuda and a bench_train_cuda built from another commit (copied there before
 # packing: gpu-pack takes every GPU program of the tree). Each runs right after this build's
@@ -20,6 +24,7 @@
 set -uo pipefail
 dest=${1:?OUT_DIR}
 quick=${2:-}
+only=${3:-all}
 out=$(mktemp -d)
 mkdir -p "$dest"
 save() { tar -cf "$dest/results.tar" -C "$out" .; }
@@ -36,27 +41,42 @@ here=$(cd "$(dirname "$0")" && pwd)
 python=$(ls /opt/torch/.venv/bin/python3 2>/dev/null || command -v python3)
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
 
-step 120 attention-tests.log tests/tensor/test_cuda_transformer "[attention]"
-tail -4 "$out/attention-tests.log"
+if [[ $only == all ]]; then
+  step 120 attention-tests.log tests/tensor/test_cuda_transformer "[attention]"
+  tail -4 "$out/attention-tests.log"
+fi
 step 300 gpu-tests.log ctest -L gpu -j3 --output-on-failure --timeout 240
 grep -E "tests passed|Failed|\*\*\*" "$out/gpu-tests.log" | head -20
 
+[[ $only == all ]] && {
 step 90 attention-bench.log benchmarks/tensor/bench_attention_cuda --json "$out/bench_attention_cuda.json"
 PYTHONUNBUFFERED=1 step 120 attention-torch.log "$python" "$here/pytorch_attention.py" --json "$out/pytorch_attention.json"
 tail -n 8 "$out/attention-bench.log" "$out/attention-torch.log"
+}
 
 steps=(); [ -n "$quick" ] && steps=(--steps 10)
 step 90 train-fused.log benchmarks/train/bench_train_cuda "${steps[@]}" --json "$out/train_fused.json"
 for other in ${POLYSHARD_COMPARE:-}; do
   name=$(basename "$other")
-  step 60 "compare-$name-attention.log" "$other/bench_attention_cuda" --json "$out/compare_${name}_attention.json"
+  [[ $only == all ]] &&
+    step 60 "compare-$name-attention.log" "$other/bench_attention_cuda" --json "$out/compare_${name}_attention.json" &&
+    tail -n 6 "$out/compare-$name-attention.log"
   step 90 "compare-$name-train.log" "$other/bench_train_cuda" "${steps[@]}" --json "$out/compare_${name}_train.json"
-  tail -n 6 "$out/compare-$name-attention.log"; tail -n 3 "$out/compare-$name-train.log"
+  tail -n 3 "$out/compare-$name-train.log"
 done
-POLYSHARD_FUSED_ATTENTION=0 step 90 train-materialized.log benchmarks/train/bench_train_cuda "${steps[@]}" --json "$out/train_materialized.json"
+[[ $only == all ]] && POLYSHARD_FUSED_ATTENTION=0 step 90 train-materialized.log benchmarks/train/bench_train_cuda \
+  "${steps[@]}" --json "$out/train_materialized.json"
 step 90 train-vocab50257.log benchmarks/train/bench_train_cuda "${steps[@]}" --vocab 50257 --json "$out/train_vocab50257.json"
 step 120 train-medium.log benchmarks/train/bench_train_cuda "${steps[@]}" --medium --json "$out/train_medium.json"
-for f in "$out"/train-*.log; do tail -n 3 "$f"; done
+step 90 train-engine.log benchmarks/train/bench_train_cuda "${steps[@]}" --engine --json "$out/train_engine.json"
+for other in ${POLYSHARD_COMPARE:-}; do
+  name=$(basename "$other")
+  step 120 "compare-$name-train-medium.log" "$other/bench_train_cuda" "${steps[@]}" --medium \
+    --json "$out/compare_${name}_train_medium.json"
+  step 90 "compare-$name-train-engine.log" "$other/bench_train_cuda" "${steps[@]}" --engine \
+    --json "$out/compare_${name}_train_engine.json"
+done
+for f in "$out"/train-*.log "$out"/compare-*-train*.log; do [ -e "$f" ] && tail -n 3 "$f"; done
 peak=$("$python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["peak_tflops"])' "$out/train_fused.json" 2>/dev/null || echo 0)
 PYTHONUNBUFFERED=1 step 240 train-torch.log "$python" "$here/pytorch_gpt2.py" ${quick:+--steps 10} --peak-tflops "$peak" \
   --json "$out/pytorch_gpt2.json"
@@ -65,6 +85,7 @@ PYTHONUNBUFFERED=1 step 240 train-torch-medium.log "$python" "$here/pytorch_gpt2
   --layers 24 --width 1024 --heads 16 --peak-tflops "$peak" --json "$out/pytorch_gpt2_medium.json"
 tail -n 4 "$out/train-torch-medium.log"
 
+[[ $only == all ]] || exit 0
 for tool in memcheck initcheck racecheck; do
   step 120 "sanitizer-$tool.log" compute-sanitizer --tool "$tool" --error-exitcode 3 tests/tensor/test_cuda_transformer "[attention]"
   tail -2 "$out/sanitizer-$tool.log"
