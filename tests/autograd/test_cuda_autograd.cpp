@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -194,8 +195,9 @@ TEST_CASE("linear_cross_entropy on the GPU matches the head and loss as two ops 
   // Vocabularies off the padding's multiple of 64 (61 pads to 64, 130 to 192); the weight is also
   // the embedding's, so its head gradient adds to the embedding's; a seed other than 1 reaches the
   // logits' gradient through the device scalar alone.
+  // 64 needs no padding: the weight gradient's product then writes it directly.
   const int c = 32;
-  for (const int v : {61, 130}) {
+  for (const int v : {61, 64, 130}) {
     INFO("vocabulary " << v);
     const auto ids = random_ids(Shape{2, 9}, v, 21), targets = random_ids(Shape{2, 9}, v, 22);
     const auto w_host = test::random_floats(Shape{v, c}, 23, 0.5), s_host = test::random_floats(Shape{c}, 24, 1.0);
@@ -244,8 +246,10 @@ TEST_CASE("linear_cross_entropy_forward leaves zeros in its logits' padding, whi
           "[cuda][autograd]") {
   // A buffer that starts as NaN everywhere (as never-written device memory may): after the
   // forward through the padded weight its columns past V are zeros, the rest the logits of
-  // linear_forward. The padded weight is the weight and zero rows.
-  const std::int64_t rows = 6, c = 8, v = 61, ld = padded_vocab(v);
+  // linear_forward. The padded weight is the weight and zero rows. 9001 columns: a thread of the
+  // kernel that keeps its row in registers holds three packs, then the row's last element.
+  const std::int64_t v = GENERATE(61, 9001);
+  const std::int64_t rows = 6, c = 8, ld = padded_vocab(v);
   const auto x = to_device(test::random_floats(Shape{rows, c}, 41, 1.0));
   const auto w = to_device(test::random_floats(Shape{v, c}, 42, 0.5));
   const auto targets = to_device(random_ids(Shape{rows}, v, 43));
@@ -266,4 +270,103 @@ TEST_CASE("linear_cross_entropy_forward leaves zeros in its logits' padding, whi
       CHECK(got[std::size_t(r * ld + k)] == Approx(reference[std::size_t(r * v + k)]).epsilon(1e-5));
     for (std::int64_t k = v; k < ld; ++k) CHECK(got[std::size_t(r * ld + k)] == 0.0f);
   }
+  // With the gradient in place, the same pass leaves softmax - onehot over the first V columns
+  // (from the logits above, in double) and the padding's zeros, and the same loss.
+  const float loss_plain = loss.to_vector()[0];
+  logits.fill(std::numeric_limits<float>::quiet_NaN());
+  linear_cross_entropy_forward(x, head, v, targets, logits, Tensor<float, Cuda>(), loss, /*gradient_in_place=*/true);
+  CHECK(loss.to_vector()[0] == loss_plain);
+  const auto grad = logits.to_vector();
+  const auto target_ids = targets.to_vector();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double top = -1e300, total = 0;
+    for (std::int64_t k = 0; k < v; ++k) top = std::max(top, double(reference[std::size_t(r * v + k)]));
+    for (std::int64_t k = 0; k < v; ++k) total += std::exp(double(reference[std::size_t(r * v + k)]) - top);
+    for (std::int64_t k = 0; k < v; ++k) {
+      const double p = std::exp(double(reference[std::size_t(r * v + k)]) - top) / total;
+      const double want_grad = p - (k == target_ids[std::size_t(r)] ? 1.0 : 0.0);
+      CHECK(grad[std::size_t(r * ld + k)] == Approx(want_grad).margin(1e-6));
+    }
+    for (std::int64_t k = v; k < ld; ++k) CHECK(grad[std::size_t(r * ld + k)] == 0.0f);
+  }
+}
+
+TEST_CASE("gelu_mlp on the GPU matches linear, gelu and linear on the host", "[cuda][autograd]") {
+  // 64 hidden units take the epilogues (bias + GELU + aux forward, dGELU backward); 20 is not a
+  // multiple of 8, which cuBLASLt's aux needs, and takes the separate passes. x also feeds the
+  // residual, so its gradient is added to; a second pass adds to every gradient.
+  const auto [c, h] = GENERATE(std::pair{16, 64}, std::pair{6, 20});
+  INFO("width " << c << ", hidden " << h);
+  const auto x_host = test::random_floats(Shape{2, 5, c}, 61, 1.0), r_host = test::random_floats(Shape{2, 5, c}, 62, 1.0);
+  const auto fc_w = test::random_floats(Shape{h, c}, 63, 0.3), fc_b = test::random_floats(Shape{h}, 64, 0.3);
+  const auto proj_w = test::random_floats(Shape{c, h}, 65, 0.3), proj_b = test::random_floats(Shape{c}, 66, 0.3);
+  const auto loss_of = [&](auto&& x, auto&& w1, auto&& b1, auto&& w2, auto&& b2, auto&& r) {
+    return mean(mul(add(gelu_mlp(x, w1, b1, w2, b2), x), r));
+  };
+  Var<float, Cpu> hx(x_host.clone(), true), hw1(fc_w.clone(), true), hb1(fc_b.clone(), true),
+      hw2(proj_w.clone(), true), hb2(proj_b.clone(), true);
+  Var<float, Cuda> dx(to_device(x_host), true), dw1(to_device(fc_w), true), db1(to_device(fc_b), true),
+      dw2(to_device(proj_w), true), db2(to_device(proj_b), true);
+  const Var<float, Cpu> hr(r_host.clone());
+  const Var<float, Cuda> dr(to_device(r_host));
+  for (int pass = 0; pass < 2; ++pass) {
+    INFO("pass " << pass);
+    const auto host_loss = loss_of(hx, hw1, hb1, hw2, hb2, hr);
+    const auto device_loss = loss_of(dx, dw1, db1, dw2, db2, dr);
+    CHECK(detail::scalar_value(device_loss.value()) == Approx(detail::scalar_value(host_loss.value())).epsilon(1e-5));
+    backward(host_loss);
+    backward(device_loss);
+    check_grad("x", dx, hx);
+    check_grad("fc weight", dw1, hw1);
+    check_grad("fc bias", db1, hb1);
+    check_grad("proj weight", dw2, hw2);
+    check_grad("proj bias", db2, hb2);
+  }
+}
+
+TEST_CASE("gelu_mlp in bf16 on the GPU matches the three ops on the GPU", "[cuda][autograd]") {
+  // The fused op against the unfused path of the same device and precision: GPT-2's 4x hidden
+  // width, whose epilogues the model's MLPs take.
+  const int c = 32, h = 128;
+  const auto bf16 = [](const Tensor<float>& host) { return Var<bfloat16, Cuda>(cast<bfloat16>(to_device(host)), true); };
+  const auto values = std::vector<Tensor<float>>{
+      test::random_floats(Shape{3, 7, c}, 71, 1.0), test::random_floats(Shape{h, c}, 72, 0.3),
+      test::random_floats(Shape{h}, 73, 0.3), test::random_floats(Shape{c, h}, 74, 0.3),
+      test::random_floats(Shape{c}, 75, 0.3)};
+  const Var<bfloat16, Cuda> r(cast<bfloat16>(to_device(test::random_floats(Shape{3, 7, c}, 76, 1.0))));
+  std::vector<Var<bfloat16, Cuda>> fused, unfused;
+  for (const auto& v : values) fused.push_back(bf16(v)), unfused.push_back(bf16(v));
+  const auto& f = fused;
+  const auto& u = unfused;
+  const Var<bfloat16, Cuda> fused_loss = mean(mul(gelu_mlp(f[0], f[1], f[2], f[3], f[4]), r));
+  const Var<bfloat16, Cuda> unfused_loss = mean(mul(linear(gelu(linear(u[0], u[1], u[2])), u[3], u[4]), r));
+  CHECK(float(detail::scalar_value(fused_loss.value())) ==
+        Approx(float(detail::scalar_value(unfused_loss.value()))).epsilon(2e-2));
+  backward(fused_loss);
+  backward(unfused_loss);
+  const char* names[] = {"x", "fc weight", "fc bias", "proj weight", "proj bias"};
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const auto got = to_host(cast<float>(fused[i].grad())), want = to_host(cast<float>(unfused[i].grad()));
+    const double err = test::relative_error(std::span<const float>(got.span()), std::span<const float>(want.span()));
+    INFO(names[i] << ": relative error " << err);
+    CHECK(err <= 2e-2);  // a few bf16 roundings (2^-8 each) apart
+  }
+}
+
+TEST_CASE("linear_cross_entropy on the GPU gives the same loss with and without recording", "[cuda][autograd]") {
+  // Recording, the forward also writes the gradient in place; under NoGradGuard it writes the
+  // loss alone. bf16, whose logits take the in-place gradient.
+  const int v = 130, c = 24;
+  const auto ids = to_device(random_ids(Shape{4, 7}, v, 51)), targets = to_device(random_ids(Shape{4, 7}, v, 52));
+  Var<bfloat16, Cuda> w(cast<bfloat16>(to_device(test::random_floats(Shape{v, c}, 53, 0.5))), true);
+  const double recorded = detail::scalar_value(linear_cross_entropy(embedding(ids, w), w, targets).value());
+  double plain = 0;
+  {
+    NoGradGuard no_grad;
+    const auto loss = linear_cross_entropy(embedding(ids, w), w, targets);
+    CHECK_FALSE(loss.requires_grad());
+    plain = detail::scalar_value(loss.value());
+  }
+  CHECK(recorded == plain);
+  CHECK(std::isfinite(plain));
 }

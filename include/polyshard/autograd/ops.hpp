@@ -7,6 +7,7 @@
 #include "polyshard/autograd/ops/elementwise.hpp"
 #include "polyshard/autograd/ops/embedding.hpp"
 #include "polyshard/autograd/ops/gelu.hpp"
+#include "polyshard/autograd/ops/gelu_mlp.hpp"
 #include "polyshard/autograd/ops/grouped_qkv.hpp"
 #include "polyshard/autograd/ops/layer_norm.hpp"
 #include "polyshard/autograd/ops/linear.hpp"

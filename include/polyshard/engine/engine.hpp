@@ -488,6 +488,11 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     return out;
   }
 
+  bool leaves_plain(const void* module, std::type_index type) const override {
+    const ModuleKey key{module, type};
+    return !plan_.unit_of_module.count(key) && !plan_.checkpointed_modules.count(key);
+  }
+
   /// Counts what unit `index`'s forward keeps under Activations (activation_bytes()), from
   /// construction to done(), when it runs with gradients outside backward (a checkpointed
   /// unit's recomputation is not counted again).

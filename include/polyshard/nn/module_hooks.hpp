@@ -22,6 +22,10 @@ class ModuleHooks {
   /// member share an address.
   virtual Var<T, D> around(const void* module, std::type_index type,
                            const std::function<Var<T, D>(const Var<T, D>&)>& body, const Var<T, D>& x) = 0;
+  /// Whether around() is a plain call for `module`: the engine gathers, frees and checkpoints
+  /// nothing for it. A module may then compute several children in one op (Mlp on a GPU)
+  /// without losing the engine's work around each. Unknown, by default.
+  virtual bool leaves_plain(const void* module, std::type_index type) const { return false; }
 };
 
 namespace detail {
@@ -61,6 +65,14 @@ Var<T, D> call(const M& module, const Var<T, D>& x) {
   if (ModuleHooks<T, D>* hooks = detail::thread_module_hooks<T, D>())
     return hooks->around(&module, std::type_index(typeid(M)), [&module](const Var<T, D>& in) { return module(in); }, x);
   return module(x);
+}
+
+/// Whether call() of each of `modules` is a plain call on this thread: no hooks installed for T
+/// on D, or hooks that leave each of them plain.
+template <FloatElement T, Device D, class... M>
+bool calls_are_plain(const M&... modules) {
+  const ModuleHooks<T, D>* hooks = detail::thread_module_hooks<T, D>();
+  return hooks == nullptr || (hooks->leaves_plain(&modules, std::type_index(typeid(M))) && ...);
 }
 
 /// Calls `body(x)` in place of `module(x)`, with the engine's work around it as call() has it:

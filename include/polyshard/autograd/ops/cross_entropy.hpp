@@ -39,8 +39,10 @@ Var<T, D> cross_entropy(const Var<T, D>& logits, const Tensor<std::int32_t, D>& 
 ///   product over the vocabulary runs on a multiple of 64 whatever V is; the padding comes out
 ///   zero and is excluded from the softmax, the loss and the gradients;
 /// - the mean loss is computed and kept on the device (read it with item() when needed);
-/// - the backward pass turns the buffer into the logits' gradient in place, reading the loss's
-///   gradient on the device, so no second logits-sized buffer is made.
+/// - the logits' buffer becomes their gradient in place, so no second logits-sized buffer is
+///   made: in the forward's one pass over it when a backward will run (bf16 and float: softmax -
+///   onehot, with 1/N and the loss's gradient applied to the backward's products, the latter read
+///   on the device), else (half) in the backward from the saved log-sum-exp.
 template <FloatElement T, Device D>
 Var<T, D> linear_cross_entropy(const Var<T, D>& x, const Var<T, D>& weight, const Tensor<std::int32_t, D>& targets) {
   if constexpr (std::same_as<D, Cpu>) {
@@ -60,18 +62,22 @@ Var<T, D> linear_cross_entropy(const Var<T, D>& x, const Var<T, D>& weight, cons
     const std::int64_t v = ws[0];
     const Tensor<T, D> head_weight = padded_head_weight(weight.value());  // (padded_vocab(V), C)
     auto logits = Tensor<T, D>::empty({rows, padded_vocab(v)}, MemoryCategory::Activations);
-    auto lse = Tensor<float, D>::empty({rows}, MemoryCategory::Activations);
+    // When a backward will run, the forward's pass over the logits also leaves their gradient
+    // there (where T allows): a sweep runs each node's backward once and then releases it
+    // (backward.hpp), and nothing else reads the logits.
+    const bool recording = grad_enabled() && (x.requires_grad() || weight.requires_grad());
+    const bool in_place = recording && logits_gradient_in_place<T>;
+    const Tensor<float, D> lse =
+        in_place ? Tensor<float, D>() : Tensor<float, D>::empty({rows}, MemoryCategory::Activations);
     Tensor<T, D> y = Tensor<T, D>::empty(Shape{});
-    linear_cross_entropy_forward(x2, head_weight, v, t2, logits, lse, y);
-    // A sweep runs each node's backward once and then releases it (backward.hpp), so the buffer
-    // can become the gradient in place.
-    return detail::reads_scalar_grad(make_result(
-        std::move(y), "linear_cross_entropy", {x, weight}, [x2, head_weight, v, t2, logits, lse](Node<T, D>& self) {
-          GradOut<T, D> dx = detail::grad_out(self, 0);
-          if (dx.wanted()) dx.tensor = dx.tensor.reshape(x2.shape());
-          linear_cross_entropy_backward(x2, head_weight, v, t2, logits, lse, self.grad, self.grad_factor, dx,
-                                        detail::grad_out(self, 1));
-        }));
+    linear_cross_entropy_forward(x2, head_weight, v, t2, logits, lse, y, in_place);
+    auto backward = [x2, head_weight, v, t2, logits, lse, in_place](Node<T, D>& self) {
+      GradOut<T, D> dx = detail::grad_out(self, 0);
+      if (dx.wanted()) dx.tensor = dx.tensor.reshape(x2.shape());
+      linear_cross_entropy_backward(x2, head_weight, v, t2, logits, lse, self.grad, self.grad_factor, dx,
+                                    detail::grad_out(self, 1), in_place);
+    };
+    return detail::reads_scalar_grad(make_result(std::move(y), "linear_cross_entropy", {x, weight}, std::move(backward)));
   }
 }
 

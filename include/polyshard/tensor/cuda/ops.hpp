@@ -379,11 +379,15 @@ Tensor<T, Cuda> padded_head_weight(const Tensor<T, Cuda>& weight) {
 /// The head of a language model and its loss: logits = x head_weight^T into `logits` (R,
 /// padded_vocab(V)), whose columns past V come out zero (head_weight: padded_head_weight of the
 /// weight), then each row's loss and log-sum-exp over the first V columns, and their mean into
-/// `loss`, a scalar left on the device. x: (R, C); targets: (R,); lse: (R,) float.
+/// `loss`, a scalar left on the device. x: (R, C); targets: (R,); lse: (R,) float, or undefined.
+/// With `gradient_in_place`, the same pass over the logits also overwrites them with the rows'
+/// unscaled loss gradient, softmax - onehot (the padding's zeros kept), which is all the backward
+/// needs: one pass over the largest activation instead of two (see logits_gradient_in_place).
 template <CudaFloatElement T>
 void linear_cross_entropy_forward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& head_weight, std::int64_t v,
                                   const Tensor<std::int32_t, Cuda>& targets, const Tensor<T, Cuda>& logits,
-                                  const Tensor<float, Cuda>& lse, const Tensor<T, Cuda>& loss) {
+                                  const Tensor<float, Cuda>& lse, const Tensor<T, Cuda>& loss,
+                                  bool gradient_in_place = false) {
   const char* op = "linear_cross_entropy";
   using detail::cuda_ops::input;
   const std::int64_t ld = padded_vocab(v);
@@ -395,7 +399,7 @@ void linear_cross_entropy_forward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda
   POLYSHARD_CHECK(rows > 0, op, ": no positions in input of shape ", x.shape());
   check_same_shape("linear_cross_entropy targets", targets.shape(), Shape{rows});
   detail::check_output(op, "logits", logits, Shape{rows, ld});
-  detail::check_output(op, "lse", lse, Shape{rows});
+  if (lse.defined()) detail::check_output(op, "lse", lse, Shape{rows});
   detail::check_output(op, "loss", loss, Shape{});
   const cudaStream_t stream = cuda::current_stream();
   cuda::MatmulArgs<T> p;  // (R, ld) = x (R, C) times head_weight^T, stored (ld, C)
@@ -405,58 +409,81 @@ void linear_cross_entropy_forward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda
   p.c = logits.data();
   cuda::matmul(p, stream);
   auto losses = Tensor<float, Cuda>::empty(Shape{rows}, MemoryCategory::Activations);
-  cuda::cross_entropy_rows_forward(logits.data(), ld, input(op, "targets", targets), losses.data(), lse.data(), rows,
-                                   v, stream);
+  float* lse_out = lse.defined() ? lse.data() : nullptr;
+  if (gradient_in_place)
+    cuda::cross_entropy_rows_fused(logits.data(), ld, input(op, "targets", targets), losses.data(), lse_out, 1.0f,
+                                   cuda::DeviceGradOut<T>{logits.data(), false}, rows, v, stream);
+  else
+    cuda::cross_entropy_rows_forward(logits.data(), ld, input(op, "targets", targets), losses.data(), lse_out, rows, v,
+                                     stream);
   cuda::mean_of_losses(losses.data(), rows, loss.data(), stream);
 }
 
 /// The gradients of linear_cross_entropy_forward's mean loss, times dloss (a scalar on the
-/// device, read there) and dloss_factor: the logits buffer becomes their gradient in place (its
-/// zero padding kept), then dx = dlogits head_weight and dweight (V, C) = the first V rows of
-/// dlogits^T x (written or added to).
+/// device, read there) and dloss_factor. Unless the forward left the unscaled gradient in the
+/// logits (`gradient_in_place`), the logits first become their gradient in place, scaled by
+/// dloss * dloss_factor / R (lse needed). Then dx = dlogits head_weight and dweight (V, C) = the
+/// first V rows of dlogits^T x, written or added to; from an unscaled gradient, the products
+/// take 1 / R as alpha and their outputs are scaled by dloss * dloss_factor on the device.
 template <CudaFloatElement T>
 void linear_cross_entropy_backward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& head_weight, std::int64_t v,
                                    const Tensor<std::int32_t, Cuda>& targets, const Tensor<T, Cuda>& logits,
                                    const Tensor<float, Cuda>& lse, const Tensor<T, Cuda>& dloss, double dloss_factor,
-                                   const GradOut<T, Cuda>& dx, const GradOut<T, Cuda>& dweight) {
+                                   const GradOut<T, Cuda>& dx, const GradOut<T, Cuda>& dweight,
+                                   bool gradient_in_place = false) {
   const char* op = "linear_cross_entropy backward";
   using detail::cuda_ops::input;
   const std::int64_t rows = x.size(0), c = x.size(1), ld = padded_vocab(v);
   check_same_shape("linear_cross_entropy backward head weight", head_weight.shape(), Shape{ld, c});
   detail::check_output(op, "logits", logits, Shape{rows, ld});
-  check_same_shape("linear_cross_entropy backward lse", lse.shape(), Shape{rows});
   check_same_shape("linear_cross_entropy backward dloss", dloss.shape(), Shape{});
   const cudaStream_t stream = cuda::current_stream();
-  cuda::cross_entropy_rows_backward(logits.data(), ld, input(op, "targets", targets), input(op, "lse", lse), nullptr,
-                                    static_cast<float>(dloss_factor / double(rows)), input(op, "dloss", dloss),
-                                    cuda::DeviceGradOut<T>{logits.data(), false}, rows, v, stream);
+  if (!gradient_in_place) {
+    check_same_shape("linear_cross_entropy backward lse", lse.shape(), Shape{rows});
+    cuda::cross_entropy_rows_backward(logits.data(), ld, input(op, "targets", targets), input(op, "lse", lse), nullptr,
+                                      static_cast<float>(dloss_factor / double(rows)), input(op, "dloss", dloss),
+                                      cuda::DeviceGradOut<T>{logits.data(), false}, rows, v, stream);
+  }
+  // One product into `out` (its first out.numel() elements of C, when C is scratch): with a
+  // scaled gradient, straight in with beta; from an unscaled one, alpha = 1 / R and then the
+  // device scale, into scratch unless the product may overwrite `out` and be scaled in place.
+  const auto product_into = [&](cuda::MatmulArgs<T> p, const GradOut<T, Cuda>& out, bool fits) {
+    Tensor<T, Cuda> scratch;
+    const bool direct = fits && (!gradient_in_place || !out.accumulate);
+    if (direct) {
+      p.c = out.tensor.data();
+      p.beta = !gradient_in_place && out.accumulate ? 1.0f : 0.0f;
+    } else {
+      scratch = Tensor<T, Cuda>::empty(Shape{p.m, p.n}, MemoryCategory::Activations);
+      p.c = scratch.data();
+    }
+    if (gradient_in_place) p.alpha = static_cast<float>(1.0 / double(rows));
+    cuda::matmul(p, stream);
+    const std::int64_t n = out.tensor.numel();
+    if (gradient_in_place)
+      cuda::scale_by_device_scalar(p.c, input(op, "dloss", dloss), static_cast<float>(dloss_factor),
+                                   cuda::DeviceGradOut<T>{out.tensor.data(), !direct && out.accumulate}, n, stream);
+    else if (!direct && out.accumulate)
+      cuda::add_into_accumulate(p.c, out.tensor.data(), n, stream);
+    else if (!direct)
+      POLYSHARD_CUDA_CHECK(cudaMemcpyAsync(out.tensor.data(), p.c, std::size_t(n) * sizeof(T),
+                                           cudaMemcpyDeviceToDevice, stream));
+  };
   if (dx.wanted()) {
     detail::check_output(op, "dx", dx.tensor, x.shape());
     cuda::MatmulArgs<T> p;  // (R, C) = dlogits (R, ld) times head_weight (ld, C)
     p.m = rows, p.n = c, p.k = ld;
     p.a = logits.data();
     p.b = input(op, "weight", head_weight);
-    p.c = dx.tensor.data(), p.beta = dx.accumulate ? 1.0f : 0.0f;
-    cuda::matmul(p, stream);
+    product_into(p, dx, true);
   }
   if (dweight.wanted()) {
     detail::check_output(op, "dweight", dweight.tensor, Shape{v, c});
-    // With padding, the product's (ld, C) lands in scratch and its first V rows are added.
-    const bool direct = ld == v;
-    Tensor<T, Cuda> scratch = direct ? Tensor<T, Cuda>() : Tensor<T, Cuda>::empty(Shape{ld, c}, MemoryCategory::Activations);
-    cuda::MatmulArgs<T> p;  // (ld, C) = dlogits^T, stored (R, ld), times x (R, C)
+    cuda::MatmulArgs<T> p;  // (ld, C) = dlogits^T, stored (R, ld), times x (R, C): its first V rows
     p.m = ld, p.n = c, p.k = rows;
     p.a = logits.data(), p.trans_a = true;
     p.b = input(op, "x", x);
-    p.c = direct ? dweight.tensor.data() : scratch.data();
-    p.beta = direct && dweight.accumulate ? 1.0f : 0.0f;
-    cuda::matmul(p, stream);
-    if (!direct && dweight.accumulate) {
-      cuda::add_into_accumulate(scratch.data(), dweight.tensor.data(), v * c, stream);
-    } else if (!direct) {
-      POLYSHARD_CUDA_CHECK(cudaMemcpyAsync(dweight.tensor.data(), scratch.data(), std::size_t(v * c) * sizeof(T),
-                                           cudaMemcpyDeviceToDevice, stream));
-    }
+    product_into(p, dweight, ld == v);
   }
 }
 
@@ -622,6 +649,55 @@ void linear_backward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& weight, co
     }
   }
   if (dbias.wanted() && !bias_done) column_sum(dy, dbias);
+}
+
+/// h = x weight^T + bias and y = GELU(h) from one cuBLASLt product whose epilogue adds the bias,
+/// applies GELU and also stores h into `aux` (for gelu_product_backward): an MLP's first layer
+/// and its activation without a pass of their own over the (R, out) activations. Where the
+/// epilogue cannot run (out not a multiple of 8, an unaligned pointer, an empty product), the
+/// same as linear_forward into aux and gelu_forward. x: (R, in); weight: (out, in); bias: (out);
+/// y, aux: (R, out), contiguous.
+template <CudaFloatElement T>
+void linear_gelu_forward(const Tensor<T, Cuda>& x, const Tensor<T, Cuda>& weight, const Tensor<T, Cuda>& bias,
+                         const Tensor<T, Cuda>& y, const Tensor<T, Cuda>& aux) {
+  POLYSHARD_CHECK(bias.defined(), "linear_gelu: a bias is required");
+  detail::check_linear("linear_gelu", x, weight, bias, y);
+  detail::check_output("linear_gelu", "aux", aux, y.shape());
+  const Tensor<T, Cuda> b = bias.contiguous();
+  const std::int64_t out = weight.size(0);
+  using detail::cuda_ops::vector_aligned;
+  if (y.numel() == 0 || x.size(1) == 0 || out % 8 != 0 || !vector_aligned(b.data()) || !vector_aligned(aux.data())) {
+    linear_forward(x, weight, b, aux);
+    gelu_forward(aux, y);
+    return;
+  }
+  detail::cuda_ops::Product<T> p(x, weight.transpose(), y, 1.0f, 0.0f);
+  p.args.epilogue = cuda::Epilogue::BiasGeluAux;
+  p.args.bias = b.data();
+  p.args.aux = aux.data(), p.args.aux_ld = out;
+  cuda::matmul(p.args, cuda::current_stream());
+}
+
+/// dh = (dy weight) * GELU'(aux): the input gradient of a linear layer whose input was GELU(aux),
+/// carried through the GELU in the product's epilogue, so the gradient of the GELU's output is
+/// never stored. Where the epilogue cannot run, the product into dh and gelu_backward in place.
+/// dy: (R, out); weight: (out, in); aux: (R, in) the saved GELU input; dh: (R, in), written.
+template <CudaFloatElement T>
+void gelu_product_backward(const Tensor<T, Cuda>& dy, const Tensor<T, Cuda>& weight, const Tensor<T, Cuda>& aux,
+                           const Tensor<T, Cuda>& dh) {
+  check_same_shape("gelu_product backward", dy.shape(), Shape{aux.size(0), weight.size(0)});
+  check_same_shape("gelu_product backward", aux.shape(), Shape{dy.size(0), weight.size(1)});
+  detail::check_output("gelu_product backward", "dh", dh, aux.shape());
+  const std::int64_t in = weight.size(1);
+  if (dh.numel() == 0 || dy.size(1) == 0 || in % 8 != 0 || !detail::cuda_ops::vector_aligned(aux.data())) {
+    matmul_into(dy, weight, dh);
+    gelu_backward(aux, dh, GradOut<T, Cuda>{dh, false});
+    return;
+  }
+  detail::cuda_ops::Product<T> p(dy, weight, dh, 1.0f, 0.0f);
+  p.args.epilogue = cuda::Epilogue::DGelu;
+  p.args.aux = aux.data(), p.args.aux_ld = in;
+  cuda::matmul(p.args, cuda::current_stream());
 }
 
 /// Causal self-attention of GPT-2's fused projections, as the CPU op computes it: per head,

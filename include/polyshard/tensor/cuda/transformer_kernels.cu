@@ -216,6 +216,18 @@ struct AddScaled {
   __device__ float operator()(float x, float y, float) const { return y + s * x; }
 };
 
+/// y (+)= factor * dloss[0] * x: every thread reads the scalar (one cached load), so no host
+/// needs to.
+template <class D, bool Acc>
+__global__ void scale_by_device_scalar_kernel(const D* x, const D* dloss, float factor, D* y, std::int64_t n,
+                                              bool packs) {
+  const float s = factor * to_float(*dloss);
+  if constexpr (Acc)
+    map_elements<2>(x, static_cast<const D*>(y), static_cast<const D*>(nullptr), y, n, packs, AddScaled{s});
+  else
+    map_elements<1>(x, static_cast<const D*>(nullptr), static_cast<const D*>(nullptr), y, n, packs, Scale{s});
+}
+
 template <class D>
 __global__ void mul_forward_kernel(const D* a, const D* b, D* out, std::int64_t n, bool packs) {
   map_elements<2>(a, b, static_cast<const D*>(nullptr), out, n, packs, Mul{});
@@ -1064,6 +1076,85 @@ __global__ void __launch_bounds__(wide_row_threads)
   }
 }
 
+/// Packs of a row a thread of cross_entropy_held_kernel holds: rows of up to held_packs *
+/// wide_row_threads packs (65,536 bf16 or half values, 32,768 floats) fit in the block's
+/// registers, 32 a thread.
+constexpr int held_packs = 8;
+
+/// cross_entropy_forward_kernel<D, true, false> for rows that fit in the block's registers: each
+/// thread keeps its packs of the row from the one read until it writes their gradient, so the
+/// logits cross memory once each way where the streaming kernel reads them twice. With the row
+/// at hand, the max comes first and each value takes two base-2 exponentials, (x - max) log2(e)
+/// for the sum and (x - lse) log2(e) for the gradient, where the online sum takes more and
+/// costlier ones: one block an SM runs here (the row takes the registers), so the arithmetic
+/// between the read and the write is what the block waits on. Non-finite values give what the
+/// streaming kernel gives: a NaN makes the row's lse NaN, an infinite max makes it that max.
+/// Rows start 16-byte aligned (ld a multiple of the pack), and dlogits sits where the logits do or
+/// at the same alignment; every element is read and written by one thread, and thread 0 reads the
+/// target logit before the block synchronises, so dlogits may be the logits.
+template <class D>
+__global__ void __launch_bounds__(wide_row_threads, 1)
+    cross_entropy_held_kernel(const D* logits, std::int64_t ld, const int* targets, float* losses, float* lse_out,
+                              float dloss_scale, D* dlogits, std::int64_t rows, int v) {
+  constexpr int P = Pack<D>::size;
+  constexpr float log2e = 1.4426950408889634f;
+  POLYSHARD_SHARED(float, red, [32]);
+  const int packed_end = v / P * P;  // whole packs; then fewer than P elements, one a thread
+  const int first = static_cast<int>(threadIdx.x) * P, stride = static_cast<int>(blockDim.x) * P;
+  const int tail = packed_end + static_cast<int>(threadIdx.x);
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const D* lr = logits + r * ld;  // (V,)
+    D* dr = dlogits + r * ld;       // (V,)
+    const int target = targets[r];
+    const bool valid = target >= 0 && target < v;
+    const float x_target = threadIdx.x == 0 && valid ? to_float(lr[target]) : 0.f;
+    Pack<D> held[held_packs];
+#pragma unroll
+    for (int k = 0; k < held_packs; ++k)
+      if (first + k * stride < packed_end) held[k] = load_pack(lr + first + k * stride);
+    const float x_tail = tail < v ? to_float(lr[tail]) : -INFINITY;
+    float m = x_tail;  // NaNs are passed over here and reach the sum below
+#pragma unroll
+    for (int k = 0; k < held_packs; ++k)
+      if (first + k * stride < packed_end) {
+#pragma unroll
+        for (int e = 0; e < P; ++e) m = fmaxf(m, to_float(held[k].v[e]));
+      }
+    const float row_max = block_max(m, red);
+    float s = tail < v ? exp2f((x_tail - row_max) * log2e) : 0.f;
+#pragma unroll
+    for (int k = 0; k < held_packs; ++k)
+      if (first + k * stride < packed_end) {
+#pragma unroll
+        for (int e = 0; e < P; ++e) s += exp2f((to_float(held[k].v[e]) - row_max) * log2e);
+      }
+    const float total = block_sum(s, red);
+    const bool infinite = row_max == INFINITY || row_max == -INFINITY;
+    const float lse = infinite ? row_max : row_max + logf(total);  // as the online sum ends
+    if (threadIdx.x == 0) {
+      losses[r] = valid ? lse - x_target : quiet_nan();
+      if (lse_out != nullptr) lse_out[r] = lse;
+    }
+    const int t = valid ? target : -1;
+    const auto grad = [&](float x, bool is_target) {
+      float d = exp2f((x - lse) * log2e) * dloss_scale;
+      if (is_target) d -= dloss_scale;
+      return from_float<D>(d);
+    };
+#pragma unroll
+    for (int k = 0; k < held_packs; ++k) {
+      const int i = first + k * stride;
+      if (i < packed_end) {
+        Pack<D> out;
+#pragma unroll
+        for (int e = 0; e < P; ++e) out.v[e] = grad(to_float(held[k].v[e]), i + e == t);
+        store_pack(dr + i, out);
+      }
+    }
+    if (tail < v) dr[tail] = grad(x_tail, tail == t);
+  }
+}
+
 template <class D, bool Acc>
 __global__ void __launch_bounds__(wide_row_threads)
     cross_entropy_backward_kernel(const D* logits, std::int64_t ld, const int* targets, const float* lse,
@@ -1108,6 +1199,10 @@ void launch_cross_entropy(const char* op, const T* logits, std::int64_t ld, cons
   } else if (dlogits.accumulate) {
     launch<cross_entropy_forward_kernel<D, true, true>>(grid, threads, 0, stream, l, ld, targets, losses, lse, dlosses,
                                                         dloss_scale, device_ptr(dlogits.data), rows, int(v));
+  } else if (dlosses == nullptr && ld % Pack<D>::size == 0 && all_aligned16(logits, dlogits.data) &&
+             v <= std::int64_t(held_packs) * Pack<D>::size * wide_row_threads) {
+    launch<cross_entropy_held_kernel<D>>(grid, wide_row_threads, 0, stream, l, ld, targets, losses, lse, dloss_scale,
+                                         device_ptr(dlogits.data), rows, int(v));
   } else {
     launch<cross_entropy_forward_kernel<D, true, false>>(grid, threads, 0, stream, l, ld, targets, losses, lse,
                                                          dlosses, dloss_scale, device_ptr(dlogits.data), rows, int(v));
@@ -1400,6 +1495,26 @@ void scale_into(const T* x, double s, T* out, std::int64_t n, cudaStream_t strea
 }
 
 template <class T>
+void scale_by_device_scalar(const T* x, const T* dloss, float factor, DeviceGradOut<T> y, std::int64_t n,
+                            cudaStream_t stream) {
+  using D = device_t<T>;
+  const char* op = "scale_by_device_scalar";
+  check_count(op, "n", n);
+  if (n == 0 || !y.wanted()) return;
+  check_pointer(op, "x", x);
+  check_pointer(op, "dloss", dloss);
+  const bool packs = all_aligned16(x, static_cast<const T*>(y.data));
+  const unsigned grid = elementwise_grid<D>(n, packs);
+  if (y.accumulate)
+    launch<scale_by_device_scalar_kernel<D, true>>(grid, block_threads, 0, stream, device_ptr(x), device_ptr(dloss),
+                                                   factor, device_ptr(y.data), n, packs);
+  else
+    launch<scale_by_device_scalar_kernel<D, false>>(grid, block_threads, 0, stream, device_ptr(x), device_ptr(dloss),
+                                                    factor, device_ptr(y.data), n, packs);
+  POLYSHARD_CUDA_CHECK_LAUNCH(op);
+}
+
+template <class T>
 void mul_into(const T* a, const T* b, T* out, std::int64_t n, cudaStream_t stream) {
   using D = device_t<T>;
   check_count("mul", "n", n);
@@ -1621,6 +1736,14 @@ void cross_entropy_fused(const T* logits, const std::int32_t* targets, float* lo
 }
 
 template <class T>
+void cross_entropy_rows_fused(const T* logits, std::int64_t ld, const std::int32_t* targets, float* losses,
+                              float* lse, float dloss_scale, DeviceGradOut<T> dlogits, std::int64_t rows,
+                              std::int64_t v, cudaStream_t stream) {
+  launch_cross_entropy<T>("cross_entropy fused", logits, ld, targets, losses, lse, nullptr, dloss_scale, dlogits, rows,
+                          v, stream);
+}
+
+template <class T>
 void cross_entropy_backward(const T* logits, const std::int32_t* targets, const float* lse, const float* dlosses,
                             float dloss_scale, DeviceGradOut<T> dlogits, std::int64_t rows, std::int64_t v,
                             cudaStream_t stream) {
@@ -1692,6 +1815,7 @@ void column_sum(const T* x, DeviceGradOut<T> out, std::int64_t rows, std::int64_
   template void add_into_accumulate<T>(const T*, T*, std::int64_t, cudaStream_t);                                     \
   template void scale_into<T>(const T*, double, T*, std::int64_t, cudaStream_t);                                      \
   template void mul_into<T>(const T*, const T*, T*, std::int64_t, cudaStream_t);                                      \
+  template void scale_by_device_scalar<T>(const T*, const T*, float, DeviceGradOut<T>, std::int64_t, cudaStream_t);   \
   template void add_scaled_into<T>(const T*, double, T*, std::int64_t, cudaStream_t);                                 \
   template void add_bias_rows<T>(T*, const T*, std::int64_t, std::int64_t, cudaStream_t);                             \
   template void sum<T>(const T*, std::int64_t, double*, double*, cudaStream_t);                                       \
@@ -1714,6 +1838,8 @@ void column_sum(const T* x, DeviceGradOut<T> out, std::int64_t rows, std::int64_
                                           DeviceGradOut<T>, std::int64_t, std::int64_t, cudaStream_t);                \
   template void cross_entropy_fused<T>(const T*, const std::int32_t*, float*, float*, const float*, float,            \
                                        DeviceGradOut<T>, std::int64_t, std::int64_t, cudaStream_t);                   \
+  template void cross_entropy_rows_fused<T>(const T*, std::int64_t, const std::int32_t*, float*, float*, float,      \
+                                            DeviceGradOut<T>, std::int64_t, std::int64_t, cudaStream_t);              \
   template void cross_entropy_rows_forward<T>(const T*, std::int64_t, const std::int32_t*, float*, float*,          \
                                               std::int64_t, std::int64_t, cudaStream_t);                              \
   template void cross_entropy_rows_backward<T>(const T*, std::int64_t, const std::int32_t*, const float*,             \

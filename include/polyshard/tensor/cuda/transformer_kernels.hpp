@@ -287,6 +287,22 @@ void cross_entropy_rows_backward(const T* logits, std::int64_t ld, const std::in
                                  const float* dlosses, float dloss_scale, const T* dloss, DeviceGradOut<T> dlogits,
                                  std::int64_t rows, std::int64_t v, cudaStream_t stream);
 
+/// cross_entropy_fused over rows `ld` elements apart (ld >= v), writing g (softmax - onehot) with
+/// g = dloss_scale: the head's loss and its gradient in one pass over the logits, which dlogits
+/// may alias. The columns past v are neither read nor written.
+// logits, dlogits: (rows, ld); targets: (rows,) int32; losses, lse: (rows,) float
+template <class T>
+void cross_entropy_rows_fused(const T* logits, std::int64_t ld, const std::int32_t* targets, float* losses,
+                              float* lse, float dloss_scale, DeviceGradOut<T> dlogits, std::int64_t rows,
+                              std::int64_t v, cudaStream_t stream);
+
+/// y (+)= factor * dloss[0] * x, elementwise, with dloss read on the device: a product of an
+/// unscaled gradient brought to a loss's gradient that no host waits for. y may alias x.
+// x, y: (n,); dloss: one T
+template <class T>
+void scale_by_device_scalar(const T* x, const T* dloss, float factor, DeviceGradOut<T> y, std::int64_t n,
+                            cudaStream_t stream);
+
 /// out[0] = the mean of losses[0, n) (n >= 1), summed in double in a fixed order, rounded to T:
 /// a mean loss that stays on the device.
 template <class T>

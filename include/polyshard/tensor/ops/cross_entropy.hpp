@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 
 #include "polyshard/core/precompiled.hpp"
@@ -32,6 +33,13 @@ void check_cross_entropy(const char* op, const Tensor<T, D>& logits, const Tenso
 /// multiple of 64, so that every row starts 128-byte aligned. Packed rows of GPT-2's 50257 logits
 /// are only 2-byte aligned, and cuBLASLt's products over them run 5 to 8 times slower.
 inline std::int64_t padded_vocab(std::int64_t v) { return (v + 63) / 64 * 64; }
+
+/// Whether a GPU's linear_cross_entropy turns the logits into their gradient during the forward.
+/// Not for half: that unscaled gradient's small probabilities (about 1/V) fall below half's
+/// normal range, where the loss scale applied in the backward keeps them; bfloat16 and float have
+/// float's exponent range.
+template <class T>
+inline constexpr bool logits_gradient_in_place = !std::same_as<T, half>;
 
 /// losses[i] = lse[i] - logits[i, targets[i]] with lse[i] = log(sum(exp(logits[i, :]))), computed
 /// stably (shifted by the row's max; partial sums added in double). logits: (..., V); targets: (...) in
