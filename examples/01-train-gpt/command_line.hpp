@@ -210,6 +210,10 @@ inline bool parse(int argc, char** argv, Options& o) {
       ->type_name("BOOL");
   settings->add_option("--broadcast-buffers", c.broadcast_buffers, "broadcast module buffers before each forward")
       ->type_name("BOOL");
+  settings->add_option("--auto-refresh-trainable", c.auto_refresh_trainable,
+                       "re-read requires_grad flags that changed, instead of refusing (FairScale)")->type_name("BOOL");
+  settings->add_option("--warn-on-trainable-params-changed", c.warn_on_trainable_params_changed,
+                       "warn when auto_refresh_trainable re-reads them")->type_name("BOOL");
   settings->add_option("--pin-memory", c.pin_memory, "page-locked host buffers for offload")->type_name("BOOL");
   settings->add_option("--block-size", c.block_size, "NVMe: bytes a read or write carries")->type_name("N")
       ->transform(at_least(1));

@@ -2,7 +2,10 @@
 // nor updated, while every other parameter trains as it does beside them in one process.
 #include <catch2/catch.hpp>
 
+#include <iostream>
 #include <set>
+#include <sstream>
+#include <string>
 
 #include "engine_fixture.hpp"
 
@@ -68,15 +71,16 @@ struct FrozenRun {
 };
 
 /// Trains tiny_gpt() under S with AdamW on `world` thread ranks, freezing as `f` says (set on
-/// the model before the engine is built, then changed through refresh_trainable()).
+/// the model before the engine is built, then changed and, with `call_refresh`, followed by
+/// refresh_trainable(); without, the engine's auto_refresh_trainable reads them).
 template <class S>
-FrozenRun train_frozen(int world, const Freezing& f) {
+FrozenRun train_frozen(int world, const Freezing& f, const StrategyConfig& config = {}, bool call_refresh = true) {
   std::vector<FrozenRun> runs(static_cast<std::size_t>(world));
   run_ranks(world, [&](ThreadCommunicator& comm) {
     FrozenRun& run = runs[static_cast<std::size_t>(comm.rank())];
     Gpt<float> model(test::tiny_gpt());
     set_frozen(model, f, f.frozen_at(0));
-    Engine<S, Gpt<float>, ThreadCommunicator, AdamW<float>> engine(model, comm, adamw, {}, 42);
+    Engine<S, Gpt<float>, ThreadCommunicator, AdamW<float>> engine(model, comm, adamw, config, 42);
     run.initial = engine.full_parameters();
     BatchSampler sampler(test::tiny_data(), 8, 6, 7);
     const RowRange rows = rank_rows(6, comm.rank(), world);
@@ -84,7 +88,7 @@ FrozenRun train_frozen(int world, const Freezing& f) {
     for (int step = 0; step < steps; ++step) {
       if (step > 0 && f.frozen_at(step) != f.frozen_at(step - 1)) {
         set_frozen(model, f, f.frozen_at(step));
-        engine.refresh_trainable();
+        if (call_refresh) engine.refresh_trainable();
       }
       const Batch b = sampler.batch(step, comm.rank(), world);
       Var<float> loss = engine.forward([&] { return model.loss(b.inputs, b.targets); });
@@ -191,12 +195,44 @@ TEST_CASE("refresh_trainable: an unfrozen parameter trains again, a frozen one k
   }
 }
 
+TEST_CASE("auto_refresh_trainable: forward reads changed requires_grad flags, as refresh_trainable does",
+          "[engine]") {
+  // FairScale's default: the same parameters at the end as with refresh_trainable() called, and
+  // a warning naming the parameter, unless warn_on_trainable_params_changed is off.
+  const Freezing schedule{{wte}, 1, 3};
+  const auto warnings_of = [&](bool warn, test::Parameters& final) {
+    std::ostringstream captured;
+    std::streambuf* saved = std::clog.rdbuf(captured.rdbuf());
+    StrategyConfig config;
+    config.warn_on_trainable_params_changed = warn;
+    final = train_frozen<DDP>(1, schedule, config, /*call_refresh=*/false).final;
+    std::clog.rdbuf(saved);
+    return captured.str();
+  };
+  test::Parameters warned, quiet;
+  const std::string text = warnings_of(true, warned);
+  CHECK_THAT(text, Catch::Contains("polyshard: warning: parameter 'transformer.wte.weight' was frozen") &&
+                       Catch::Contains("auto_refresh_trainable"));
+  CHECK_THAT(text, Catch::Contains("parameter 'transformer.wte.weight' was unfrozen"));
+  CHECK(warnings_of(false, quiet).empty());
+  const FrozenRun explicit_refresh = train_frozen<DDP>(1, schedule);
+  CHECK(test::max_difference(warned, explicit_refresh.final) == 0.0);
+  CHECK(test::max_difference(quiet, explicit_refresh.final) == 0.0);
+  // Two ranks (no warnings: the ranks are threads sharing std::clog).
+  StrategyConfig quiet_config;
+  quiet_config.warn_on_trainable_params_changed = false;
+  CHECK(test::max_difference(train_frozen<FsdpPerBlock>(2, schedule, quiet_config, false).final,
+                             train_frozen<FsdpPerBlock>(2, schedule).final) == 0.0);
+}
+
 TEST_CASE("forward refuses requires_grad flags changed behind the engine's back", "[engine]") {
   std::string error;
   try {
     run_ranks(1, [&](ThreadCommunicator& comm) {
       Gpt<float> model(test::tiny_gpt());
-      Engine<ZeRO<3>, Gpt<float>, ThreadCommunicator, AdamW<float>> engine(model, comm, adamw);
+      StrategyConfig config;
+      config.auto_refresh_trainable = false;
+      Engine<ZeRO<3>, Gpt<float>, ThreadCommunicator, AdamW<float>> engine(model, comm, adamw, config);
       BatchSampler sampler(test::tiny_data(), 8, 6, 7);
       const Batch b = sampler.batch(0);
       model.transformer.wte.weight.set_requires_grad(false);

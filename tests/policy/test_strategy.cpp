@@ -240,6 +240,8 @@ TEST_CASE("StrategyConfig carries the reference documents' defaults", "[policy]"
   CHECK(c.min_num_params == 0);                    // 0: WrapBySize's own threshold applies
   CHECK(c.broadcast_buffers);                       // ShardedDataParallel
   CHECK(c.sync_models_at_startup);                  // ShardedDataParallel
+  CHECK(c.auto_refresh_trainable);                  // ShardedDataParallel
+  CHECK(c.warn_on_trainable_params_changed);        // ShardedDataParallel
   CHECK(c.loss_scale == 0);                         // DeepSpeed: 0 is dynamic
   // Unset: the precision policy's own numbers, DeepSpeed's 16, 1000, 2 and 1 for Fp16Mixed
   // (checked with the scaler in tests/engine/test_loss_scaling.cpp).

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <iostream>
 #include <limits>
 #include <optional>
 #include <string>
@@ -309,8 +310,9 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// Re-reads every parameter's requires_grad after the caller changed it (FairScale's
   /// refresh_trainable). A frozen parameter (set_requires_grad(false)) is neither reduced (its
   /// gradient is zero) nor updated: its values and its optimizer state stay as they are. The
-  /// engine reads the flags when it is built; forward() throws when they changed since the
-  /// last read. Local: every rank must freeze the same parameters.
+  /// engine reads the flags when it is built, and forward() reads them again when they changed
+  /// (StrategyConfig::auto_refresh_trainable, FairScale's default) or else throws. Local: every
+  /// rank must freeze the same parameters.
   void refresh_trainable() {
     for (State& u : units_) u.read_trainable();
   }
@@ -720,15 +722,26 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     return micro_batch_site(what);
   }
 
-  /// Refuses to compute with requires_grad flags the engine has not read: a parameter frozen
-  /// behind its back would still be decayed and moved by its optimizer state.
-  void check_trainable() const {
-    for (const State& u : units_)
-      if (const auto* e = u.trainable_changed())
-        detail::throw_error("Engine::forward: parameter '", e->name, "' was ",
-                            e->parameter->requires_grad() ? "unfrozen" : "frozen",
-                            " (set_requires_grad) since the engine last read the flags: call refresh_trainable() "
-                            "after changing them");
+  /// Never computes with requires_grad flags the engine has not read (a parameter frozen behind
+  /// its back would still be decayed and moved by its optimizer state): with
+  /// auto_refresh_trainable it reads them again, warning where asked, else it refuses.
+  void check_trainable() {
+    std::string changed;
+    for (State& u : units_) {
+      const auto* e = u.trainable_changed();
+      if (!e) continue;
+      const std::string what = std::string("parameter '") + e->name + "' was " +
+                               (e->parameter->requires_grad() ? "unfrozen" : "frozen") +
+                               " (set_requires_grad) since the engine last read the flags";
+      if (!config_.auto_refresh_trainable)
+        detail::throw_error("Engine::forward: ", what, ": call refresh_trainable() after changing them, or set "
+                            "StrategyConfig::auto_refresh_trainable");
+      changed += (changed.empty() ? "" : "; ") + what;
+      u.read_trainable();
+    }
+    if (!changed.empty() && config_.warn_on_trainable_params_changed)
+      std::clog << "polyshard: warning: " << changed << ": the engine read the flags again (auto_refresh_trainable)"
+                << std::endl;
   }
 
   bool pending_local_grads() const {

@@ -39,6 +39,14 @@ struct StrategyConfig {
   bool broadcast_buffers = true;
   /// Broadcast rank 0's parameters at start-up; not needed when every rank uses the same seed.
   bool sync_models_at_startup = true;
+  /// When a parameter's requires_grad changed since the engine last read the flags, forward()
+  /// reads them again (Engine::refresh_trainable) instead of refusing to run (FairScale's
+  /// auto_refresh_trainable). Off: forward() throws, naming the parameter, until the caller
+  /// calls refresh_trainable().
+  bool auto_refresh_trainable = true;
+  /// With auto_refresh_trainable, each refresh writes a warning naming the parameters that
+  /// changed to std::clog (FairScale's warn_on_trainable_params_changed).
+  bool warn_on_trainable_params_changed = true;
 
   // Loss scaling (DeepSpeed's fp16 keys, Lightning's DeepSpeedStrategy arguments). The precision
   // policy chooses the scaler (engine/loss_scaler.hpp); these settle its numbers at run time.
