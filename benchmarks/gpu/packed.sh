@@ -66,6 +66,11 @@ for other in ${POLYSHARD_COMPARE:-}; do
 done
 [[ $only == all ]] && POLYSHARD_FUSED_ATTENTION=0 step 90 train-materialized.log benchmarks/train/bench_train_cuda \
   "${steps[@]}" --json "$out/train_materialized.json"
+# The fused MLP and the loss's gradient in the forward, each turned off alone: what each is worth.
+POLYSHARD_FUSED_MLP=0 step 90 train-unfused-mlp.log benchmarks/train/bench_train_cuda "${steps[@]}" \
+  --json "$out/train_unfused_mlp.json"
+POLYSHARD_FUSED_LOSS=0 step 90 train-loss-in-backward.log benchmarks/train/bench_train_cuda "${steps[@]}" \
+  --json "$out/train_loss_in_backward.json"
 step 90 train-vocab50257.log benchmarks/train/bench_train_cuda "${steps[@]}" --vocab 50257 --json "$out/train_vocab50257.json"
 step 120 train-medium.log benchmarks/train/bench_train_cuda "${steps[@]}" --medium --json "$out/train_medium.json"
 step 90 train-engine.log benchmarks/train/bench_train_cuda "${steps[@]}" --engine --json "$out/train_engine.json"

@@ -19,10 +19,10 @@ struct Mlp {
 
   /// x: (B, T, C) -> (B, T, C). On a GPU, one op (gelu_mlp) with fewer passes over the hidden
   /// activations, where no engine acts around the three children (they are not units of their
-  /// own, nor checkpointed alone).
+  /// own, nor checkpointed alone), unless POLYSHARD_FUSED_MLP=0.
   Var<T, D> operator()(const Var<T, D>& x) const {
     if constexpr (!std::same_as<D, Cpu>) {
-      if (calls_are_plain<T, D>(c_fc, gelu, c_proj))
+      if (fused_mlp_enabled() && calls_are_plain<T, D>(c_fc, gelu, c_proj))
         return gelu_mlp(x, c_fc.weight.var(), c_fc.bias.var(), c_proj.weight.var(), c_proj.bias.var());
     }
     return call(c_proj, call(gelu, call(c_fc, x)));

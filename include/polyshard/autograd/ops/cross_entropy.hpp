@@ -2,6 +2,7 @@
 #pragma once
 
 #include "polyshard/core/precompiled.hpp"
+#include "polyshard/core/env_flag.hpp"
 #include "polyshard/autograd/ops/grad_out.hpp"
 #include "polyshard/autograd/ops/linear.hpp"
 #include "polyshard/tensor/ops/cross_entropy.hpp"
@@ -29,6 +30,14 @@ Var<T, D> cross_entropy(const Var<T, D>& logits, const Tensor<std::int32_t, D>& 
         const auto dlosses = Tensor<S, D>::full(lse.shape(), S(detail::scalar_grad(self) / double(n)));  // (...)
         cross_entropy_backward(self.inputs[0]->value, targets, lse, dlosses, detail::grad_out(self, 0));
       }));
+}
+
+/// Whether a GPU's linear_cross_entropy writes the loss's gradient during its forward (where the
+/// element type allows, logits_gradient_in_place): POLYSHARD_FUSED_LOSS=0 leaves it to the
+/// backward, to compare the two in one build (read once).
+inline bool loss_gradient_in_forward_enabled() {
+  static const bool enabled = detail::on_unless_zero("POLYSHARD_FUSED_LOSS");
+  return enabled;
 }
 
 /// cross_entropy(linear(x, weight), targets): a language model's head and its mean loss.
@@ -66,7 +75,7 @@ Var<T, D> linear_cross_entropy(const Var<T, D>& x, const Var<T, D>& weight, cons
     // there (where T allows): a sweep runs each node's backward once and then releases it
     // (backward.hpp), and nothing else reads the logits.
     const bool recording = grad_enabled() && (x.requires_grad() || weight.requires_grad());
-    const bool in_place = recording && logits_gradient_in_place<T>;
+    const bool in_place = recording && logits_gradient_in_place<T> && loss_gradient_in_forward_enabled();
     const Tensor<float, D> lse =
         in_place ? Tensor<float, D>() : Tensor<float, D>::empty({rows}, MemoryCategory::Activations);
     Tensor<T, D> y = Tensor<T, D>::empty(Shape{});

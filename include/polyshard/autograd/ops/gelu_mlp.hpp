@@ -3,11 +3,19 @@
 
 #include <concepts>
 
+#include "polyshard/core/env_flag.hpp"
 #include "polyshard/autograd/ops/gelu.hpp"
 #include "polyshard/autograd/ops/grad_out.hpp"
 #include "polyshard/autograd/ops/linear.hpp"
 
 namespace polyshard {
+
+/// Whether nn::Mlp takes gelu_mlp on a GPU: POLYSHARD_FUSED_MLP=0 keeps its three ops, to compare
+/// the two in one build (read once).
+inline bool fused_mlp_enabled() {
+  static const bool enabled = detail::on_unless_zero("POLYSHARD_FUSED_MLP");
+  return enabled;
+}
 
 /// linear(gelu(linear(x, fc_weight, fc_bias)), proj_weight, proj_bias). x: (..., C);
 /// fc_weight: (H, C); fc_bias: (H); proj_weight: (O, H); proj_bias: (O). Returns (..., O).

@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "polyshard/core/cuda/current_stream.hpp"
+#include "polyshard/core/env_flag.hpp"
 #include "polyshard/engine/cuda/unit_kernels.hpp"
 #include "polyshard/tensor/cuda/flash_attention.hpp"
 #include "polyshard/tensor/cuda/matmul.hpp"
@@ -770,10 +771,7 @@ void causal_self_attention_backward(const Tensor<T, Cuda>& qkv, const Tensor<T, 
 /// Whether the fused kernels are allowed at all: POLYSHARD_FUSED_ATTENTION=0 in the environment
 /// keeps every attention on the materialized kernels (for comparisons; read once).
 inline bool fused_attention_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("POLYSHARD_FUSED_ATTENTION");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool enabled = detail::on_unless_zero("POLYSHARD_FUSED_ATTENTION");
   return enabled;
 }
 
