@@ -297,7 +297,8 @@ TEST_CASE("gelu_mlp on the GPU matches linear, gelu and linear on the host", "[c
   // residual, so its gradient is added to; a second pass adds to every gradient.
   const auto [c, h] = GENERATE(std::pair{16, 64}, std::pair{6, 20});
   INFO("width " << c << ", hidden " << h);
-  const auto x_host = test::random_floats(Shape{2, 5, c}, 61, 1.0), r_host = test::random_floats(Shape{2, 5, c}, 62, 1.0);
+  const auto x_host = test::random_floats(Shape{2, 5, c}, 61, 1.0);
+  const auto r_host = test::random_floats(Shape{2, 5, c}, 62, 1.0);
   const auto fc_w = test::random_floats(Shape{h, c}, 63, 0.3), fc_b = test::random_floats(Shape{h}, 64, 0.3);
   const auto proj_w = test::random_floats(Shape{c, h}, 65, 0.3), proj_b = test::random_floats(Shape{c}, 66, 0.3);
   const auto loss_of = [&](auto&& x, auto&& w1, auto&& b1, auto&& w2, auto&& b2, auto&& r) {
@@ -328,7 +329,9 @@ TEST_CASE("gelu_mlp in bf16 on the GPU matches the three ops on the GPU", "[cuda
   // The fused op against the unfused path of the same device and precision: GPT-2's 4x hidden
   // width, whose epilogues the model's MLPs take.
   const int c = 32, h = 128;
-  const auto bf16 = [](const Tensor<float>& host) { return Var<bfloat16, Cuda>(cast<bfloat16>(to_device(host)), true); };
+  const auto bf16 = [](const Tensor<float>& host) {
+    return Var<bfloat16, Cuda>(cast<bfloat16>(to_device(host)), true);
+  };
   const auto values = std::vector<Tensor<float>>{
       test::random_floats(Shape{3, 7, c}, 71, 1.0), test::random_floats(Shape{h, c}, 72, 0.3),
       test::random_floats(Shape{h}, 73, 0.3), test::random_floats(Shape{c, h}, 74, 0.3),

@@ -327,6 +327,10 @@ struct Handles {
   std::unordered_map<const void*, std::shared_ptr<Stream>> streams;
   std::unordered_map<const void*, std::shared_ptr<Event>> events;
   std::unordered_map<const void*, std::shared_ptr<Pool>> pools;
+  // Stream handles are small multiples of 16 from 0x10000, clear of the special streams; a
+  // destroyed stream's handle goes to the next stream created (take_stream_handle).
+  std::set<std::uintptr_t> free_stream_handles;
+  std::uintptr_t next_stream_handle = 0x10000;
 };
 Handles& handles() {
   static auto* p = new Handles;
@@ -337,6 +341,15 @@ thread_local int t_device = 0;
 
 bool is_default_stream(cudaStream_t s) { return s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread; }
 
+/// Lets `s`'s worker end once its queue is empty (cudaStreamDestroy, a thread's exit).
+void close_stream(Stream& s) {
+  {
+    std::lock_guard lock(s.m);
+    s.closing = true;
+  }
+  s.has_work.notify_one();
+}
+
 /// The calling thread's per-thread default stream on `device`, made on first use. CUDA gives each
 /// host thread one: an ordinary blocking stream (ordered with the legacy stream, as a created
 /// blocking stream is) that other threads' work does not wait for. It closes when the thread
@@ -345,13 +358,7 @@ std::shared_ptr<Stream> per_thread_stream(int device) {
   struct Owned {
     std::map<int, std::shared_ptr<Stream>> streams;
     ~Owned() {
-      for (auto& [index, s] : streams) {
-        {
-          std::lock_guard lock(s->m);
-          s->closing = true;
-        }
-        s->has_work.notify_one();
-      }
+      for (auto& [index, s] : streams) close_stream(*s);
     }
   };
   thread_local Owned owned;
@@ -688,22 +695,17 @@ namespace {
 /// A handle for a new stream: the lowest one a destroyed stream gave back, else a new one. A
 /// driver hands out a destroyed stream's handle again too; doing it at once, every time, lets
 /// tests show what keys state by a stream's handle rather than by the stream (cudaStreamGetId).
-/// Handles are small multiples of 16 above 0x10000, clear of the special streams. handles().m held.
-std::set<std::uintptr_t>& free_stream_handles() {
-  static auto* p = new std::set<std::uintptr_t>;
-  return *p;
-}
+/// handles().m held.
 cudaStream_t take_stream_handle() {
-  static std::uintptr_t next = 0x10000;
-  std::uintptr_t h = 0;
-  if (auto& free = free_stream_handles(); !free.empty()) {
-    h = *free.begin();
-    free.erase(free.begin());
+  Handles& h = handles();
+  std::uintptr_t value = h.next_stream_handle;
+  if (!h.free_stream_handles.empty()) {
+    value = *h.free_stream_handles.begin();
+    h.free_stream_handles.erase(h.free_stream_handles.begin());
   } else {
-    h = next;
-    next += 16;
+    h.next_stream_handle += 16;
   }
-  return reinterpret_cast<cudaStream_t>(h);
+  return reinterpret_cast<cudaStream_t>(value);
 }
 
 const char* error_name(cudaError_t e) {
@@ -1435,13 +1437,9 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     if (it == handles().streams.end()) return result(cudaErrorInvalidResourceHandle);
     s = std::move(it->second);
     handles().streams.erase(it);
-    free_stream_handles().insert(reinterpret_cast<std::uintptr_t>(stream));
+    handles().free_stream_handles.insert(reinterpret_cast<std::uintptr_t>(stream));
   }
-  {
-    std::lock_guard lock(s->m);
-    s->closing = true;
-  }
-  s->has_work.notify_one();
+  close_stream(*s);
   return cudaSuccess;
 }
 

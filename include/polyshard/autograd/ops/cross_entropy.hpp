@@ -86,7 +86,8 @@ Var<T, D> linear_cross_entropy(const Var<T, D>& x, const Var<T, D>& weight, cons
       linear_cross_entropy_backward(x2, head_weight, v, t2, logits, lse, self.grad, self.grad_factor, dx,
                                     detail::grad_out(self, 1), in_place);
     };
-    return detail::reads_scalar_grad(make_result(std::move(y), "linear_cross_entropy", {x, weight}, std::move(backward)));
+    return detail::reads_scalar_grad(
+        make_result(std::move(y), "linear_cross_entropy", {x, weight}, std::move(backward)));
   }
 }
 

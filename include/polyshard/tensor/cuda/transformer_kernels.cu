@@ -415,8 +415,9 @@ void launch_column_sums(const char* op, Terms terms, std::int64_t rows, std::int
                                              static_cast<int>(chunks));
     POLYSHARD_CUDA_CHECK_LAUNCH(op);
   }
-  launch<column_sum_finish_kernel<D>>(grid_for(static_cast<std::size_t>(cols), 32), finish_warps * 32, 0, stream, workspace,
-                                      static_cast<int>(chunks), static_cast<int>(cols), out0, acc0, out1, acc1);
+  launch<column_sum_finish_kernel<D>>(grid_for(static_cast<std::size_t>(cols), 32), finish_warps * 32, 0, stream,
+                                      workspace, static_cast<int>(chunks), static_cast<int>(cols), out0, acc0, out1,
+                                      acc1);
   POLYSHARD_CUDA_CHECK_LAUNCH(op);
 }
 
