@@ -52,19 +52,15 @@ std::vector<std::vector<T>> all_inputs(int world, std::size_t n, int salt) {
   return xs;
 }
 
-/// The serial reference of the ring's documented order: element i of chunk c (chunks as the
-/// ring cuts n elements into N) is x[c+1] + x[c+2] + ... + x[c+N] (indices mod N), added left to
-/// right in the compute type, then divided by N for Avg. reduce adds in the same order.
+/// The serial reference of the documented order: element i of the result is x[0][i] + x[1][i]
+/// + ... + x[N-1][i], added left to right in the compute type, then divided by N for Avg,
+/// wherever i lies in the buffer. reduce adds in the same order.
 template <FloatElement T>
-T ring_order_sum(const std::vector<std::vector<T>>& xs, std::size_t i, ReduceOp op) {
+T rank_order_sum(const std::vector<std::vector<T>>& xs, std::size_t i, ReduceOp op) {
   using C = compute_t<T>;
-  const int N = static_cast<int>(xs.size());
-  const std::uint64_t n = xs[0].size();
-  int c = 0;
-  while (n * static_cast<std::uint64_t>(c + 1) / static_cast<std::uint64_t>(N) <= i) ++c;
-  C sum = static_cast<C>(xs[static_cast<std::size_t>((c + 1) % N)][i]);
-  for (int j = 2; j <= N; ++j) sum = static_cast<C>(sum + static_cast<C>(xs[static_cast<std::size_t>((c + j) % N)][i]));
-  if (op == ReduceOp::Avg) sum = static_cast<C>(sum / static_cast<C>(N));
+  C sum = static_cast<C>(xs[0][i]);
+  for (std::size_t q = 1; q < xs.size(); ++q) sum = static_cast<C>(sum + static_cast<C>(xs[q][i]));
+  if (op == ReduceOp::Avg) sum = static_cast<C>(sum / static_cast<C>(xs.size()));
   return static_cast<T>(sum);
 }
 
@@ -94,7 +90,7 @@ template <FloatElement T>
 void expect_bits(const char* what, std::size_t n, int rank, std::size_t i, T got, T want, double exact, int world) {
   if (!same_bits(got, want))
     fail(what, "<", dtype_name_v<T>, ">: n=", n, " rank ", rank, " index ", i, ": got ",
-         static_cast<double>(static_cast<compute_t<T>>(got)), ", the ring-order reference is ",
+         static_cast<double>(static_cast<compute_t<T>>(got)), ", the rank-order reference is ",
          static_cast<double>(static_cast<compute_t<T>>(want)));
   if (std::abs(static_cast<double>(static_cast<compute_t<T>>(got)) - exact) > tolerance<T>(world))
     fail(what, "<", dtype_name_v<T>, ">: n=", n, " rank ", rank, " index ", i, ": got ",
@@ -141,7 +137,7 @@ void check_collectives(Comm& comm, int salt) {
         std::vector<T> buf = xs[static_cast<std::size_t>(r)];
         comm.all_reduce(std::span<T>(buf), op);
         for (std::size_t i = 0; i < n; ++i)
-          expect_bits("all_reduce", n, r, i, buf[i], ring_order_sum(xs, i, op), exact_sum(xs, i, op), N);
+          expect_bits("all_reduce", n, r, i, buf[i], rank_order_sum(xs, i, op), exact_sum(xs, i, op), N);
         expect_bytes(comm, CollectiveKind::AllReduce, static_cast<double>(n * sizeof(T)));
       }
       // reduce_scatter: N x n in, n out.
@@ -151,7 +147,7 @@ void check_collectives(Comm& comm, int salt) {
         comm.reduce_scatter(std::span<const T>(xs[static_cast<std::size_t>(r)]), std::span<T>(out), op);
         for (std::size_t i = 0; i < n; ++i) {
           const std::size_t g = n * static_cast<std::size_t>(r) + i;
-          expect_bits("reduce_scatter", n, r, i, out[i], ring_order_sum(xs, g, op), exact_sum(xs, g, op), N);
+          expect_bits("reduce_scatter", n, r, i, out[i], rank_order_sum(xs, g, op), exact_sum(xs, g, op), N);
         }
         expect_bytes(comm, CollectiveKind::ReduceScatter, static_cast<double>(N * n * sizeof(T)));
       }
@@ -162,7 +158,7 @@ void check_collectives(Comm& comm, int salt) {
         std::vector<T> buf = xs[static_cast<std::size_t>(r)];
         comm.reduce(std::span<T>(buf), root, op);
         for (std::size_t i = 0; i < n; ++i) {
-          if (r == root) expect_bits("reduce", n, r, i, buf[i], ring_order_sum(xs, i, op), exact_sum(xs, i, op), N);
+          if (r == root) expect_bits("reduce", n, r, i, buf[i], rank_order_sum(xs, i, op), exact_sum(xs, i, op), N);
           else if (!same_bits(buf[i], xs[static_cast<std::size_t>(r)][i]))
             fail("reduce changed the buffer of non-root rank ", r, " at ", i);
         }
@@ -228,9 +224,9 @@ void check_async(Comm& comm) {
   ha.wait();
   if (!ha.ready() || !he.ready()) fail("a waited handle is not ready");
   for (std::size_t i = 0; i < n; ++i)
-    if (!same_bits(a[i], ring_order_sum(a_in, i, ReduceOp::Avg))) fail("async all_reduce wrong at ", i);
+    if (!same_bits(a[i], rank_order_sum(a_in, i, ReduceOp::Avg))) fail("async all_reduce wrong at ", i);
   for (std::size_t i = 0; i < m; ++i)
-    if (!same_bits(b_out[i], ring_order_sum(b_in, m * static_cast<std::size_t>(r) + i, ReduceOp::Sum)))
+    if (!same_bits(b_out[i], rank_order_sum(b_in, m * static_cast<std::size_t>(r) + i, ReduceOp::Sum)))
       fail("async reduce_scatter wrong at ", i);
   for (int q = 0; q < N; ++q)
     for (std::size_t i = 0; i < m; ++i)

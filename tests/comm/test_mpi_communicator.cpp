@@ -69,7 +69,6 @@ TEST_CASE("MPI and in-process backends agree bit for bit", "[comm][mpi]") {
 TEMPLATE_TEST_CASE("MPI bytes moved are the bytes passed to its sends", "[comm][mpi][stats]", float,
                    polyshard::bfloat16) {
   using T = TestType;
-  using C = std::conditional_t<sizeof(T) == 2, float, T>;
   auto& comm = world();
   const int N = comm.size();
   const std::uint64_t n = 997, shard = n / std::uint64_t(N) + 1, whole = shard * std::uint64_t(N);
@@ -85,16 +84,15 @@ TEMPLATE_TEST_CASE("MPI bytes moved are the bytes passed to its sends", "[comm][
   comm.all_gather(std::span<const T>(out), std::span<T>(in));
   comm.broadcast(std::span<T>(x), N - 1);
   comm.reduce(std::span<T>(x), 0);
-  // docs/communication.md's formulas, summed over the ranks (n elements of T, sums in C), and
-  // each rank's 56-byte call check to each other rank when calls are checked (the default).
-  const double t = sizeof(T), c = sizeof(C);
+  // docs/communication.md's formulas, summed over the ranks (n elements of T, each sent as T),
+  // and each rank's 56-byte call check to each other rank when calls are checked (the default).
+  const double t = sizeof(T);
   const double check = comm.check_calls() && N > 1 ? 56.0 * N * (N - 1) : 0.0;
-  CHECK(moved_by_all(CollectiveKind::AllReduce) == double(N - 1) * double(n) * (c + t) + check);
-  CHECK(moved_by_all(CollectiveKind::ReduceScatter) == double(N - 1) * double(whole) * c + check);
+  CHECK(moved_by_all(CollectiveKind::AllReduce) == 2.0 * double(N - 1) * double(n) * t + check);
+  CHECK(moved_by_all(CollectiveKind::ReduceScatter) == double(N - 1) * double(whole) * t + check);
   CHECK(moved_by_all(CollectiveKind::AllGather) == double(N - 1) * double(whole) * t + check);
   CHECK(moved_by_all(CollectiveKind::Broadcast) == double(n) * t + check);
-  CHECK(moved_by_all(CollectiveKind::Reduce) ==
-        double(N - 1) * double(n) * c + double(n - n / std::uint64_t(N)) * t + check);
+  CHECK(moved_by_all(CollectiveKind::Reduce) == double(N - 1) * double(n) * t + double(n - n / std::uint64_t(N)) * t + check);
 }
 
 TEST_CASE("MPI reports mismatched calls on every rank (checked by default)", "[comm][mpi][failure]") {

@@ -1,7 +1,7 @@
 // Every byte a rank holds belongs to a category the accounting predicts. Between steps:
 // resident_memory<S> per category (the host's float working copies of 16-bit parameters and
-// gradients included, and NVMe offload's staging buffers), and the in-process backend's scratch
-// by its documented rule; nothing left under activations. Within a step: host_step_peak_memory<S>'s
+// gradients included, and NVMe offload's staging buffers); nothing under communication (the
+// in-process backend keeps no scratch) nor activations. Within a step: host_step_peak_memory<S>'s
 // peak per category (gathered and prefetched units, whole gradients awaiting their reduction, the
 // copies collectives read). Activations are measured and reported per unit. World sizes 1 to 8,
 // on a model whose units pad at each.
@@ -70,17 +70,6 @@ std::vector<Held> hold(int world, const StrategyConfig& config) {
   return held;
 }
 
-/// The in-process backend's scratch (docs/communication.md): one buffer of float partial sums,
-/// kept, sized by the largest reduce-scatter input or 16-bit all-reduce it has run; none on one
-/// rank. The sharded optimizers reduce-scatter each unit's gradients; DDP all-reduces them
-/// in one bucket here (the model is far below bucket_cap_mb).
-template <class S>
-double thread_scratch_bytes(const Held& h, int world) {
-  if (world == 1) return 0;
-  if constexpr (S::sharding::shards_optimizer_state) return sizeof(float) * double(h.largest_unit);
-  else return sizeof(typename S::reduce_type) == 2 ? sizeof(float) * double(h.padded) : 0.0;
-}
-
 template <class P>
 using Presets = std::tuple<Strategy<NoShard, P>, Strategy<ShardOptimizerState, P>, Strategy<ShardGradients, P>,
                            Strategy<ShardParameters<true>, P>, Strategy<ShardParameters<true>, WrapByType<Block>, P>,
@@ -118,7 +107,7 @@ TEMPLATE_LIST_TEST_CASE("memory: what a rank holds between steps and at most wit
       CHECK(double(h.at(MemoryCategory::Gradients)) == m.gradients);
       CHECK(double(h.at(MemoryCategory::OptimizerState)) == m.optimizer_state);
       CHECK(double(h.at(MemoryCategory::WorkingCopies)) == m.working_copies);
-      CHECK(double(h.at(MemoryCategory::Communication)) == thread_scratch_bytes<S>(h, world));
+      CHECK(h.at(MemoryCategory::Communication) == 0);  // the in-process backend keeps no scratch
       CHECK(h.at(MemoryCategory::Activations) == 0);
       CHECK(double(h.at(MemoryCategory::Other)) == m.other);
 
@@ -127,7 +116,7 @@ TEMPLATE_LIST_TEST_CASE("memory: what a rank holds between steps and at most wit
       CHECK(double(h.peak_at(MemoryCategory::Gradients)) == peak.gradients);
       CHECK(double(h.peak_at(MemoryCategory::OptimizerState)) == peak.optimizer_state);
       CHECK(double(h.peak_at(MemoryCategory::WorkingCopies)) == peak.working_copies);
-      CHECK(double(h.peak_at(MemoryCategory::Communication)) == peak.communication + thread_scratch_bytes<S>(h, world));
+      CHECK(double(h.peak_at(MemoryCategory::Communication)) == peak.communication);
       CHECK(double(h.peak_at(MemoryCategory::Other)) == peak.other);
     }
   }
@@ -146,7 +135,7 @@ void check_step_peaks(const StrategyConfig& config) {
       CHECK(double(h.peak_at(MemoryCategory::Parameters)) == peak.parameters);
       CHECK(double(h.peak_at(MemoryCategory::Gradients)) == peak.gradients);
       CHECK(double(h.peak_at(MemoryCategory::WorkingCopies)) == peak.working_copies);
-      CHECK(double(h.peak_at(MemoryCategory::Communication)) == peak.communication + thread_scratch_bytes<S>(h, world));
+      CHECK(double(h.peak_at(MemoryCategory::Communication)) == peak.communication);
     }
   }
 }

@@ -134,10 +134,11 @@ class MpiSession {
 
 /// One rank of an MPI communicator over host buffers.
 ///
-/// All-reduce, reduce-scatter and all-gather are rings of MPI_Isend/MPI_Irecv, with the same chunks
-/// and the same order of additions as ThreadCommunicator, so both backends give bit-identical
-/// results; half and bfloat16 travel as bytes and their partial sums travel in float. Reduce is the
-/// ring reduce-scatter followed by a gather of the chunks at the root; broadcast and barrier use
+/// Reduce-scatter sends chunk q of every rank's buffer to rank q, which adds them in rank order,
+/// with the same chunks and the same order of additions as ThreadCommunicator, so both backends
+/// give bit-identical results; half and bfloat16 travel as they are and are added in float.
+/// All-reduce is that reduce-scatter, then a ring all-gather of MPI_Isend/MPI_Irecv; reduce is
+/// the reduce-scatter followed by a gather of the chunks at the root; broadcast and barrier use
 /// MPI_Ibcast and MPI_Ibarrier.
 ///
 /// Every wait polls its requests against the deadline: a collective that outlives timeout() throws
@@ -280,7 +281,7 @@ class MpiCommunicator {
 
   /// Counts scratch buffers under MemoryCategory::Communication in `tracker`.
   void set_memory_tracker(MemoryTracker& tracker) {
-    for (auto* s : {&impl_->scratch, &impl_->recv_scratch, &impl_->out_scratch}) s->set_tracker(&tracker);
+    for (auto* s : {&impl_->recv_scratch, &impl_->out_scratch}) s->set_tracker(&tracker);
     impl_->tracker = &tracker;
   }
 
@@ -319,7 +320,6 @@ class MpiCommunicator {
     CommOptions options;
     CommStats stats;
     MemoryTracker* tracker = &current_memory_tracker();
-    detail::comm::Scratch scratch{tracker};
     detail::comm::Scratch recv_scratch{tracker};
     detail::comm::Scratch out_scratch{tracker};
     std::uint64_t seq = 0;
@@ -533,36 +533,29 @@ class MpiCommunicator {
       return CallDesc{kind, dtype_v<T>, count, root, op};
     }
 
-    /// Ring reduce-scatter, the same chunks and additions as ThreadCommunicator: in step s this
-    /// rank receives the left neighbour's partial sum of chunk (rank - 2 - s) (in the compute
-    /// type) and sends its own of chunk (rank - 1 - s).
+    /// This rank's share of a reduce-scatter, the same chunks and additions as
+    /// ThreadCommunicator: every rank sends chunk q of its input to rank q, and sums the chunks
+    /// it receives with its own in rank order into `out` (which may be its own chunk of `src`).
+    /// Each rank sends and receives (N-1)/N of the buffer, as in a ring.
     template <class T>
-    void ring_reduce_scatter(const T* src, compute_t<T>* acc, T* final_out, Chunks chunks, ReduceOp op) {
-      using C = compute_t<T>;
+    void direct_reduce_scatter(const T* src, T* out, Chunks chunks, ReduceOp op) {
       const int N = size;
-      std::uint64_t max_chunk = 0;
-      for (int c = 0; c < N; ++c) max_chunk = std::max(max_chunk, chunks.size(c));
-      C* incoming = recv_scratch.get_as<C>(max_chunk);
-      // Step 0 sends raw input; in the compute type, so that the receiver adds what it would
-      // have read in shared memory. Chunk (rank - 1) of acc is never a partial sum of this
-      // rank, so it can hold the converted copy.
-      const int first = detail::comm::wrap(rank - 1, N);
-      const C* first_send = reinterpret_cast<const C*>(src + chunks.begin(first));
-      if constexpr (!std::is_same_v<C, T>) {
-        detail::comm::convert<C>(acc + chunks.begin(first), src + chunks.begin(first), chunks.size(first));
-        first_send = acc + chunks.begin(first);
+      const std::uint64_t len = chunks.size(rank);
+      T* incoming = recv_scratch.get_as<T>(len * static_cast<std::uint64_t>(N - 1));
+      std::vector<const T*> parts(static_cast<std::size_t>(N));
+      for (int q = 0, slot = 0; q < N; ++q) {
+        if (q == rank) {
+          parts[static_cast<std::size_t>(q)] = src + chunks.begin(rank);
+          continue;
+        }
+        T* into = incoming + len * static_cast<std::uint64_t>(slot++);
+        post_recv(into, len * sizeof(T), q, ring_tag);
+        parts[static_cast<std::size_t>(q)] = into;
       }
-      for (int s = 0; s <= N - 2; ++s) {
-        const int send_c = detail::comm::wrap(rank - 1 - s, N);
-        const int recv_c = detail::comm::wrap(rank - 2 - s, N);
-        post_recv(incoming, chunks.size(recv_c) * sizeof(C), left(), ring_tag);
-        post_send(s == 0 ? first_send : acc + chunks.begin(send_c), chunks.size(send_c) * sizeof(C), right(),
-                  ring_tag);
-        wait();
-        const std::uint64_t b = chunks.begin(recv_c), len = chunks.size(recv_c);
-        if (s == N - 2) detail::comm::combine<C>(final_out, incoming, src + b, len, op == ReduceOp::Avg ? N : 1);
-        else detail::comm::combine<C>(acc + b, incoming, src + b, len, 1);
-      }
+      for (int q = 0; q < N; ++q)
+        if (q != rank) post_send(src + chunks.begin(q), chunks.size(q) * sizeof(T), q, ring_tag);
+      wait();
+      detail::comm::sum_in_rank_order<compute_t<T>>(out, parts.data(), N, len, op == ReduceOp::Avg ? N : 1);
     }
 
     /// Ring all-gather over `data`, chunk r already in place on rank r.
@@ -580,14 +573,10 @@ class MpiCommunicator {
 
     template <class T>
     void all_reduce(std::span<T> buf, ReduceOp op) {
-      using C = compute_t<T>;
       enter(call<T>(CollectiveKind::AllReduce, buf.size(), -1, op));
       if (size == 1) return;
       const Chunks chunks{buf.size(), size};
-      C* acc = nullptr;
-      if constexpr (std::is_same_v<C, T>) acc = buf.data();
-      else acc = scratch.get_as<C>(buf.size());
-      ring_reduce_scatter<T>(buf.data(), acc, buf.data() + chunks.begin(rank), chunks, op);
+      direct_reduce_scatter<T>(buf.data(), buf.data() + chunks.begin(rank), chunks, op);
       ring_all_gather<T>(buf.data(), chunks);
     }
 
@@ -599,8 +588,7 @@ class MpiCommunicator {
         detail::comm::convert<C>(out.data(), in.data(), out.size());
         return;
       }
-      C* acc = scratch.get_as<C>(in.size());
-      ring_reduce_scatter<T>(in.data(), acc, out.data(), Chunks{in.size(), size}, op);
+      direct_reduce_scatter<T>(in.data(), out.data(), Chunks{in.size(), size}, op);
     }
 
     template <class T>
@@ -632,19 +620,17 @@ class MpiCommunicator {
       wait();
     }
 
-    /// A ring reduce-scatter (the additions of all_reduce), then every rank sends its reduced
-    /// chunk to the root: the work is spread over the ranks instead of piling on the root.
+    /// A reduce-scatter (the additions of all_reduce), then every rank sends its reduced chunk
+    /// to the root: the work is spread over the ranks instead of piling on the root.
     template <class T>
     void reduce(std::span<T> buf, int root, ReduceOp op) {
-      using C = compute_t<T>;
       enter(call<T>(CollectiveKind::Reduce, buf.size(), root, op));
       if (size == 1) return;
       const Chunks chunks{buf.size(), size};
-      C* acc = scratch.get_as<C>(buf.size());
-      // The root's own chunk lands in place (its input there is read for the last time in the
-      // step that writes it); the others keep their buffers and reduce into scratch.
+      // The root's own chunk lands in place (summed in blocks, each read whole before it is
+      // written); the others keep their buffers and reduce into scratch.
       T* mine = rank == root ? buf.data() + chunks.begin(rank) : out_scratch.get_as<T>(chunks.size(rank));
-      ring_reduce_scatter<T>(buf.data(), acc, mine, chunks, op);
+      direct_reduce_scatter<T>(buf.data(), mine, chunks, op);
       if (rank != root) {
         post_send(mine, chunks.size(rank) * sizeof(T), root, reduce_tag);
         wait();

@@ -25,7 +25,6 @@
 #include "polyshard/comm/communicator.hpp"
 #include "polyshard/comm/detail/comm_worker.hpp"
 #include "polyshard/comm/detail/ring.hpp"
-#include "polyshard/comm/detail/scratch.hpp"
 #include "polyshard/comm/reduce_op.hpp"
 #include "polyshard/core/dtype.hpp"
 #include "polyshard/core/error.hpp"
@@ -50,7 +49,6 @@ struct alignas(64) RankSlot {
   CallDesc desc;
   const void* src = nullptr;  // this rank's input
   void* dst = nullptr;        // this rank's output
-  void* acc = nullptr;        // this rank's partial sums (compute type)
   int color = 0, key = 0;     // split
   std::shared_ptr<ThreadGroup> new_group;  // split: set by the lowest rank of each colour
 };
@@ -106,12 +104,12 @@ class ThreadGroup {
 
 /// One rank of an in-process communicator: N ranks are N threads of this process sharing memory.
 ///
-/// All-reduce, reduce-scatter and all-gather are ring algorithms in which each rank reads its left
-/// neighbour's chunk straight from its memory. Reductions add in a fixed order (chunk c of the
-/// result is x[c+1] + x[c+2] + ... + x[c], left to right, in the compute type; reduce adds
-/// x[0] + ... + x[N-1]), so results are bit-identical on every run and every thread interleaving,
-/// and equal to the MPI backend's (reduce adds each chunk in the same order). Half and bfloat16
-/// partial sums stay in float until the end.
+/// Reductions read every rank's buffer where it lies: rank r sums chunk r of the result (the
+/// buffer cut into size() chunks) as x[0] + x[1] + ... + x[N-1], left to right in the compute
+/// type, so results are bit-identical on every run and every thread interleaving, equal to the
+/// MPI backend's, and independent of how a caller cuts its buffers into collectives. All-reduce
+/// then all-gathers the chunks around a ring. Half and bfloat16 sums stay in float until the
+/// end, in blocks on the stack: the backend keeps no scratch memory.
 ///
 /// Every call is checked against the left neighbour's: ranks calling different collectives, or
 /// with different sizes, element types, roots, operators or call sites (CallSite) fail with
@@ -218,8 +216,6 @@ class ThreadCommunicator {
     int new_rank = 0;
     run(CollectiveKind::Split, 0, [&] { impl_->split(color, key, group, new_rank); });
     ThreadCommunicator sub(std::move(group), new_rank, impl_->options);
-    sub.impl_->scratch.set_tracker(impl_->tracker);
-    sub.impl_->tracker = impl_->tracker;
     return sub;
   }
 
@@ -235,12 +231,10 @@ class ThreadCommunicator {
   void set_timeout(std::chrono::milliseconds timeout) { impl_->options.timeout = timeout; }
   std::chrono::milliseconds timeout() const { return impl_->options.timeout; }
 
-  /// Counts this communicator's scratch buffers under MemoryCategory::Communication in
-  /// `tracker` (default: the tracker current on the thread that created the communicator).
-  void set_memory_tracker(MemoryTracker& tracker) {
-    impl_->scratch.set_tracker(&tracker);
-    impl_->tracker = &tracker;
-  }
+  /// Where a backend counts the scratch buffers it keeps (the Communicator interface's): the
+  /// in-process backend keeps none (every reduction reads the ranks' buffers where they lie and
+  /// sums in blocks on the stack), so there is nothing to count.
+  void set_memory_tracker(MemoryTracker&) {}
 
  private:
   using Group = detail::comm::ThreadGroup;
@@ -252,8 +246,6 @@ class ThreadCommunicator {
     int rank;
     CommOptions options;
     CommStats stats;
-    MemoryTracker* tracker = &current_memory_tracker();
-    detail::comm::Scratch scratch{tracker};
     std::uint64_t seq = 0;  // collectives run so far; touched only by the thread running them
     CallDesc current;
     std::chrono::steady_clock::time_point deadline;
@@ -349,7 +341,7 @@ class ThreadCommunicator {
     /// Opens collective number seq: publishes the call and its buffers, then checks the call
     /// against the left neighbour's. Any mismatch is seen by at least one rank of every
     /// mismatched pair; that rank aborts the group, which fails all the others.
-    void enter(const CallDesc& desc, const void* src, void* dst, void* acc) {
+    void enter(const CallDesc& desc, const void* src, void* dst) {
       ++seq;
       current = desc;
       deadline = std::chrono::steady_clock::now() + options.timeout;
@@ -358,7 +350,6 @@ class ThreadCommunicator {
       s.desc = desc;
       s.src = src;
       s.dst = dst;
-      s.acc = acc;
       publish(0);
       if (n() == 1) return;
       wait_for(left(), detail::comm::progress_of(seq, 0));
@@ -386,85 +377,73 @@ class ThreadCommunicator {
       return CallDesc{kind, dtype_v<T>, count, root, op};
     }
 
-    /// The reduce-scatter half of the ring. After it, `final_out` (the caller's place for chunk
-    /// `rank`) holds chunk `rank` of the reduction. Step s reads the left neighbour's partial sum
-    /// of chunk (rank - 2 - s), which it finished in its step s - 1, and adds this rank's input.
+    /// This rank's share of a reduce-scatter: chunk `rank` of the reduction, summed in rank order
+    /// from every rank's input read where it lies, into `out`. Every rank must have validated
+    /// the call (all inputs are published), and must wait for the others before its own input
+    /// may change.
     template <class T>
-    void ring_reduce_scatter(const T* src, compute_t<T>* acc, T* final_out, Chunks chunks, ReduceOp op) {
-      using C = compute_t<T>;
+    void sum_own_chunk(T* out, Chunks chunks, ReduceOp op) {
       const int N = n();
-      const int divisor = op == ReduceOp::Avg ? N : 1;
-      for (int s = 0; s <= N - 2; ++s) {
-        wait_for(left(), detail::comm::progress_of(seq, static_cast<std::uint64_t>(s)));
-        const int c = detail::comm::wrap(rank - 2 - s, N);
-        const std::uint64_t b = chunks.begin(c), len = chunks.size(c);
-        const auto& l = of(left());
-        const T* left_src = static_cast<const T*>(l.src) + b;
-        const C* left_acc = static_cast<const C*>(l.acc) + b;
-        acquire(left());
-        if (s == N - 2) {
-          if (s == 0) detail::comm::combine<C>(final_out, left_src, src + b, len, divisor);
-          else detail::comm::combine<C>(final_out, left_acc, src + b, len, divisor);
-        } else {
-          if (s == 0) detail::comm::combine<C>(acc + b, left_src, src + b, len, 1);
-          else detail::comm::combine<C>(acc + b, left_acc, src + b, len, 1);
-        }
-        release(left());
-        moved(len * (s == 0 ? sizeof(T) : sizeof(C)));  // the left's input, then its partial sums
-        publish(static_cast<std::uint64_t>(s + 1));
+      std::vector<const T*> parts(static_cast<std::size_t>(N));
+      for (int q = 0; q < N; ++q) {
+        if (q != rank) acquire(q);
+        parts[static_cast<std::size_t>(q)] = static_cast<const T*>(of(q).src) + chunks.begin(rank);
       }
+      detail::comm::sum_in_rank_order<compute_t<T>>(out, parts.data(), N, chunks.size(rank),
+                                                    op == ReduceOp::Avg ? N : 1);
+      for (int q = 0; q < N; ++q)
+        if (q != rank) release(q);
+      moved(chunks.size(rank) * sizeof(T) * static_cast<std::uint64_t>(N - 1));
     }
 
     template <class T>
     void all_reduce(std::span<T> buf, ReduceOp op) {
-      using C = compute_t<T>;
       const int N = n();
-      const std::uint64_t count = buf.size();
-      // float and double sum in place; the 16-bit types keep their partial sums in float.
-      C* acc = nullptr;
-      if constexpr (std::is_same_v<C, T>) acc = buf.data();
-      else acc = scratch.get_as<C>(N > 1 ? count : 0);
-      enter(call<T>(CollectiveKind::AllReduce, count, -1, op), buf.data(), buf.data(), acc);
+      enter(call<T>(CollectiveKind::AllReduce, buf.size(), -1, op), buf.data(), buf.data());
       if (N == 1) return;  // a sum or average over one rank is the buffer itself
-      const Chunks chunks{count, N};
+      validated();
+      const Chunks chunks{buf.size(), N};
       T* data = buf.data();
-      ring_reduce_scatter<T>(data, acc, data + chunks.begin(rank), chunks, op);
-      // All-gather half: step t copies chunk (rank - 1 - t), which the left neighbour finished in
-      // its step t - 1, once the right neighbour has read this rank's copy of it (its RS step t).
+      // In place: this rank writes only its own chunk, which no other rank reads.
+      sum_own_chunk<T>(data + chunks.begin(rank), chunks, op);
+      publish(2);
+      wait_all(detail::comm::progress_of(seq, 2));  // no rank reads an input any more
+      // Ring all-gather: step t copies chunk (rank - 1 - t), which the left neighbour reduced
+      // (t = 0) or copied in its step t - 1.
       for (int t = 0; t <= N - 2; ++t) {
-        wait_for(left(), detail::comm::progress_of(seq, static_cast<std::uint64_t>(N - 1 + t)));
-        wait_for(right(), detail::comm::progress_of(seq, static_cast<std::uint64_t>(t + 1)));
+        wait_for(left(), detail::comm::progress_of(seq, static_cast<std::uint64_t>(2 + t)));
         const int c = detail::comm::wrap(rank - 1 - t, N);
         const T* from = static_cast<const T*>(of(left()).dst) + chunks.begin(c);
         acquire(left());
         if (chunks.size(c)) std::memcpy(data + chunks.begin(c), from, chunks.size(c) * sizeof(T));
         release(left());
         moved(chunks.size(c) * sizeof(T));
-        publish(static_cast<std::uint64_t>(N + t));
+        publish(static_cast<std::uint64_t>(3 + t));
       }
       // The right neighbour reads this buffer until its last step.
-      wait_for(right(), detail::comm::progress_of(seq, static_cast<std::uint64_t>(2 * N - 2)));
+      wait_for(right(), detail::comm::progress_of(seq, static_cast<std::uint64_t>(N + 1)));
     }
 
     template <class T>
     void reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op) {
       using C = compute_t<T>;
       const int N = n();
-      C* acc = scratch.get_as<C>(N > 1 ? in.size() : 0);
-      enter(call<T>(CollectiveKind::ReduceScatter, in.size(), -1, op), in.data(), out.data(), acc);
+      enter(call<T>(CollectiveKind::ReduceScatter, in.size(), -1, op), in.data(), out.data());
       if (N == 1) {
         detail::comm::convert<C>(out.data(), in.data(), out.size());
         return;
       }
-      ring_reduce_scatter<T>(in.data(), acc, out.data(), Chunks{in.size(), N}, op);
-      wait_for(right(), detail::comm::progress_of(seq, static_cast<std::uint64_t>(N - 1)));
+      validated();
+      sum_own_chunk<T>(out.data(), Chunks{in.size(), N}, op);
+      publish(2);
+      wait_all(detail::comm::progress_of(seq, 2));  // the others have read this rank's input
     }
 
     template <class T>
     void all_gather(std::span<const T> in, std::span<T> out) {
       const int N = n();
       const std::uint64_t m = in.size();
-      enter(call<T>(CollectiveKind::AllGather, m), in.data(), out.data(), nullptr);
+      enter(call<T>(CollectiveKind::AllGather, m), in.data(), out.data());
       if (m) std::memcpy(out.data() + m * static_cast<std::uint64_t>(rank), in.data(), m * sizeof(T));
       if (N == 1) return;
       publish(1);
@@ -482,7 +461,7 @@ class ThreadCommunicator {
 
     template <class T>
     void broadcast(std::span<T> buf, int root) {
-      enter(call<T>(CollectiveKind::Broadcast, buf.size(), root), buf.data(), buf.data(), nullptr);
+      enter(call<T>(CollectiveKind::Broadcast, buf.size(), root), buf.data(), buf.data());
       if (n() == 1) return;
       validated();
       if (rank != root) {
@@ -496,38 +475,25 @@ class ThreadCommunicator {
     }
 
     /// Every rank reduces its own chunk of the result, reading that chunk of every rank's
-    /// buffer in the ring's order, and writes it into the root's buffer.
+    /// buffer in rank order, and writes it into the root's buffer.
     template <class T>
     void reduce(std::span<T> buf, int root, ReduceOp op) {
-      using C = compute_t<T>;
       const int N = n();
-      enter(call<T>(CollectiveKind::Reduce, buf.size(), root, op), buf.data(), buf.data(), nullptr);
+      enter(call<T>(CollectiveKind::Reduce, buf.size(), root, op), buf.data(), buf.data());
       if (N == 1) return;
       validated();
       const Chunks chunks{buf.size(), N};
-      for (int q = 0; q < N; ++q)
-        if (q != rank) acquire(q);  // reads every rank's input, writes into the root's buffer
-      T* out = static_cast<T*>(of(root).dst);
-      constexpr std::uint64_t block = 2048;
-      C sum[block];
-      for (std::uint64_t b = chunks.begin(rank); b < chunks.end(rank); b += block) {
-        const std::uint64_t len = std::min(block, chunks.end(rank) - b);
-        // The ring's order for chunk `rank`: x[rank+1] + ... + x[rank+N], as the MPI backend adds it.
-        detail::comm::convert<C>(sum, static_cast<const T*>(of(right()).src) + b, len);
-        for (int j = 2; j <= N; ++j)
-          detail::comm::accumulate<C>(sum, static_cast<const T*>(of(detail::comm::wrap(rank + j, N)).src) + b, len);
-        detail::comm::convert<C>(out + b, sum, len, op == ReduceOp::Avg ? N : 1);
-      }
-      for (int q = 0; q < N; ++q)
-        if (q != rank) release(q);
+      if (rank != root) acquire(root);  // writes into the root's buffer (sum_own_chunk reads the others)
+      sum_own_chunk<T>(static_cast<T*>(of(root).dst) + chunks.begin(rank), chunks, op);
+      if (rank != root) release(root);
       // Read: chunk `rank` of every other rank's input; written: the chunk into the root's buffer.
-      moved(chunks.size(rank) * sizeof(T) * static_cast<std::uint64_t>(N - 1 + (rank != root ? 1 : 0)));
+      if (rank != root) moved(chunks.size(rank) * sizeof(T));
       publish(2);
       wait_all(detail::comm::progress_of(seq, 2));
     }
 
     void barrier() {
-      enter(CallDesc{CollectiveKind::Barrier, DType::F32, 0, -1, ReduceOp::Sum}, nullptr, nullptr, nullptr);
+      enter(CallDesc{CollectiveKind::Barrier, DType::F32, 0, -1, ReduceOp::Sum}, nullptr, nullptr);
       if (n() == 1) return;
       publish(1);
       wait_all(detail::comm::progress_of(seq, 1));
@@ -536,7 +502,7 @@ class ThreadCommunicator {
     void split(int color, int key, std::shared_ptr<Group>& out_group, int& out_rank) {
       mine().color = color;
       mine().key = key;
-      enter(CallDesc{CollectiveKind::Split, DType::F32, 0, -1, ReduceOp::Sum}, nullptr, nullptr, nullptr);
+      enter(CallDesc{CollectiveKind::Split, DType::F32, 0, -1, ReduceOp::Sum}, nullptr, nullptr);
       wait_all(detail::comm::progress_of(seq, 0));
       std::vector<std::pair<int, int>> members;  // (key, old rank) of my colour
       for (int q = 0; q < n(); ++q)

@@ -86,21 +86,6 @@ struct Chunks {
 /// (a mod n) for a possibly negative a.
 inline int wrap(int a, int n) { return ((a % n) + n) % n; }
 
-/// out[i] = (C(a[i]) + C(b[i])), divided by `divisor` when it is not 1, in the compute type C.
-/// `a` is the partial sum coming from the left neighbour, `b` this rank's contribution: the
-/// order is fixed, which is what makes every backend's reductions bit-identical run to run.
-template <class C, class Out, class A, class B>
-void combine(Out* out, const A* a, const B* b, std::uint64_t n, int divisor) {
-  if (divisor == 1) {
-    for (std::uint64_t i = 0; i < n; ++i)
-      out[i] = static_cast<Out>(static_cast<C>(static_cast<C>(a[i]) + static_cast<C>(b[i])));
-  } else {
-    const C d = static_cast<C>(divisor);
-    for (std::uint64_t i = 0; i < n; ++i)
-      out[i] = static_cast<Out>(static_cast<C>((static_cast<C>(a[i]) + static_cast<C>(b[i])) / d));
-  }
-}
-
 /// out[i] = C(in[i]) (or in[i] / divisor) converted to Out.
 template <class C, class Out, class In>
 void convert(Out* out, const In* in, std::uint64_t n, int divisor = 1) {
@@ -120,6 +105,23 @@ void convert(Out* out, const In* in, std::uint64_t n, int divisor = 1) {
 template <class C, class In>
 void accumulate(C* acc, const In* in, std::uint64_t n) {
   for (std::uint64_t i = 0; i < n; ++i) acc[i] = acc[i] + static_cast<C>(in[i]);
+}
+
+/// out[i] = parts[0][i] + parts[1][i] + ... + parts[N-1][i], added left to right in the compute
+/// type C, then divided by `divisor` when it is not 1. Every backend reduces each element in
+/// this order, whatever the buffer's length and wherever the element lies in it, so a result
+/// does not depend on how a caller cuts its buffers into collectives (buckets, units). `out`
+/// may be one of the parts: each block is read whole before it is written.
+template <class C, class T>
+void sum_in_rank_order(T* out, const T* const* parts, int N, std::uint64_t n, int divisor) {
+  constexpr std::uint64_t block = 2048;
+  C sum[block];
+  for (std::uint64_t b = 0; b < n; b += block) {
+    const std::uint64_t len = std::min(block, n - b);
+    convert<C>(sum, parts[0] + b, len);
+    for (int q = 1; q < N; ++q) accumulate<C>(sum, parts[q] + b, len);
+    convert<C>(out + b, sum, len, divisor);
+  }
 }
 
 /// Checks shared by every backend before a collective runs (local mistakes, not mismatches).
