@@ -2,6 +2,9 @@
 #pragma once
 
 #include <cmath>
+#include <functional>
+#include <optional>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -34,6 +37,77 @@ std::vector<std::shared_ptr<Node<T, D>>> topological_order(const std::shared_ptr
 }
 }  // namespace detail
 
+/// Tells `hook`, during the outermost backward sweep this thread runs while the scope lives, of
+/// each leaf whose gradient is final for that sweep: every node that reads the leaf has run,
+/// and no node that sweeps again (a checkpoint, whose recomputed graph may read the leaf too)
+/// is left; leaves finished while one is left are told when the last one has run. Leaves
+/// reached only by such inner sweeps are not told. A data-parallel engine launches a bucket's
+/// reduction once all its parameters' gradients are final, while backward goes on.
+template <FloatElement T, Device D>
+class GradientReadyScope {
+ public:
+  using Hook = std::function<void(Node<T, D>& leaf)>;
+  explicit GradientReadyScope(Hook hook) : hook_(std::move(hook)), saved_(current()) { current() = &hook_; }
+  ~GradientReadyScope() { current() = saved_; }
+  GradientReadyScope(const GradientReadyScope&) = delete;
+  GradientReadyScope& operator=(const GradientReadyScope&) = delete;
+
+  /// The hook in force on this thread (null: none, or inside a sweep already).
+  static Hook*& current() {
+    thread_local Hook* hook = nullptr;
+    return hook;
+  }
+
+ private:
+  Hook hook_;
+  Hook* saved_;
+};
+
+namespace detail {
+/// The bookkeeping of GradientReadyScope for one sweep: which nodes read each leaf, and the
+/// nodes that sweep again, left to run.
+template <FloatElement T, Device D>
+class LeafReaders {
+ public:
+  LeafReaders(typename GradientReadyScope<T, D>::Hook& hook, const std::vector<std::shared_ptr<Node<T, D>>>& order)
+      : hook_(hook) {
+    for (const auto& n : order) {
+      if (!n->backward) continue;
+      if (n->sweeps_again) ++sweeping_left_;
+      for_each_leaf(*n, [&](Node<T, D>* leaf) { ++readers_[leaf]; });
+    }
+  }
+  /// After `node` ran (or was skipped for want of a gradient): its leaves have one reader less.
+  void ran(Node<T, D>& node) {
+    for_each_leaf(node, [&](Node<T, D>* leaf) {
+      if (--readers_[leaf] == 0) final_.push_back(leaf);
+    });
+    if (node.sweeps_again) --sweeping_left_;
+    if (sweeping_left_ > 0) return;
+    for (Node<T, D>* leaf : final_) hook_(*leaf);
+    final_.clear();
+  }
+
+ private:
+  /// Each distinct leaf input of `node` (an op may read one input twice: x * x).
+  template <class F>
+  static void for_each_leaf(Node<T, D>& node, F&& f) {
+    for (std::size_t i = 0; i < node.inputs.size(); ++i) {
+      Node<T, D>* in = node.inputs[i].get();
+      if (in->backward || !in->requires_grad) continue;
+      bool repeated = false;
+      for (std::size_t j = 0; j < i && !repeated; ++j) repeated = node.inputs[j].get() == in;
+      if (!repeated) f(in);
+    }
+  }
+
+  typename GradientReadyScope<T, D>::Hook& hook_;
+  std::unordered_map<Node<T, D>*, int> readers_;
+  std::vector<Node<T, D>*> final_;
+  int sweeping_left_ = 0;
+};
+}  // namespace detail
+
 /// Propagates `seed` (the gradient of some scalar with respect to `root`) back through the
 /// graph, accumulating into the gradients of leaves. Intermediate gradients, saved activations
 /// and the graph itself are released as the sweep passes them, so each is freed as early as it
@@ -46,10 +120,21 @@ void backward(const Var<T, D>& root, const Tensor<T, D>& seed) {
   GradSink<T, D> s = root.node()->sink();
   accumulate_into(s, seed);
   std::vector<std::shared_ptr<Node<T, D>>> order = detail::topological_order(root.node());
+  // A sweep inside this one (a checkpoint's) sees no hook: only this sweep knows every reader.
+  auto*& in_force = GradientReadyScope<T, D>::current();
+  struct Suspend {
+    typename GradientReadyScope<T, D>::Hook*& slot;
+    typename GradientReadyScope<T, D>::Hook* hook = slot;
+    ~Suspend() { slot = hook; }
+  } suspend{in_force};
+  in_force = nullptr;
+  std::optional<detail::LeafReaders<T, D>> readers;
+  if (suspend.hook) readers.emplace(*suspend.hook, order);
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node<T, D>& node = **it;
     if (node.backward) {  // not a leaf
       if (node.has_grad) node.backward(node);
+      if (readers) readers->ran(node);
       node.backward = nullptr;
       node.inputs.clear();
       node.grad = Tensor<T, D>();

@@ -26,6 +26,7 @@ Var<T, D> checkpoint(F fn, const Var<T, D>& x) {
   if (!grad_enabled()) return Var<T, D>(std::move(node));
   // fn's parameters need gradients even when x does not, so the node always records.
   node->requires_grad = true;
+  node->sweeps_again = true;
   node->inputs.push_back(x.node());
   node->backward = [fn = std::move(fn)](Node<T, D>& self) {
     Node<T, D>& input = *self.inputs[0];

@@ -48,6 +48,9 @@ struct Node {
   /// backward(loss, double) seeded past T's range (a loss scale above fp16's 65504), which
   /// holds `grad` 1 and the seed here.
   double grad_factor = 1.0;
+  /// The backward function runs a sweep of its own over a graph it builds (a checkpoint's
+  /// recomputation), which may read leaves this graph does not show it reading.
+  bool sweeps_again = false;
 
   /// Claims this node's gradient slot for one contribution.
   GradSink<T, D> sink() {
