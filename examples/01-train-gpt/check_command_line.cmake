@@ -235,8 +235,10 @@ foreach(case
          SAYS "--deepspeed-config ${WORK_DIR}/deepspeed-${name}.json" "${says}")
 endforeach()
 # StrategyConfig's flags reach the engine, which refuses a field its strategy does not read.
-expect(strategy-setting-reaches-the-engine EXIT 2 ARGS ${one_step} --reduce-bucket-size 10
-       SAYS "StrategyConfig::reduce_bucket_size = 10")
+expect(strategy-setting-reaches-the-engine EXIT 2 ARGS ${one_step} --allgather-bucket-size 10
+       SAYS "StrategyConfig::allgather_bucket_size = 10")
+expect(bucket-size-must-be-positive EXIT 2 ARGS ${one_step} --reduce-bucket-size 0
+       SAYS "--reduce-bucket-size: must be at least 1, got '0'")
 file(WRITE ${WORK_DIR}/deepspeed-bucket.json [=[{"zero_optimization": {"stage": 2, "allgather_bucket_size": 5e7}}]=])
 expect(deepspeed-setting-reaches-the-engine EXIT 2 ARGS ${one_step} --deepspeed-config ${WORK_DIR}/deepspeed-bucket.json
        SAYS "StrategyConfig::allgather_bucket_size = 50000000")

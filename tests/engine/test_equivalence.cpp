@@ -92,7 +92,7 @@ TEST_CASE("hybrid sharding: shard within groups, replicate across them, train li
                     Catch::Contains("not a multiple of hybrid_group_size 3"));
   // The engine refuses a field no strategy reads (policy/config.hpp), on every rank.
   StrategyConfig unread;
-  unread.reduce_bucket_size = 10;
+  unread.allgather_bucket_size = 10;
   CHECK_THROWS_WITH(train<Hybrid2>(2, 1, 6, test::momentum_sgd(), std::numeric_limits<double>::infinity(), unread),
-                    Catch::Contains("reduce_bucket_size = 10: not read"));
+                    Catch::Contains("allgather_bucket_size = 10: not read"));
 }

@@ -8,12 +8,14 @@
 #include <iostream>
 #include <limits>
 #include <optional>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
 #include "polyshard/autograd/checkpoint.hpp"
 #include "polyshard/comm/call_site.hpp"
 #include "polyshard/comm/host_values.hpp"
+#include "polyshard/engine/gradient_buckets.hpp"
 #include "polyshard/engine/gradient_ops.hpp"
 #include "polyshard/engine/host_optimizer_view.hpp"
 #include "polyshard/engine/loss_scaler.hpp"
@@ -153,6 +155,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       u.bind();
       optimizers_.emplace_back(optimizer, static_cast<std::size_t>(Behaviour::optimizer_params(u).numel()));
     }
+    plan_buckets();
     placement_.place(optimizers_, config, comm.rank());  // NVMe: the state moves to nvme_path
   }
   Engine(const Engine&) = delete;
@@ -190,6 +193,13 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     State& root = units_[0];
     gather(0);
     Behaviour::begin_backward(root);
+    leaf_entries_.clear();
+    arm_buckets(0);
+    // Buckets are reduced as backward finishes them (overlap_comm), else when their unit's
+    // backward is done.
+    std::optional<GradientReadyScope<work_type, device>> ready;
+    if (sync_ && config_.overlap_comm && reduces_in_buckets)
+      ready.emplace([this](Node<work_type, device>& leaf) { gradient_final(leaf); });
     const double seed = weight * scaler_.scale();
     struct SettleOnError {  // a collective failed inside backward: nothing may stay in flight
       Engine& e;
@@ -484,6 +494,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       gather(index);
       prefetch_after(index, -1);
       Behaviour::begin_backward(units_[index]);
+      arm_buckets(index);
     });
     count.done();
     if (sharding::reshard_after_forward && !in_backward_) Behaviour::release(u);
@@ -611,34 +622,123 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     }
   }
 
-  /// A unit's gradients are complete: reduce them (or keep accumulating under no_sync), and
-  /// free its gathered parameters.
-  void post_backward(State& u) {
-    u.settle_grads();
-    if (sync_) {
-      const auto bucket = static_cast<std::int64_t>(config_.bucket_cap_mb * 1024 * 1024 / sizeof(RT));
-      const std::size_t issued = pending_.size();
-      CallSite site(reduction_site(u));
-      Behaviour::reduce(u, shard_comm(), pending_, bucket);
-      if (trace_) {
-        // Spans from issue to observed completion, one trace thread per unit.
-        const int tid = 100 + static_cast<int>(&u - units_.data());
-        const double start = Trace::now_us();
-        for (std::size_t i = issued; i < pending_.size(); ++i)
-          pending_[i].then = [then = std::move(pending_[i].then), trace = trace_, tid, start] {
-            trace->complete("reduce", "communication", start, Trace::now_us(), tid);
-            then();
-          };
+  /// Whether the behaviour reduces a unit bucket by bucket (reduce_bucket and end_reduction,
+  /// the library's own), or the whole unit once its backward is done (reduce: a policy's own
+  /// may define it, even over a behaviour it inherits reduce_bucket from; docs/custom-policy.md).
+  static constexpr bool reduces_in_buckets =
+      !requires(State& u, Comm& c, std::vector<PendingReduction>& p) { Behaviour::reduce(u, c, p, 0); } &&
+      requires(State& u, Comm& c, std::vector<PendingReduction>& p) { Behaviour::reduce_bucket(u, c, p, 0, 0); };
+
+  /// Cuts every unit into gradient buckets (gradient_bucket_elements of the config).
+  void plan_buckets() {
+    const std::int64_t cap = gradient_bucket_elements(config_, sizeof(RT));
+    buckets_.clear();
+    for (const State& u : units_) {
+      std::vector<std::int64_t> offsets, sizes;
+      for (const auto& e : u.layout->entries) {
+        POLYSHARD_CHECK(offsets.empty() || e.offset >= offsets.back() + sizes.back(),
+                        "Engine: the parameters of ", unit_name(u), " are not laid out in order");
+        offsets.push_back(e.offset);
+        sizes.push_back(e.numel());
       }
-      // The reductions of the units before this one complete now, so that a unit's whole
-      // gradients (and the cast copies they are reduced from) live only while its own reduction
-      // overlaps the next unit's backward: at most two units' at a time, not every unit's until
-      // backward ends.
-      complete_reductions(config_.overlap_comm ? issued : pending_.size());
+      buckets_.push_back(plan_gradient_buckets(offsets, sizes, u.layout->padded, cap));
+    }
+    progress_.assign(units_.size(), BucketProgress{});
+  }
+
+  /// Unit `index`'s backward begins: which of its parameters backward will finish, and where
+  /// each parameter's leaf is, so that gradient_final can find it.
+  void arm_buckets(std::size_t index) {
+    if (!sync_) return;
+    const State& u = units_[index];
+    std::vector<bool> needs;
+    for (std::size_t i = 0; i < u.layout->entries.size(); ++i) {
+      const auto& e = u.layout->entries[i];
+      needs.push_back(e.numel() > 0 && !u.is_frozen(e) && e.parameter->requires_grad());
+      leaf_entries_[e.parameter->leaf().node().get()] = {index, i};
+    }
+    progress_[index].arm(buckets_[index], needs);
+  }
+
+  /// Backward has finished `leaf`'s gradient: launch every bucket of its unit now complete, in
+  /// order.
+  void gradient_final(Node<work_type, device>& leaf) {
+    const auto at = leaf_entries_.find(&leaf);
+    if (at == leaf_entries_.end()) return;  // not a parameter of a unit in backward now
+    const auto [index, entry] = at->second;
+    BucketProgress& progress = progress_[index];
+    progress.final(entry);
+    for (std::size_t b = progress.launchable(); b < buckets_[index].size(); b = progress.launchable()) {
+      launch_bucket(index, b);
+      progress.launched();
+    }
+  }
+
+  /// Issues bucket `b` of unit `index`: zeroes the gradient of every parameter in it that
+  /// received none, of the frozen ones and of the padding, then starts its reduction.
+  void launch_bucket(std::size_t index, std::size_t b) {
+    State& u = units_[index];
+    const GradientBucket& bucket = buckets_[index][b];
+    u.settle_grads(bucket.begin, bucket.end);
+    const std::size_t issued = pending_.size();
+    {
+      CallSite site(reduction_site(u, b));
+      Behaviour::reduce_bucket(u, shard_comm(), pending_, bucket.begin, bucket.end);
+    }
+    for (std::size_t i = issued; i < pending_.size(); ++i) pending_[i].unit = index;
+    if (trace_) {
+      // Spans from issue to observed completion, one trace thread per unit.
+      const int tid = 100 + static_cast<int>(index);
+      const double start = Trace::now_us();
+      for (std::size_t i = issued; i < pending_.size(); ++i)
+        pending_[i].then = [then = std::move(pending_[i].then), trace = trace_, tid, start] {
+          trace->complete("reduce", "communication", start, Trace::now_us(), tid);
+          then();
+        };
+    }
+  }
+
+  /// A unit's gradients are complete: reduce what is left of them (or keep accumulating under
+  /// no_sync), and free its gathered parameters.
+  void post_backward(State& u) {
+    const std::size_t index = static_cast<std::size_t>(&u - units_.data());
+    if (sync_) {
+      if constexpr (reduces_in_buckets) {
+        BucketProgress& progress = progress_[index];
+        for (std::size_t b = progress.armed() ? progress.next() : 0; b < buckets_[index].size(); ++b)
+          launch_bucket(index, b);
+        progress.disarm();
+        const std::size_t before = pending_.size();
+        Behaviour::end_reduction(u, pending_, unit_in_flight(index));
+        for (std::size_t i = before; i < pending_.size(); ++i) pending_[i].unit = index;
+      } else {
+        u.settle_grads(0, u.layout->padded);
+        const std::size_t issued = pending_.size();
+        CallSite site(reduction_site(u, buckets_[index].size()));
+        const auto bucket = static_cast<std::int64_t>(config_.bucket_cap_mb * 1024 * 1024 / sizeof(RT));
+        Behaviour::reduce(u, shard_comm(), pending_, bucket);
+        for (std::size_t i = issued; i < pending_.size(); ++i) pending_[i].unit = index;
+      }
+      // The reductions issued before this unit's own complete now, so that a unit's whole
+      // gradients (and the copies they are reduced from) live only while its own reductions
+      // overlap the next unit's backward: at most two units' at a time, not every unit's until
+      // backward ends. Without overlap_comm, this unit's complete too.
+      complete_reductions(config_.overlap_comm ? leading_not_of(index) : pending_.size());
     } else {
       u.local_grads = true;
     }
     Behaviour::release(u);
+  }
+
+  /// Whether a reduction of unit `index` is still in flight.
+  bool unit_in_flight(std::size_t index) const {
+    return std::any_of(pending_.begin(), pending_.end(), [&](const PendingReduction& p) { return p.unit == index; });
+  }
+  /// How many reductions in flight, from the first, belong to units other than `index`.
+  std::size_t leading_not_of(std::size_t index) const {
+    std::size_t n = 0;
+    while (n < pending_.size() && pending_[n].unit != index) ++n;
+    return n;
   }
 
   /// Waits for every reduction in flight and completes it; when one failed, waits for the others
@@ -706,17 +806,25 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   std::string gather_site(const State& u) const {
     return micro_batch_site(std::string(in_backward_ ? "the backward" : "the forward") + " gather of " + unit_name(u));
   }
-  std::string reduction_site(const State& u) const {
+  /// The site of bucket `b` of unit u's gradient reduction (b == the unit's bucket count: the
+  /// whole unit), naming the parameters in it that are frozen or have no gradient.
+  std::string reduction_site(const State& u, std::size_t b) const {
     // A parameter frozen on one rank only, or without a gradient on one rank only (its forward
     // skipped a module), makes the reductions' sites differ even where their sizes are the same.
+    const auto& buckets = buckets_[static_cast<std::size_t>(&u - units_.data())];
+    const std::size_t first = b < buckets.size() ? buckets[b].first : 0;
+    const std::size_t last = b < buckets.size() ? buckets[b].last : u.layout->entries.size();
     std::string frozen, without_gradient;
-    for (const auto& e : u.layout->entries) {
+    for (std::size_t i = first; i < last; ++i) {
+      const auto& e = u.layout->entries[i];
       if (e.numel() == 0) continue;
       const bool is_frozen = u.is_frozen(e);
       std::string& list = is_frozen ? frozen : without_gradient;
       if (is_frozen || !e.parameter->leaf().node()->has_grad) list += (list.empty() ? "" : ", ") + e.name;
     }
     std::string what = "the gradient reduction of " + unit_name(u);
+    if (b < buckets.size() && buckets.size() > 1)
+      what += ", bucket " + std::to_string(b + 1) + " of " + std::to_string(buckets.size());
     if (!frozen.empty()) what += " with frozen parameters " + frozen;
     if (!without_gradient.empty()) what += " with no gradient for " + without_gradient;
     return micro_batch_site(what);
@@ -760,6 +868,11 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   Placement placement_;  // where optimizer state lives between steps
   LossScaler<typename precision::loss_scale> scaler_;
   std::vector<PendingReduction> pending_;
+  // Per unit: its gradient buckets, and which of them this backward has finished and launched;
+  // where each parameter's leaf is (for the units whose backward began).
+  std::vector<std::vector<GradientBucket>> buckets_;
+  std::vector<BucketProgress> progress_;
+  std::unordered_map<const Node<work_type, device>*, std::pair<std::size_t, std::size_t>> leaf_entries_;
   Trace* trace_ = nullptr;
   // Units in the order the last forward ran them (a model may run them in another order than
   // it declares them), and a gather issued ahead of its unit.

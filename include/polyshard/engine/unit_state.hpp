@@ -23,6 +23,8 @@ namespace polyshard {
 struct PendingReduction {
   CommHandle handle;
   std::function<void()> then;
+  /// The unit whose gradients it reduces (the engine sets it).
+  std::size_t unit = static_cast<std::size_t>(-1);
 };
 
 /// One unit's state on one rank, its buffers in the memory of device D, but for what the
@@ -238,14 +240,19 @@ struct UnitState {
     }
   }
 
-  /// Zeroes the gradient of every parameter that received none since its last reset, of the
-  /// frozen ones, and the padding, so the whole buffer can be reduced as one.
-  void settle_grads() {
+  /// Zeroes, within elements [begin, end), the gradient of every parameter that received none
+  /// since its last reset, of the frozen ones, and the padding, so that the range (a bucket)
+  /// can be reduced as one.
+  void settle_grads(std::int64_t begin, std::int64_t end) {
+    const auto zero = [&](std::int64_t lo, std::int64_t hi) {
+      lo = std::max(lo, begin);
+      hi = std::min(hi, end);
+      if (lo < hi) grad_work.flat_view(lo, hi - lo).fill(work_type(0));
+    };
     for (const auto& e : layout->entries)
-      if (!e.parameter->leaf().node()->has_grad) grad_work.flat_view(e.offset, e.numel()).fill(work_type(0));
-    for (const auto& [lo, hi] : frozen) grad_work.flat_view(lo, hi - lo).fill(work_type(0));
-    const std::int64_t tail = layout->padded - layout->numel;
-    if (tail > 0) grad_work.flat_view(layout->numel, tail).fill(work_type(0));
+      if (!e.parameter->leaf().node()->has_grad) zero(e.offset, e.offset + e.numel());
+    for (const auto& [lo, hi] : frozen) zero(lo, hi);
+    zero(layout->numel, layout->padded);
   }
 
   /// Forgets the parameters' gradients: the next backward overwrites instead of adding.

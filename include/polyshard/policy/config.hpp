@@ -13,14 +13,19 @@ namespace polyshard {
 
 struct StrategyConfig {
   // Gradient reduction.
-  /// DDP and FSDP: gradients are reduced in buckets of this many MiB; <= 0 disables bucketing
-  /// (one reduction per unit). FairScale default 25.
+  /// Gradients are reduced in buckets of this many MiB of the reduce dtype, each launched as
+  /// soon as backward has finished it (engine/gradient_buckets.hpp); <= 0: one bucket a unit.
+  /// FairScale's and PyTorch DDP's bucket_cap_mb, default 25.
   double bucket_cap_mb = 25;
-  /// DeepSpeed: elements reduced at once (reduce_bucket_size, default 2e8).
+  /// DeepSpeed's reduce_bucket_size: elements in a gradient bucket, in place of bucket_cap_mb
+  /// when set away from its default (Lightning's 2e8); both set: the smaller bucket.
   std::int64_t reduce_bucket_size = 200'000'000;
   /// DeepSpeed: elements all-gathered at once (allgather_bucket_size, default 2e8).
   std::int64_t allgather_bucket_size = 200'000'000;
-  /// Overlap gradient reduction with backward on the communication thread or stream.
+  /// Reduce each gradient bucket as soon as backward has finished it, while backward goes on
+  /// (on the communication thread or stream), and complete a unit's reductions only when the
+  /// next unit's are done. Off: each unit's buckets are reduced, and waited for, when the
+  /// unit's backward is done.
   bool overlap_comm = true;
   /// ShardParameters: gather the next unit, in the order units ran in the last forward (reversed
   /// in backward), while the current one computes; a rank then holds up to two gathered units.
@@ -86,9 +91,6 @@ struct StrategyConfig {
 /// Engine's constructor calls it.
 inline void refuse_unread_fields(const StrategyConfig& c) {
   const StrategyConfig d;
-  POLYSHARD_CHECK(c.reduce_bucket_size == d.reduce_bucket_size, "StrategyConfig::reduce_bucket_size = ",
-                  c.reduce_bucket_size, ": not read: polyshard reduces each unit's gradients as one collective "
-                  "(NoShard slices it by bucket_cap_mb); leave it at DeepSpeed's default 200000000");
   POLYSHARD_CHECK(c.allgather_bucket_size == d.allgather_bucket_size, "StrategyConfig::allgather_bucket_size = ",
                   c.allgather_bucket_size, ": not read: ShardParameters gathers each unit as one collective (choose "
                   "the units with the wrap policy); leave it at DeepSpeed's default 200000000");
@@ -113,8 +115,7 @@ constexpr const char* policy_name() {
 
 /// Refuses, naming it, a field set away from its default that strategy S never reads: the NVMe
 /// settings (nvme_path, block_size, queue_depth, optimizer_buffer_count) without an offload to
-/// NVMe, hybrid_group_size without HybridShard, bucket_cap_mb under a sharded policy (it slices
-/// NoShard's all-reduce; reduce-scatters go one unit at a time), prefetch without sharded
+/// NVMe, hybrid_group_size without HybridShard, prefetch without sharded
 /// parameters (nothing is gathered), min_num_params without a size-based wrap policy. A user who
 /// sets one expects it to act; a run that ignores it is a silently different run. Engine's
 /// constructor calls it.
@@ -137,12 +138,6 @@ void refuse_fields_not_read_by(const StrategyConfig& c) {
     POLYSHARD_CHECK(c.hybrid_group_size == d.hybrid_group_size, "StrategyConfig::hybrid_group_size = ",
                     c.hybrid_group_size, " is read only by HybridShard, and this strategy shards with ",
                     sharding, ": leave it at 0");
-  }
-  if constexpr (S::sharding::shards_optimizer_state) {
-    POLYSHARD_CHECK(c.bucket_cap_mb == d.bucket_cap_mb, "StrategyConfig::bucket_cap_mb = ", c.bucket_cap_mb,
-                    " is read only by NoShard (it slices the all-reduce of a unit's gradients); ",
-                    sharding, " reduce-scatters each unit as one collective: leave it at ",
-                    d.bucket_cap_mb);
   }
   if constexpr (!S::sharding::shards_parameters) {
     POLYSHARD_CHECK(c.prefetch == d.prefetch, "StrategyConfig::prefetch = false is read only by ShardParameters ",

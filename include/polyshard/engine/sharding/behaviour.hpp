@@ -1,6 +1,7 @@
 // What a sharding policy does at each point of a step, as one specialization per policy:
 // allocate (state at start-up), gather (before a unit's forward and backward), release (after
-// them), begin_backward, reduce (after a unit's backward), optimizer spans, after_step.
+// them), begin_backward, reduce_bucket (as soon as backward has finished a bucket of a unit's
+// gradients) and end_reduction (after the unit's last bucket), optimizer spans, after_step.
 #pragma once
 
 #include <vector>
@@ -80,6 +81,21 @@ void reduce_scatter_grads(U& u, Comm& comm, std::vector<PendingReduction>& pendi
   }
 }
 
+/// Calls f(owner, begin, end) for each rank whose shard of the unit meets elements
+/// [begin, end), with the part that falls in it: the pieces a bucket is reduced to their
+/// owners in.
+template <class U, class F>
+void for_each_owner(const U& u, std::int64_t begin, std::int64_t end, F&& f) {
+  for (std::int64_t r = begin / u.shard; r < u.world && r * u.shard < end; ++r)
+    f(static_cast<int>(r), std::max(begin, r * u.shard), std::min(end, (r + 1) * u.shard));
+}
+
+/// Whether elements [begin, end) are the whole unit: reduced then as one collective.
+template <class U>
+bool whole_unit(const U& u, std::int64_t begin, std::int64_t end) {
+  return begin == 0 && end == u.layout->padded;
+}
+
 /// Parameters that stay whole on every rank (NoShard, ShardOptimizerState, ShardGradients):
 /// nothing to gather or free around a unit.
 struct WholeParameters {
@@ -155,22 +171,19 @@ struct WholeGradients {
     u.reset_grad_flags();
   }
 
-  /// Adds the carried gradients to the reduced ones when the reductions issued since
-  /// `issued` complete (at once when none was issued).
+  /// After the unit's last bucket: the carried gradients are added back to the reduced ones
+  /// once every reduction issued before completes (at once when the unit issued none), and the
+  /// local gradients count as reduced.
   template <class U>
-  static void add_carried(U& u, std::vector<PendingReduction>& pending, std::size_t issued) {
-    if (!u.carried.defined()) return;
-    auto carried = u.carried, reduced = u.reduced;
-    u.carried = {};
-    if (pending.size() == issued) {
-      add_into(reduced, carried, reduced);
-      return;
+  static void end_reduction(U& u, std::vector<PendingReduction>& pending, bool issued) {
+    if (u.carried.defined()) {
+      auto carried = u.carried, reduced = u.reduced;
+      u.carried = {};
+      if (!issued) add_into(reduced, carried, reduced);
+      else pending.push_back({CommHandle{}, [carried, reduced] { add_into(reduced, carried, reduced); }});
     }
-    // The last reduction issued completes after the others have (they complete in order).
-    pending.back().then = [then = std::move(pending.back().then), carried, reduced] {
-      then();
-      add_into(reduced, carried, reduced);
-    };
+    u.local_grads = false;
+    u.reduced_has_grad = true;
   }
 };
 
@@ -191,10 +204,46 @@ struct ShardedGradients {
     u.reset_grad_flags();
   }
 
+  /// Reduces elements [begin, end) of the local gradients into the shard of the rank owning
+  /// each: the whole unit as one reduce-scatter; a bucket as one reduce per owner, the owner
+  /// writing (or adding, when `reduced` holds a gradient already) its piece into its shard.
   template <class U, class Comm>
-  static void reduce(U& u, Comm& comm, std::vector<PendingReduction>& pending, std::int64_t) {
+  static void reduce_bucket(U& u, Comm& comm, std::vector<PendingReduction>& pending, std::int64_t begin,
+                            std::int64_t end) {
+    using RT = typename decltype(u.reduced)::value_type;
+    if (whole_unit(u, begin, end)) {
+      reduce_scatter_grads(u, comm, pending, u.reduced, u.reduced_has_grad, [] {});
+      return;
+    }
+    const bool accumulate = u.reduced_has_grad;
+    for_each_owner(u, begin, end, [&](int owner, std::int64_t a, std::int64_t b) {
+      // The piece in the reduce dtype, reduced in place (the local gradients are not read again).
+      typename U::template tensor<RT> piece;
+      if constexpr (U::reduces_work) {
+        piece = u.grad_work.flat_view(a, b - a);
+      } else {
+        piece = buffer<RT>(u, b - a, MemoryCategory::Communication);
+        cast_into(u.grad_work.flat_view(a, b - a), piece);
+      }
+      CommHandle h = comm.reduce_async(piece.span(), owner, ReduceOp::Sum);
+      if (owner != u.rank) {
+        pending.push_back({std::move(h), [piece] {}});
+        return;
+      }
+      auto out = u.reduced.flat_view(a - u.shard_begin(), b - a);
+      pending.push_back({std::move(h), [piece, out, accumulate] {
+                           if (accumulate) add_into(out, piece, out);
+                           else out.copy_from(piece);
+                         }});
+    });
+  }
+
+  /// After the unit's last bucket: its whole local gradients are freed once every reduction
+  /// issued before completes.
+  template <class U>
+  static void end_reduction(U& u, std::vector<PendingReduction>& pending, bool) {
     auto work = u.grad_work.storage();
-    reduce_scatter_grads(u, comm, pending, u.reduced, u.reduced_has_grad, [work] { work->release(); });
+    pending.push_back({CommHandle{}, [work] { work->release(); }});
     u.local_grads = false;
     u.reduced_has_grad = true;
   }

@@ -1,7 +1,6 @@
-// NoShard (DDP): every rank holds the whole unit; gradients are all-reduced in buckets.
+// NoShard (DDP): every rank holds the whole unit; gradients are all-reduced in buckets, each as
+// soon as backward has finished it.
 #pragma once
-
-#include <algorithm>
 
 #include "polyshard/engine/sharding/behaviour.hpp"
 
@@ -24,20 +23,14 @@ struct ShardingBehaviour<NoShard> : detail::WholeParameters, detail::WholeGradie
     u.gathered = true;
   }
 
-  /// All-reduces the local gradients in buckets of `bucket_elements` (whole unit when <= 0).
+  /// All-reduces elements [begin, end) of the local gradients (a bucket, or the whole unit),
+  /// in place in the reduced buffer.
   template <class U, class Comm>
-  static void reduce(U& u, Comm& comm, std::vector<PendingReduction>& pending, std::int64_t bucket_elements) {
-    if constexpr (!U::reduces_work) cast_into(u.grad_work, u.reduced);
-    const std::int64_t n = u.reduced.numel();
-    const std::int64_t step = bucket_elements > 0 ? bucket_elements : std::max<std::int64_t>(n, 1);
-    const std::size_t issued = pending.size();
-    for (std::int64_t begin = 0; begin < n; begin += step) {
-      auto bucket = u.reduced.flat_view(begin, std::min(step, n - begin));
-      pending.push_back({comm.all_reduce_async(bucket.span(), ReduceOp::Sum), [] {}});
-    }
-    add_carried(u, pending, issued);
-    u.local_grads = false;
-    u.reduced_has_grad = true;
+  static void reduce_bucket(U& u, Comm& comm, std::vector<PendingReduction>& pending, std::int64_t begin,
+                            std::int64_t end) {
+    auto bucket = u.reduced.flat_view(begin, end - begin);
+    if constexpr (!U::reduces_work) cast_into(u.grad_work.flat_view(begin, end - begin), bucket);
+    pending.push_back({comm.all_reduce_async(bucket.span(), ReduceOp::Sum), [] {}});
   }
 
   template <class U>
