@@ -1,7 +1,7 @@
 // Every preset at world sizes 1 to 8 on the GPT, ranks as threads: the most memory a rank holds
 // within a steady-state step, per category, measured by its tracker beside host_step_peak_memory's
-// prediction (policy/step_memory.hpp; communication plus the in-process backend's scratch, by its
-// rule in docs/communication.md), what it holds between steps beside resident_memory's, and the
+// prediction (policy/step_memory.hpp; the in-process backend keeps no scratch of its own,
+// docs/communication.md), what it holds between steps beside resident_memory's, and the
 // activations each unit's forward keeps (Engine::activation_bytes()).
 #include <filesystem>
 #include <mutex>
@@ -28,16 +28,6 @@ struct RankMemory {
   std::int64_t block_activations = 0, root_activations = 0;
 };
 
-/// The in-process backend's scratch (docs/communication.md): C x the largest reduce-scatter
-/// input or 16-bit all-reduce it ran, kept; none on one rank.
-template <class S>
-double thread_scratch(const std::vector<std::int64_t>& units, int world) {
-  if (world == 1) return 0;
-  const double largest = double(*std::max_element(units.begin(), units.end()));
-  if constexpr (S::sharding::shards_optimizer_state) return sizeof(float) * largest;
-  else return sizeof(typename S::reduce_type) == 2 ? sizeof(float) * largest : 0.0;
-}
-
 template <class S>
 std::vector<RankMemory> measure(int world, const GptConfig& cfg, std::int64_t batch, const StrategyConfig& config) {
   const TextDataset data = TextDataset::from_text(builtin_corpus(), "builtin");
@@ -59,16 +49,19 @@ std::vector<RankMemory> measure(int world, const GptConfig& cfg, std::int64_t ba
         engine.step(1e-3);
       }
       std::vector<std::int64_t> units;
-      for (const auto& u : engine.units().units) units.push_back(u.padded);
+      std::vector<std::size_t> buckets;
+      for (std::size_t i = 0; i < engine.units().units.size(); ++i) {
+        units.push_back(engine.units().units[i].padded);
+        buckets.push_back(engine.gradient_buckets(i).size());
+      }
       std::int64_t total = 0;
       for (std::int64_t u : units) total += u;
-      const StepPeakMemory p = host_step_peak_memory<S>(units, world, 2, config);
+      const StepPeakMemory p = host_step_peak_memory<S>(units, world, 2, config, buckets);
       const ResidentMemory h = resident_memory<S>(total, world, 2, config);
-      const double scratch = thread_scratch<S>(units, world);
       RankMemory& r = out[static_cast<std::size_t>(comm.rank())];
-      r.predicted_peak = {p.parameters, p.gradients, p.optimizer_state, p.working_copies, p.communication + scratch,
+      r.predicted_peak = {p.parameters, p.gradients, p.optimizer_state, p.working_copies, p.communication,
                           p.other};
-      r.predicted_held = {h.parameters, h.gradients, h.optimizer_state, h.working_copies, scratch, h.other};
+      r.predicted_held = {h.parameters, h.gradients, h.optimizer_state, h.working_copies, 0.0, h.other};
       for (std::size_t c = 0; c < categories.size(); ++c) {
         r.peak[c] = double(memory.peak(categories[c]));
         r.held[c] = double(memory.current(categories[c]));

@@ -156,8 +156,12 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
   if constexpr (on_host && !S::sharding::hybrid) {
     if (o.accum == 1) {
       std::vector<std::int64_t> sizes;
-      for (const auto& u : engine.units().units) sizes.push_back(u.padded);
-      predicted_peak = host_step_peak_memory<S>(sizes, world, states, config);
+      std::vector<std::size_t> buckets;
+      for (std::size_t i = 0; i < engine.units().units.size(); ++i) {
+        sizes.push_back(engine.units().units[i].padded);
+        buckets.push_back(engine.gradient_buckets(i).size());
+      }
+      predicted_peak = host_step_peak_memory<S>(sizes, world, states, config, buckets);
     }
   }
 

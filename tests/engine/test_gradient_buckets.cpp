@@ -88,10 +88,12 @@ Parameters train_accumulating(int world, bool first_under_no_sync, const Strateg
 }
 }  // namespace
 
+/// Each way a bucket is reduced: in place or from a 16-bit copy, to every rank or to its owners,
+/// in one unit or in nested ones, and around checkpointed blocks (whose parameters backward
+/// finishes inside the checkpoints' own sweeps).
 using BucketedStrategies =
-    std::tuple<DDP, DdpPerBlock, ZeRO<1>, ZeRO<2>, ZeRO2PerBlock, ZeRO<3>, FsdpPerBlock, GradOpPerBlock,
-               ZeRO3Checkpointed, Strategy<NoShard, Bf16Mixed>, Strategy<ShardOptimizerState, Bf16Mixed>,
-               Strategy<ShardGradients, Bf16Mixed>, Strategy<ShardParameters<true>, WrapByType<Block>, Bf16Mixed>>;
+    std::tuple<DDP, DdpPerBlock, ZeRO<1>, ZeRO<2>, FsdpPerBlock, ZeRO3Checkpointed, Strategy<NoShard, Bf16Mixed>,
+               Strategy<ShardOptimizerState, Bf16Mixed>, Strategy<ShardGradients, Bf16Mixed>>;
 
 TEMPLATE_LIST_TEST_CASE("buckets of one parameter, overlapped or not, give the bits of one reduction a unit",
                         "[engine]", BucketedStrategies) {

@@ -21,6 +21,7 @@ struct Held {
   std::array<std::int64_t, memory_category_count> bytes{}, peak{};
   std::int64_t padded = 0, largest_unit = 0;
   std::vector<std::int64_t> units;  // padded sizes, root first, in the order forward runs them
+  std::vector<std::size_t> buckets;  // gradient buckets per unit
   std::int64_t at(MemoryCategory c) const { return bytes[static_cast<std::size_t>(c)]; }
   std::int64_t peak_at(MemoryCategory c) const { return peak[static_cast<std::size_t>(c)]; }
 };
@@ -46,9 +47,10 @@ std::vector<Held> hold(int world, const StrategyConfig& config) {
       Gpt<float> model(four_blocks());
       const SgdConfig sgd = test::momentum_sgd();
       Engine<S, Gpt<float>, ThreadCommunicator, Sgd<MT>> engine(model, comm, sgd, config, 42);
-      for (const auto& u : engine.units().units) {
-        h.largest_unit = std::max(h.largest_unit, u.padded);
-        h.units.push_back(u.padded);
+      for (std::size_t i = 0; i < engine.units().units.size(); ++i) {
+        h.largest_unit = std::max(h.largest_unit, engine.units().units[i].padded);
+        h.units.push_back(engine.units().units[i].padded);
+        h.buckets.push_back(engine.gradient_buckets(i).size());
       }
       h.padded = engine.units().padded_total();
       BatchSampler sampler(test::tiny_data(), 8, 8, 7);
@@ -111,7 +113,7 @@ TEMPLATE_LIST_TEST_CASE("memory: what a rank holds between steps and at most wit
       CHECK(h.at(MemoryCategory::Activations) == 0);
       CHECK(double(h.at(MemoryCategory::Other)) == m.other);
 
-      const StepPeakMemory peak = host_step_peak_memory<S>(h.units, world, /*states_per_param=*/1, config);
+      const StepPeakMemory peak = host_step_peak_memory<S>(h.units, world, /*states_per_param=*/1, config, h.buckets);
       CHECK(double(h.peak_at(MemoryCategory::Parameters)) == peak.parameters);
       CHECK(double(h.peak_at(MemoryCategory::Gradients)) == peak.gradients);
       CHECK(double(h.peak_at(MemoryCategory::OptimizerState)) == peak.optimizer_state);
@@ -131,7 +133,7 @@ void check_step_peaks(const StrategyConfig& config) {
     for (int rank = 0; rank < world; ++rank) {
       INFO("world size " << world << ", rank " << rank);
       const Held& h = held[static_cast<std::size_t>(rank)];
-      const StepPeakMemory peak = host_step_peak_memory<S>(h.units, world, 1, config);
+      const StepPeakMemory peak = host_step_peak_memory<S>(h.units, world, 1, config, h.buckets);
       CHECK(double(h.peak_at(MemoryCategory::Parameters)) == peak.parameters);
       CHECK(double(h.peak_at(MemoryCategory::Gradients)) == peak.gradients);
       CHECK(double(h.peak_at(MemoryCategory::WorkingCopies)) == peak.working_copies);
@@ -172,6 +174,24 @@ TEST_CASE("memory: the step's peaks follow the schedule: prefetch, overlapped re
   check_step_peaks<Zero3>(no_overlap);
   check_step_peaks<Zero3Bf16>(no_overlap);
   check_step_peaks<Strategy<ShardOptimizerState, WrapByType<Block>>>(no_overlap);
+  // Buckets of one parameter, reduced while backward runs: ZeRO-1 reduces them in place.
+  StrategyConfig small_buckets;
+  small_buckets.bucket_cap_mb = 1e-9;
+  check_step_peaks<Strategy<ShardOptimizerState, WrapByType<Block>>>(small_buckets);
+  check_step_peaks<Strategy<ShardOptimizerState, WrapByType<Block>, Bf16Mixed>>(small_buckets);
+  check_step_peaks<Strategy<ShardGradients, WrapByType<Block>, Bf16Mixed>>(small_buckets);
+  check_step_peaks<Zero3Bf16>(small_buckets);
+  check_step_peaks<Zero3>(small_buckets);
+  check_step_peaks<DDP>(small_buckets);
+  const std::vector<std::size_t> split(units.size(), 7);
+  using Zero1 = Strategy<ShardOptimizerState, WrapByType<Block>>;
+  // Split into buckets, ZeRO-1's reductions read no copy: what is left is the write-back
+  // all-gather's copy of a block's shard, c p / N.
+  const double split_peak = host_step_peak_memory<Zero1>(units, 4, 1, {}, split).communication;
+  CHECK(split_peak == 4.0 * 2197 / 4);
+  // One bucket a unit: two blocks' copies in flight (one reducing while the next one's backward
+  // runs), each the gradients 4 p and the output shard 4 p / N.
+  CHECK(host_step_peak_memory<Zero1>(units, 4, 1).communication == 2 * (4.0 * 2197 + 4.0 * 2197 / 4));
 }
 
 TEST_CASE("memory: ZeRO-3 by repeated layer (the preset's WrapRepeated) holds the root and two blocks whole",

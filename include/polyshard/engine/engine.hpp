@@ -357,6 +357,8 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   const LossScaler<typename precision::loss_scale>& loss_scaler() const { return scaler_; }
   LossScaler<typename precision::loss_scale>& loss_scaler() { return scaler_; }
   const UnitPlan<work_type, device>& units() const { return plan_; }
+  /// Unit `unit`'s gradient buckets, in the order they are launched (engine/gradient_buckets.hpp).
+  const std::vector<GradientBucket>& gradient_buckets(std::size_t unit) const { return buckets_.at(unit); }
   const std::vector<State>& unit_states() const { return units_; }
   const std::vector<UnitOptimizer>& optimizers() const { return optimizers_; }
   /// Calls `f(optimizer, params)` with unit `unit`'s optimizer, its state resident in memory, and

@@ -74,15 +74,17 @@ class StepMemoryWalk {
 ///   working copies  a gathered unit's float copy 4 p (16-bit compute)
 ///   communication   what a reduction reads when it is not the gradients themselves: r p, the
 ///                   gradients cast to a 16-bit reduce dtype; ShardOptimizerState in fp32 reduces
-///                   from a copy 4 p into a buffer r s; the all-gather after the step reads a
+///                   a unit that is one bucket from a copy 4 p into a buffer r s (a unit of
+///                   several buckets, in place: nothing); the all-gather after the step reads a
 ///                   copy c s of the rank's shard
 ///   optimizer state under NVMe offload, at most optimizer_buffer_count consecutive units' state
 ///                   (an upper bound, reached when the writes lag; exact for one buffer)
-/// One micro-batch per step: a backward after another one of the same step, or under no_sync,
-/// carries gradients aside (not predicted). HybridShard is not predicted.
+/// `buckets` are the units' gradient bucket counts (Engine::gradient_buckets(i).size()); empty:
+/// one bucket a unit. One micro-batch per step: a backward after another one of the same step,
+/// or under no_sync, carries gradients aside (not predicted). HybridShard is not predicted.
 template <StrategyType S>
 StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int world_size, int states_per_param = 2,
-                                     const StrategyConfig& config = {}) {
+                                     const StrategyConfig& config = {}, std::span<const std::size_t> buckets = {}) {
   using sharding = typename S::sharding;
   using CT = typename S::compute_type;
   using RT = typename S::reduce_type;
@@ -148,7 +150,8 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
       f.gradients = w * p(i);
       if (!std::is_same_v<RT, float>) f.communication = r * p(i);
     } else if constexpr (sharding::shards_optimizer_state) {
-      if (world_size > 1) {
+      const bool one_bucket = buckets.empty() || buckets[i] <= 1;
+      if (world_size > 1 && one_bucket) {
         if (!work16 && std::is_same_v<RT, float>) f.communication = w * p(i) + r * p(i) / n;
         else if (!std::is_same_v<RT, float>) f.communication = r * p(i);
       }

@@ -219,7 +219,7 @@ struct ShardedGradients {
     for_each_owner(u, begin, end, [&](int owner, std::int64_t a, std::int64_t b) {
       // The piece in the reduce dtype, reduced in place (the local gradients are not read again).
       typename U::template tensor<RT> piece;
-      if constexpr (U::reduces_work) {
+      if constexpr (std::is_same_v<RT, typename U::work_type>) {
         piece = u.grad_work.flat_view(a, b - a);
       } else {
         piece = buffer<RT>(u, b - a, MemoryCategory::Communication);
