@@ -1,12 +1,16 @@
 // How much gradient communication hides behind backward: the step time of each strategy with
-// overlap_comm on, off, and with communication removed (a communicator that completes at once),
-// ranks as threads. The hidden fraction is 1 - (on - removed) / (off - removed): the share of the
-// communication time a step without overlap pays that the overlapped step does not.
+// overlap_comm on, off, and with communication removed (a communicator that completes at once).
+// The hidden fraction is 1 - (on - removed) / (off - removed): the share of the communication
+// time a step without overlap pays that the overlapped step does not. Ranks as threads
+// (bench_overlap), or as the MPI processes it runs on (mpirun -np 4 bench_overlap_mpi).
 #include <algorithm>
 #include <chrono>
 #include <mutex>
 #include <thread>
 
+#ifdef POLYSHARD_BENCH_OVER_MPI
+#include "polyshard/comm/mpi_communicator.hpp"
+#endif
 #include "polyshard/comm/thread_communicator.hpp"
 #include "polyshard/data/data.hpp"
 #include "polyshard/engine/engine.hpp"
@@ -33,7 +37,8 @@ struct Run {
   std::vector<double> seconds;
   Run(const GptConfig& cfg, Comm& comm, const StrategyConfig& config)
       : model(cfg), engine(model, comm, AdamWConfig{}, config, 1) {}
-  void step(const Batch& b, std::int64_t batch, ThreadCommunicator& clock, bool record) {
+  template <class Clock>
+  void step(const Batch& b, std::int64_t batch, Clock& clock, bool record) {
     clock.barrier();  // every rank starts together: the step's time, not a straggler's
     const auto t0 = std::chrono::steady_clock::now();
     engine.backward(engine.forward([&] { return model.loss(b.inputs, b.targets); }),
@@ -48,39 +53,44 @@ struct Run {
   }
 };
 
-/// The three runs side by side on every rank, their steps interleaved (on, off, removed, on,
-/// ...) so that the machine's drift falls on all three alike; the first round warms up.
-template <class S>
-Times measure(int world, const GptConfig& cfg, std::int64_t batch, int steps, double bucket_cap_mb) {
+/// This rank's three runs side by side, their steps interleaved (on, off, removed, on, ...) so
+/// that the machine's drift falls on all three alike; the first round warms up. The runs with
+/// communication have communicators of their own, split from `clock`.
+template <class S, class Clock>
+Times rank_times(Clock& clock, const GptConfig& cfg, std::int64_t batch, int steps, double bucket_cap_mb) {
   const TextDataset data = TextDataset::from_text(builtin_corpus(), "builtin");
   StrategyConfig on, off;
   on.bucket_cap_mb = off.bucket_cap_mb = bucket_cap_mb;
   off.overlap_comm = false;
+  Clock comm_on = clock.split(0, clock.rank()), comm_off = clock.split(0, clock.rank());
+  bench::InstantCommunicator none(clock.rank(), clock.size());
+  Run<S, Clock> with_overlap(cfg, comm_on, on), without(cfg, comm_off, off);
+  Run<S, bench::InstantCommunicator> removed(cfg, none, on);
+  const BatchSampler sampler(data, cfg.block_size, batch, 3);
+  for (int step = 0; step <= steps; ++step) {
+    const Batch b = sampler.batch(step, clock.rank(), clock.size());
+    with_overlap.step(b, batch, clock, step > 0);
+    without.step(b, batch, clock, step > 0);
+    removed.step(b, batch, clock, step > 0);
+  }
+  return {with_overlap.median(), without.median(), removed.median()};
+}
+
+/// rank_times on `world` thread ranks: rank 0's.
+template <class S>
+Times measure(int world, const GptConfig& cfg, std::int64_t batch, int steps, double bucket_cap_mb) {
   Times out;
   std::mutex mutex;
   run_ranks(world, [&](ThreadCommunicator& clock) {
-    ThreadCommunicator comm_on = clock.split(0, clock.rank()), comm_off = clock.split(0, clock.rank());
-    bench::InstantCommunicator none(clock.rank(), clock.size());
-    Run<S, ThreadCommunicator> with_overlap(cfg, comm_on, on), without(cfg, comm_off, off);
-    Run<S, bench::InstantCommunicator> removed(cfg, none, on);
-    const BatchSampler sampler(data, cfg.block_size, batch, 3);
-    for (int step = 0; step <= steps; ++step) {
-      const Batch b = sampler.batch(step, clock.rank(), world);
-      with_overlap.step(b, batch, clock, step > 0);
-      without.step(b, batch, clock, step > 0);
-      removed.step(b, batch, clock, step > 0);
-    }
+    const Times t = rank_times<S>(clock, cfg, batch, steps, bucket_cap_mb);
     if (clock.rank() != 0) return;
     std::lock_guard lock(mutex);
-    out = {with_overlap.median(), without.median(), removed.median()};
+    out = t;
   });
   return out;
 }
 
-template <class S>
-void row(bench::Table& table, const char* name, int world, const GptConfig& cfg, std::int64_t batch, int steps,
-         double bucket_cap_mb) {
-  const Times t = measure<S>(world, cfg, batch, steps, bucket_cap_mb);
+void row(bench::Table& table, const char* name, int world, const Times& t) {
   const double paid = t.off - t.removed;
   table.row()
       .set("strategy", name)
@@ -93,28 +103,51 @@ void row(bench::Table& table, const char* name, int world, const GptConfig& cfg,
       .set("overlap / no communication", t.on / t.removed, 3);
 }
 
+/// Calls f.template operator()<S>(name) for each strategy measured.
+template <class F>
+void for_each_strategy(F&& f) {
+  f.template operator()<Strategy<NoShard>>("ddp");
+  f.template operator()<ZeRO<1>>("zero1");
+  f.template operator()<ZeRO<2>>("zero2");
+  f.template operator()<ZeRO<3>>("zero3");
+  f.template operator()<Strategy<ShardParameters<true>, WrapByType<Block>>>("fsdp per block");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+#ifdef POLYSHARD_BENCH_OVER_MPI
+  MpiSession session(&argc, &argv);
+  MpiCommunicator world = MpiCommunicator::world();
+#endif
   const auto args = bench::parse_args(argc, argv, "bench_overlap.json");
   const GptConfig cfg{.vocab_size = 256, .block_size = 64, .n_layer = 6, .n_head = 4, .n_embd = 256};
   const int steps = args.quick ? 3 : 11;
   const double bucket_cap_mb = 2;  // a few buckets a unit: the model is 19 MiB in fp32
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  bench::Table table("overlapped gradient reduction on GPT L6 C256 T64, 4 rows a rank, AdamW, bucket_cap_mb 2, "
-                     "ranks as threads on " + std::to_string(cores) + " cores");
-  for (const int world : {2, 3}) {
-    const std::int64_t batch = 4 * world;
-    cpu::set_blas_threads(std::max(1, cores / world));
+  const std::string setting =
+      "overlapped gradient reduction on GPT L6 C256 T64, 4 rows a rank, AdamW, bucket_cap_mb 2, ";
+#ifdef POLYSHARD_BENCH_OVER_MPI
+  bench::Table table(setting + "ranks as MPI processes, " + std::to_string(cores) + " cores per host");
+  cpu::set_blas_threads(1);
+  set_optimizer_threads(1);
+  for_each_strategy([&]<class S>(const char* name) {
+    const Times t = rank_times<S>(world, cfg, 4 * world.size(), steps, bucket_cap_mb);
+    if (world.rank() == 0) row(table, name, world.size(), t);
+  });
+  if (world.rank() != 0) return 0;
+#else
+  bench::Table table(setting + "ranks as threads on " + std::to_string(cores) + " cores");
+  for (const int ranks : {2, 3}) {
+    cpu::set_blas_threads(std::max(1, cores / ranks));
     set_optimizer_threads(1);
-    row<Strategy<NoShard>>(table, "ddp", world, cfg, batch, steps, bucket_cap_mb);
-    row<ZeRO<1>>(table, "zero1", world, cfg, batch, steps, bucket_cap_mb);
-    row<ZeRO<2>>(table, "zero2", world, cfg, batch, steps, bucket_cap_mb);
-    row<ZeRO<3>>(table, "zero3", world, cfg, batch, steps, bucket_cap_mb);
-    row<Strategy<ShardParameters<true>, WrapByType<Block>>>(table, "fsdp per block", world, cfg, batch, steps,
-                                                            bucket_cap_mb);
+    for_each_strategy([&]<class S>(const char* name) {
+      row(table, name, ranks, measure<S>(ranks, cfg, 4 * ranks, steps, bucket_cap_mb));
+    });
   }
+#endif
   table.print();
   table.write_json(args.json);
   std::printf("\nJSON: %s\n", args.json.c_str());
+  return 0;
 }
