@@ -12,7 +12,8 @@
 
 namespace bench {
 
-using namespace polyshard;
+using polyshard::CollectiveKind, polyshard::CommHandle, polyshard::CommStats, polyshard::FloatElement,
+    polyshard::ReduceOp;
 
 class InstantCommunicator {
  public:
@@ -81,13 +82,13 @@ class InstantCommunicator {
 
  private:
   void count(CollectiveKind kind, std::size_t bytes) {
-    stats_.record(kind, ring_bytes_sent(kind, static_cast<double>(bytes), size_));
+    stats_.record(kind, polyshard::ring_bytes_sent(kind, static_cast<double>(bytes), size_));
   }
 
   int rank_, size_;
   CommStats stats_;
   std::chrono::milliseconds timeout_{300'000};
 };
-static_assert(Communicator<InstantCommunicator>);
+static_assert(polyshard::Communicator<InstantCommunicator>);
 
 }  // namespace bench
