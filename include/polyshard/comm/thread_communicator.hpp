@@ -483,9 +483,8 @@ class ThreadCommunicator {
       if (N == 1) return;
       validated();
       const Chunks chunks{buf.size(), N};
-      if (rank != root) acquire(root);  // writes into the root's buffer (sum_own_chunk reads the others)
+      // sum_own_chunk holds every other rank's buffers, the root's among them, while it writes.
       sum_own_chunk<T>(static_cast<T*>(of(root).dst) + chunks.begin(rank), chunks, op);
-      if (rank != root) release(root);
       // Read: chunk `rank` of every other rank's input; written: the chunk into the root's buffer.
       if (rank != root) moved(chunks.size(rank) * sizeof(T));
       publish(2);

@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <numeric>
-#include <string>
 #include <vector>
 
 #include "polyshard/core/error.hpp"
