@@ -202,10 +202,11 @@ inline bool parse(int argc, char** argv, Options& o) {
       ->type_name("X")->transform(number);
   settings->add_option("--reduce-bucket-size", c.reduce_bucket_size, "elements reduced at once (DeepSpeed)")
       ->type_name("N")->transform(at_least(1));
-  settings->add_option("--allgather-bucket-size", c.allgather_bucket_size, "elements gathered at once (DeepSpeed)")
+  settings->add_option("--allgather-bucket-size", c.allgather_bucket_size,
+                       "sharded parameters: elements of units gathered ahead (DeepSpeed)")
       ->type_name("N")->transform(at_least(1));
   settings->add_option("--overlap-comm", c.overlap_comm, "overlap reductions with backward")->type_name("BOOL");
-  settings->add_option("--prefetch", c.prefetch, "sharded parameters: gather the next unit ahead")->type_name("BOOL");
+  settings->add_option("--prefetch", c.prefetch, "sharded parameters: gather the next units ahead")->type_name("BOOL");
   settings->add_option("--sync-models-at-startup", c.sync_models_at_startup, "broadcast rank 0's weights first")
       ->type_name("BOOL");
   settings->add_option("--broadcast-buffers", c.broadcast_buffers, "broadcast module buffers before each forward")

@@ -92,7 +92,13 @@ TEST_CASE("hybrid sharding: shard within groups, replicate across them, train li
                     Catch::Contains("not a multiple of hybrid_group_size 3"));
   // The engine refuses a field no strategy reads (policy/config.hpp), on every rank.
   StrategyConfig unread;
-  unread.allgather_bucket_size = 10;
+  unread.params_buffer_count = 2;
   CHECK_THROWS_WITH(train<Hybrid2>(2, 1, 6, test::momentum_sgd(), std::numeric_limits<double>::infinity(), unread),
-                    Catch::Contains("allgather_bucket_size = 10: not read"));
+                    Catch::Contains("params_buffer_count (2)"));
+  // And one this composition does not read: HybridShard<ShardGradients> gathers nothing ahead.
+  StrategyConfig not_gathered;
+  not_gathered.allgather_bucket_size = 10;
+  CHECK_THROWS_WITH(
+      train<Hybrid2>(2, 1, 6, test::momentum_sgd(), std::numeric_limits<double>::infinity(), not_gathered),
+      Catch::Contains("allgather_bucket_size = 10 bounds the parameters ShardParameters gathers ahead"));
 }

@@ -1,5 +1,6 @@
-// Prefetching the next unit's gather: the same collectives, issued earlier, so the same bits and
-// the same bytes; a rank holds one more gathered unit at its peak.
+// Prefetching the next units' gathers: the same collectives, issued earlier, so the same bits and
+// the same bytes; a rank holds one more gathered unit at its peak, or as many more as
+// allgather_bucket_size's budget allows.
 #include <catch2/catch.hpp>
 
 #include "engine_fixture.hpp"
@@ -14,8 +15,9 @@ struct Observed {
   std::int64_t parameter_peak = 0, block_bytes = 0;
 };
 
+/// Prefetch off, the next unit (the default budget), or `budget` elements ahead.
 template <class S>
-Observed run_with(bool prefetch, int world) {
+Observed run_with(bool prefetch, int world, std::int64_t budget = StrategyConfig{}.allgather_bucket_size) {
   std::vector<Observed> seen(static_cast<std::size_t>(world));
   run_ranks(world, [&](ThreadCommunicator& comm) {
     Observed& o = seen[static_cast<std::size_t>(comm.rank())];
@@ -26,6 +28,7 @@ Observed run_with(bool prefetch, int world) {
     Gpt<float> model(config);
     StrategyConfig strategy_config;
     strategy_config.prefetch = prefetch;
+    strategy_config.allgather_bucket_size = budget;
     Engine<S, Gpt<float>, ThreadCommunicator, Sgd<float>> engine(model, comm, test::momentum_sgd(), strategy_config, 42);
     BatchSampler sampler(test::tiny_data(), 8, 6, 7);
     const RowRange rows = rank_rows(6, comm.rank(), world);
@@ -67,5 +70,27 @@ TEMPLATE_LIST_TEST_CASE("prefetching the next unit changes no bit and no byte, a
     // so the Parameters peak does not show it.)
     if constexpr (std::is_same_v<typename TestType::compute_type, float>)
       CHECK(on.parameter_peak - off.parameter_peak == on.block_bytes);
+  }
+}
+
+TEMPLATE_LIST_TEST_CASE("allgather_bucket_size prefetches as many units as it holds, at least the next one, changing "
+                        "no bit and no byte",
+                        "[engine]", Prefetching) {
+  for (const int world : {1, 2, 3}) {
+    CAPTURE(world);
+    const Observed off = run_with<TestType>(false, world);
+    const Observed one = run_with<TestType>(true, world, 1);                // under one unit: the next one still
+    const Observed all = run_with<TestType>(true, world, 1'000'000'000);    // every unit ahead
+    const Observed two = run_with<TestType>(true, world, 2 * off.block_bytes / 4);  // two blocks exactly
+    for (const Observed* o : {&one, &all, &two}) {
+      CHECK(o->parameters == off.parameters);
+      CHECK(o->bytes_sent == off.bytes_sent);
+    }
+    if constexpr (std::is_same_v<typename TestType::compute_type, float>) {
+      // Four blocks: while the first runs, one, three or two more are gathered ahead.
+      CHECK(one.parameter_peak - off.parameter_peak == off.block_bytes);
+      CHECK(all.parameter_peak - off.parameter_peak == 3 * off.block_bytes);
+      CHECK(two.parameter_peak - off.parameter_peak == 2 * off.block_bytes);
+    }
   }
 }

@@ -272,8 +272,6 @@ TEST_CASE("StrategyConfig fields no strategy reads are refused away from their d
     }
     return std::string("(accepted)");
   };
-  CHECK_THAT(refused([](StrategyConfig& c) { c.allgather_bucket_size = 10; }),
-             Catch::Contains("allgather_bucket_size = 10: not read"));
   CHECK_THAT(refused([](StrategyConfig& c) { c.params_buffer_count = 2; }),
              Catch::Contains("params_buffer_count (2)") && Catch::Contains("parameter offload to NVMe"));
   CHECK_THAT(refused([](StrategyConfig& c) { c.params_buffer_size = 7; }), Catch::Contains("params_buffer_size (7)"));
@@ -283,6 +281,7 @@ TEST_CASE("StrategyConfig fields no strategy reads are refused away from their d
   // Fields that are read stay free.
   CHECK(refused([](StrategyConfig& c) { c.bucket_cap_mb = 1; }) == "(accepted)");
   CHECK(refused([](StrategyConfig& c) { c.reduce_bucket_size = 10; }) == "(accepted)");
+  CHECK(refused([](StrategyConfig& c) { c.allgather_bucket_size = 10; }) == "(accepted)");
   CHECK(refused([](StrategyConfig& c) { c.optimizer_buffer_count = 2; }) == "(accepted)");
 }
 
@@ -321,6 +320,21 @@ TEST_CASE("StrategyConfig fields a composition does not read are refused for it,
   const auto no_prefetch = [](StrategyConfig& c) { c.prefetch = false; };
   CHECK_THAT(refused(ZeRO<1>{}, no_prefetch), Catch::Contains("prefetch = false"));
   CHECK(refused(ZeRO<3>{}, no_prefetch) == "(accepted)");
+  // allgather_bucket_size is the prefetch budget: read where units are gathered ahead.
+  const auto budget = [](StrategyConfig& c) { c.allgather_bucket_size = 10; };
+  CHECK_THAT(refused(ZeRO<2>{}, budget),
+             Catch::Contains("allgather_bucket_size = 10") && Catch::Contains("ShardGradients"));
+  CHECK(refused(ZeRO<3>{}, budget) == "(accepted)");
+  CHECK(refused(FSDP{}, budget) == "(accepted)");
+  CHECK_THAT(refused(ZeRO<3>{}, [](StrategyConfig& c) { c.allgather_bucket_size = 0; }),
+             Catch::Contains("allgather_bucket_size = 0") && Catch::Contains("must be positive"));
+  CHECK_THAT(refused(ZeRO<3>{},
+                     [](StrategyConfig& c) {
+                       c.allgather_bucket_size = 10;
+                       c.prefetch = false;
+                     }),
+             Catch::Contains("allgather_bucket_size = 10 is a prefetch budget") &&
+                 Catch::Contains("prefetch = false"));
   const auto threshold = [](StrategyConfig& c) { c.min_num_params = 500; };
   CHECK_THAT(refused(Strategy<ShardParameters<true>, WrapByType<Block>>{}, threshold),
              Catch::Contains("min_num_params = 500") && Catch::Contains("WrapByType"));

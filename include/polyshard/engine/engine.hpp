@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <exception>
 #include <iostream>
 #include <limits>
@@ -579,10 +580,12 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   void gather(std::size_t index) {
     State& u = units_[index];
     if constexpr (sharding::shards_parameters) {
-      if (prefetched_ && prefetched_->unit == index) {
+      const auto at = std::find_if(prefetched_.begin(), prefetched_.end(),
+                                   [index](const Prefetched& p) { return p.unit == index; });
+      if (at != prefetched_.end()) {
         Trace::Span span(trace_, "wait for prefetched unit " + std::to_string(index), "communication", 1);
-        prefetched_->handle.wait();
-        prefetched_.reset();
+        at->handle.wait();
+        prefetched_.erase(at);
         Behaviour::finish_gather(u);
         return;
       }
@@ -593,34 +596,47 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     Behaviour::gather(u, shard_comm());
   }
 
-  /// Issues the gather of the unit that runs after unit `index` (direction +1: in forward;
-  /// -1: in backward) in the last recorded forward, unless it is gathered or one is in flight.
-  /// Every rank records the same order, so every rank issues the same collectives.
+  /// Issues the gathers of the units that run after unit `index` (direction +1: in forward;
+  /// -1: in backward) in the last recorded forward, skipping those already gathered, while the
+  /// units gathered ahead stay within the prefetch budget (prefetch_budget_elements; the first
+  /// unit ahead whatever its size). Every rank records the same order and has the same units,
+  /// so every rank issues the same collectives.
   void prefetch_after(std::size_t index, int direction) {
     if constexpr (sharding::shards_parameters) {
-      if (!config_.prefetch || prefetched_) return;
+      if (!config_.prefetch) return;
       const auto at = std::find(forward_order_.begin(), forward_order_.end(), index);
       if (at == forward_order_.end()) return;
-      const auto position = (at - forward_order_.begin()) + direction;
-      if (position < 0 || position >= static_cast<std::ptrdiff_t>(forward_order_.size())) return;
-      const std::size_t next = forward_order_[static_cast<std::size_t>(position)];
-      if (units_[next].gathered) return;
-      Trace::Span span(trace_, "prefetch unit " + std::to_string(next), "communication", 1);
-      CallSite site(gather_site(units_[next]));  // the same collective as the gather it replaces
-      prefetched_.emplace(Prefetched{next, Behaviour::start_gather(units_[next], shard_comm())});
+      const std::int64_t budget = prefetch_budget_elements(config_);
+      std::int64_t ahead = 0;
+      for (const Prefetched& p : prefetched_) ahead += units_[p.unit].layout->padded;
+      const auto end = static_cast<std::ptrdiff_t>(forward_order_.size());
+      for (auto position = (at - forward_order_.begin()) + direction; position >= 0 && position < end;
+           position += direction) {
+        const std::size_t next = forward_order_[static_cast<std::size_t>(position)];
+        const bool in_flight = std::any_of(prefetched_.begin(), prefetched_.end(),
+                                           [next](const Prefetched& p) { return p.unit == next; });
+        if (units_[next].gathered || in_flight) continue;
+        const std::int64_t size = units_[next].layout->padded;
+        if (!prefetched_.empty() && ahead + size > budget) return;
+        Trace::Span span(trace_, "prefetch unit " + std::to_string(next), "communication", 1);
+        CallSite site(gather_site(units_[next]));  // the same collective as the gather it replaces
+        prefetched_.push_back(Prefetched{next, Behaviour::start_gather(units_[next], shard_comm())});
+        ahead += size;
+      }
     }
   }
 
-  /// Completes and frees a prefetch the model did not use (its order changed), so that nothing
-  /// reads the parameter shards while the optimizer writes them.
+  /// Completes and frees the prefetches the model did not use (its order changed), so that
+  /// nothing reads the parameter shards while the optimizer writes them.
   void drain_prefetch() {
     if constexpr (sharding::shards_parameters) {
-      if (!prefetched_) return;
-      prefetched_->handle.wait();
-      State& u = units_[prefetched_->unit];
-      prefetched_.reset();
-      Behaviour::finish_gather(u);
-      Behaviour::release(u);
+      while (!prefetched_.empty()) {
+        prefetched_.front().handle.wait();
+        State& u = units_[prefetched_.front().unit];
+        prefetched_.pop_front();
+        Behaviour::finish_gather(u);
+        Behaviour::release(u);
+      }
     }
   }
 
@@ -780,13 +796,13 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       }
     }
     pending_.clear();
-    if (prefetched_) {
+    for (Prefetched& p : prefetched_) {
       try {
-        prefetched_->handle.wait();
+        p.handle.wait();
       } catch (...) {
       }
-      prefetched_.reset();
     }
+    prefetched_.clear();
   }
 
   // Call sites: every collective the engine issues names what it is for, which step and which
@@ -877,13 +893,13 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   std::unordered_map<const Node<work_type, device>*, std::pair<std::size_t, std::size_t>> leaf_entries_;
   Trace* trace_ = nullptr;
   // Units in the order the last forward ran them (a model may run them in another order than
-  // it declares them), and a gather issued ahead of its unit.
+  // it declares them), and the gathers issued ahead of their units, in the order issued.
   std::vector<std::size_t> forward_order_, running_order_;
   struct Prefetched {
     std::size_t unit;
     CommHandle handle;
   };
-  std::optional<Prefetched> prefetched_;
+  std::deque<Prefetched> prefetched_;
   bool in_backward_ = false;
   bool sync_ = true;
   std::uint64_t step_number_ = 1;  // the step being accumulated, from 1

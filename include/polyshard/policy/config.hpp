@@ -20,7 +20,11 @@ struct StrategyConfig {
   /// DeepSpeed's reduce_bucket_size: elements in a gradient bucket, in place of bucket_cap_mb
   /// when set away from its default (Lightning's 2e8); both set: the smaller bucket.
   std::int64_t reduce_bucket_size = 200'000'000;
-  /// DeepSpeed: elements all-gathered at once (allgather_bucket_size, default 2e8).
+  /// DeepSpeed's allgather_bucket_size: elements all-gathered at once. Under ShardParameters,
+  /// the elements of the units a rank gathers ahead of the one computing (prefetch): set away
+  /// from its default (2e8), units are prefetched, in the order the last forward ran them, as
+  /// deep as this budget allows, and at least the next one; at its default, the next unit only,
+  /// so that ZeRO-3 and FSDP out of the box hold two gathered units beside the root.
   std::int64_t allgather_bucket_size = 200'000'000;
   /// Reduce each gradient bucket as soon as backward has finished it, while backward goes on
   /// (on the communication thread or stream), and complete a unit's reductions only when the
@@ -91,9 +95,6 @@ struct StrategyConfig {
 /// Engine's constructor calls it.
 inline void refuse_unread_fields(const StrategyConfig& c) {
   const StrategyConfig d;
-  POLYSHARD_CHECK(c.allgather_bucket_size == d.allgather_bucket_size, "StrategyConfig::allgather_bucket_size = ",
-                  c.allgather_bucket_size, ": not read: ShardParameters gathers each unit as one collective (choose "
-                  "the units with the wrap policy); leave it at DeepSpeed's default 200000000");
   POLYSHARD_CHECK(c.params_buffer_count == d.params_buffer_count && c.params_buffer_size == d.params_buffer_size &&
                       c.sub_group_size == d.sub_group_size,
                   "StrategyConfig::params_buffer_count (", c.params_buffer_count, "), params_buffer_size (",
@@ -115,8 +116,8 @@ constexpr const char* policy_name() {
 
 /// Refuses, naming it, a field set away from its default that strategy S never reads: the NVMe
 /// settings (nvme_path, block_size, queue_depth, optimizer_buffer_count) without an offload to
-/// NVMe, hybrid_group_size without HybridShard, prefetch without sharded
-/// parameters (nothing is gathered), min_num_params without a size-based wrap policy. A user who
+/// NVMe, hybrid_group_size without HybridShard, prefetch and allgather_bucket_size without sharded
+/// parameters (nothing is gathered ahead), min_num_params without a size-based wrap policy. A user who
 /// sets one expects it to act; a run that ignores it is a silently different run. Engine's
 /// constructor calls it.
 template <class S>
@@ -143,12 +144,28 @@ void refuse_fields_not_read_by(const StrategyConfig& c) {
     POLYSHARD_CHECK(c.prefetch == d.prefetch, "StrategyConfig::prefetch = false is read only by ShardParameters ",
                     "(which gathers units), and this strategy shards with ", sharding,
                     ": leave it true");
+    POLYSHARD_CHECK(c.allgather_bucket_size == d.allgather_bucket_size, "StrategyConfig::allgather_bucket_size = ",
+                    c.allgather_bucket_size, " bounds the parameters ShardParameters gathers ahead of compute, and "
+                    "this strategy shards with ", sharding, ", which gathers nothing: leave it at 200000000");
   }
+  POLYSHARD_CHECK(c.allgather_bucket_size > 0, "StrategyConfig::allgather_bucket_size = ", c.allgather_bucket_size,
+                  ": a prefetch budget in elements must be positive (prefetch = false gathers nothing ahead)");
+  if (!c.prefetch)
+    POLYSHARD_CHECK(c.allgather_bucket_size == d.allgather_bucket_size, "StrategyConfig::allgather_bucket_size = ",
+                    c.allgather_bucket_size, " is a prefetch budget, and prefetch = false gathers nothing ahead: "
+                    "leave one of them at its default");
   if constexpr (S::wrap::min_num_params == 0) {
     POLYSHARD_CHECK(c.min_num_params == d.min_num_params, "StrategyConfig::min_num_params = ", c.min_num_params,
                     " is read only by a size-based wrap policy (WrapBySize), and this strategy wraps with ",
                     wrap, ": leave it at 0");
   }
+}
+
+/// The most elements of parameters ShardParameters holds gathered ahead of the unit computing,
+/// the next unit excepted, which is prefetched whatever its size: allgather_bucket_size, or 0 at
+/// its default (the next unit only).
+inline std::int64_t prefetch_budget_elements(const StrategyConfig& c) {
+  return c.allgather_bucket_size == StrategyConfig{}.allgather_bucket_size ? 0 : c.allgather_bucket_size;
 }
 
 }  // namespace polyshard

@@ -56,9 +56,10 @@ class StepMemoryWalk {
 /// The step's schedule, as the engine runs it, and what each point adds on top of
 /// resident_memory<S>(sum of units):
 ///   forward   the root is gathered and stays gathered until its backward is done; each other
-///             unit is gathered before its forward, the next one prefetched meanwhile (prefetch),
+///             unit is gathered before its forward, the next ones prefetched meanwhile (prefetch:
+///             the next one, and more while allgather_bucket_size allows: prefetch_budget_elements),
 ///             and freed after it (reshard_after_forward; else at its backward's end)
-///   backward  units in the reverse order, each gathered again (the one before it prefetched),
+///   backward  units in the reverse order, each gathered again (those before it prefetched),
 ///             its whole gradients made (ShardGradients, ShardParameters) and, once done,
 ///             reduced; a unit's reduction completes when the next unit's backward is done
 ///             (overlap_comm; else at once), freeing its whole gradients and the copies it read
@@ -103,8 +104,9 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
   Walk walk(resident_memory<S, Cpu>(total, world_size, states_per_param, config));
 
   // Gathering (ShardParameters only: the other policies keep every unit whole).
-  std::vector<bool> gathered(units.size(), false);
-  std::ptrdiff_t prefetched = -1;
+  std::vector<bool> gathered(units.size(), false), prefetched(units.size(), false);
+  double ahead = 0;  // elements of the units prefetched and not yet used
+  const double budget = static_cast<double>(prefetch_budget_elements(config));
   const auto finish_gather = [&](std::size_t i) {
     if (work16) {
       walk.add(Walk::working_copies, w * p(i));
@@ -114,14 +116,27 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
   };
   const auto gather = [&](std::size_t i) {
     if (!sharding::shards_parameters || gathered[i]) return;
-    if (prefetched == static_cast<std::ptrdiff_t>(i)) prefetched = -1;
-    else walk.add(Walk::parameters, c * p(i));
+    if (prefetched[i]) {
+      prefetched[i] = false;
+      ahead -= p(i);
+    } else {
+      walk.add(Walk::parameters, c * p(i));
+    }
     finish_gather(i);
   };
-  const auto prefetch = [&](std::size_t i) {  // i in 1..last
-    if (!sharding::shards_parameters || !config.prefetch || prefetched >= 0 || gathered[i]) return;
-    walk.add(Walk::parameters, c * p(i));
-    prefetched = static_cast<std::ptrdiff_t>(i);
+  // Units after i (direction +1 in forward, -1 in backward) not yet gathered, while those ahead
+  // fit the budget; the first one whatever its size.
+  const auto prefetch_after = [&](std::size_t i, int direction) {
+    if (!sharding::shards_parameters || !config.prefetch) return;
+    for (auto j = static_cast<std::ptrdiff_t>(i) + direction; j >= 1 && j <= static_cast<std::ptrdiff_t>(last);
+         j += direction) {
+      const auto k = static_cast<std::size_t>(j);
+      if (gathered[k] || prefetched[k]) continue;
+      if (ahead > 0 && ahead + p(k) > budget) return;
+      walk.add(Walk::parameters, c * p(k));
+      prefetched[k] = true;
+      ahead += p(k);
+    }
   };
   const auto release = [&](std::size_t i) {
     if (!sharding::shards_parameters) return;
@@ -166,14 +181,14 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
   gather(0);
   for (std::size_t i = 1; i <= last; ++i) {
     gather(i);
-    if (i < last) prefetch(i + 1);
+    prefetch_after(i, +1);
     if (sharding::reshard_after_forward) release(i);
   }
   // Backward.
   begin_backward(0);
   for (std::size_t i = last; i >= 1; --i) {
     gather(i);
-    if (i > 1) prefetch(i - 1);
+    prefetch_after(i, -1);
     begin_backward(i);
     post_backward(i);
   }
