@@ -103,3 +103,55 @@ TEST_CASE("FSDP on 2 GPUs for two steps: the run ThreadSanitizer watches", "[cud
   // beside the compute stream, the event waits between them and the host's reads.
   check_gpus_match_host<FsdpPerBlock>(2, 2, 1e-5, 2e-5);
 }
+
+TEST_CASE("sharded parameters on 2 GPUs: the host waits for no gather in forward, and once at backward's end",
+          "[cuda][engine][ranks]") {
+  // Each gathered unit is ordered on the compute stream by an event; the host waits for the
+  // collectives only at the end of backward, where a failure or a timeout surfaces. Before,
+  // forward waited for every unit's gather on the host (three a forward here), so that the host
+  // could run no further ahead of the GPU than one unit.
+  constexpr int world = 2;
+  if (!test::have_devices(world)) return;
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  std::vector<std::uint64_t> in_forward(world), in_backward(world), in_step(world);
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        POLYSHARD_CUDA_CHECK(cudaSetDevice(r));
+        NcclCommunicator comm(r, world, id, r);
+        Gpt<float, Cuda> model(tiny_gpt());
+        Engine<FsdpPerBlock, Gpt<float, Cuda>, NcclCommunicator, Sgd<float>> engine(model, comm, momentum_sgd(), {},
+                                                                                      42);
+        BatchSampler sampler(tiny_data(), 8, 6, 7);
+        for (int step = 0; step < 2; ++step) {  // the second step prefetches: the order is known
+          const Batch b = sampler.batch(step, r, world);
+          const std::uint64_t start = comm.host_waits();
+          auto loss = engine.forward([&] { return model.loss(to_device(b.inputs), to_device(b.targets)); });
+          const std::uint64_t forwarded = comm.host_waits();
+          engine.backward(loss, 0.5);
+          const std::uint64_t backwarded = comm.host_waits();
+          loss = {};
+          engine.step(0.1);
+          in_forward[r] = forwarded - start;
+          in_backward[r] = backwarded - forwarded;
+          in_step[r] = comm.host_waits() - backwarded;
+        }
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r);
+    REQUIRE(errors[r].empty());
+    CHECK(in_forward[r] == 0);
+    // Backward's end: forward's gathers of the root and two blocks, backward's gathers of the
+    // two blocks again (resharded after forward) and the three units' reductions, each once.
+    CHECK(in_backward[r] == 8);
+    CHECK(in_step[r] == 0);  // fp32, no clipping: the step needs no collective
+  }
+}

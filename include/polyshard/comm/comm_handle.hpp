@@ -17,6 +17,9 @@ class PendingOp {
   virtual void wait() = 0;
   /// True once the operation completed (successfully or not); never blocks.
   virtual bool ready() = 0;
+  /// Orders the work the calling thread enqueues next on its device stream after the operation,
+  /// without blocking; false where the backend cannot (the host backends).
+  virtual bool wait_on_device() { return false; }
 };
 
 /// A pending operation completed by another thread (the CPU backends' communication thread).
@@ -64,6 +67,12 @@ class CommHandle {
   }
   /// True once the collective completed; never blocks.
   bool ready() const { return !op_ || op_->ready(); }
+  /// Where the backend runs collectives on a device stream (NCCL): makes the calling thread's
+  /// current stream (cuda::current_stream()) wait for the collective, without blocking the host,
+  /// and returns true; the work enqueued on that stream afterwards may use the buffers. The host
+  /// must still wait() before it reads them itself, and to learn of a failure. False, doing
+  /// nothing, where the backend has no such stream (the host backends): wait() instead.
+  bool wait_on_device() { return !op_ || op_->wait_on_device(); }
 
  private:
   std::shared_ptr<detail::comm::PendingOp> op_;

@@ -6,6 +6,7 @@
 #include <nccl.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <limits>
@@ -58,6 +59,7 @@ struct NcclState {
   std::string failure;      // why it broke
   CommOptions options;
   CommStats stats;
+  std::atomic<std::uint64_t> host_waits{0};  // handles wait()ed on the host (NcclCommunicator::host_waits)
 
   // The call check (CommOptions::check_calls): before each collective, every rank's description
   // of it is all-gathered on the same stream into a table in pinned host memory, compared when
@@ -315,6 +317,8 @@ class NcclPending final : public PendingOp {
   }
   void wait() override {
     if (done_) return;
+    if (!counted_) state_->host_waits.fetch_add(1, std::memory_order_relaxed);
+    counted_ = true;
     if (state_->broken)
       throw Error(state_->where(desc_) + " cannot complete: the communicator was aborted after an earlier failure (" +
                   state_->failure + ")");
@@ -335,6 +339,12 @@ class NcclPending final : public PendingOp {
     state_->collect_traffic();
   }
   bool ready() override { return done_ || cudaEventQuery(event_) != cudaErrorNotReady; }
+  bool wait_on_device() override {
+    if (done_) return true;
+    if (state_->broken) return false;  // wait() reports the failure
+    state_->check_cuda(cudaStreamWaitEvent(cuda::current_stream(), event_, 0), desc_, "cudaStreamWaitEvent");
+    return true;
+  }
 
  private:
   std::shared_ptr<NcclState> state_;
@@ -344,6 +354,7 @@ class NcclPending final : public PendingOp {
   NcclCallCheck check_;
   bool compared_ = false;
   bool done_ = false;
+  bool counted_ = false;
 };
 
 }  // namespace detail::comm
@@ -593,6 +604,9 @@ class NcclCommunicator {
     return state_->stats;
   }
   const CommStats& stats() const { return state_->stats; }
+  /// Collectives whose handle this rank's host has waited for, blocking or not (the blocking
+  /// forms count one each): what a step costs the host in synchronisations with the GPU.
+  std::uint64_t host_waits() const { return state_->host_waits.load(std::memory_order_relaxed); }
 
   void set_timeout(std::chrono::milliseconds timeout) { state_->options.timeout = timeout; }
   std::chrono::milliseconds timeout() const { return state_->options.timeout; }

@@ -180,7 +180,10 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     Var<work_type, device> loss = loss_fn();
     count.done();
     // Without gradients (evaluation) no backward follows to free the root: it is freed now.
-    if (!grad_enabled()) Behaviour::release(units_[0]);
+    if (!grad_enabled()) {
+      Behaviour::release(units_[0]);
+      drain_prefetch();
+    }
     return loss;
   }
 
@@ -584,7 +587,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
                                    [index](const Prefetched& p) { return p.unit == index; });
       if (at != prefetched_.end()) {
         Trace::Span span(trace_, "wait for prefetched unit " + std::to_string(index), "communication", 1);
-        at->handle.wait();
+        order_after(at->handle);
         prefetched_.erase(at);
         Behaviour::finish_gather(u);
         return;
@@ -593,7 +596,45 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     if (u.gathered) return;
     Trace::Span span(trace_, "gather unit " + std::to_string(index), "communication", 1);
     CallSite site(gather_site(u));
-    Behaviour::gather(u, shard_comm());
+    if constexpr (sharding::shards_parameters) {
+      CommHandle handle = Behaviour::start_gather(u, shard_comm());
+      order_after(handle);
+      Behaviour::finish_gather(u);
+    } else {
+      Behaviour::gather(u, shard_comm());
+    }
+  }
+
+  /// Orders what the engine does next after the collective behind `handle`: on a device, the
+  /// compute stream waits for it and the host goes on (its wait, which sees a failure or a
+  /// timeout, comes at the end of the forward or backward: wait_on_host_for_ordered); on the
+  /// host, here.
+  void order_after(CommHandle& handle) {
+    if constexpr (!std::same_as<device, Cpu>) {
+      if (handle.wait_on_device()) {
+        ordered_.push_back(handle);
+        return;
+      }
+    }
+    handle.wait();
+  }
+
+  /// Waits on the host for the collectives the device was ordered after, in the order issued;
+  /// when one failed, waits for the others all the same, then throws the first error.
+  void wait_on_host_for_ordered() {
+    std::exception_ptr failed;
+    for (CommHandle& h : ordered_) {
+      try {
+        h.wait();
+      } catch (...) {
+        if (!failed) failed = std::current_exception();
+      }
+    }
+    ordered_.clear();
+    if (failed) {
+      settle_in_flight();
+      std::rethrow_exception(failed);
+    }
   }
 
   /// Issues the gathers of the units that run after unit `index` (direction +1: in forward;
@@ -627,17 +668,20 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   }
 
   /// Completes and frees the prefetches the model did not use (its order changed), so that
-  /// nothing reads the parameter shards while the optimizer writes them.
+  /// nothing reads the parameter shards while the optimizer writes them, and waits on the host
+  /// for every collective the device was ordered after (order_after): the forward's end without
+  /// gradients, the backward's end, the step's start.
   void drain_prefetch() {
     if constexpr (sharding::shards_parameters) {
       while (!prefetched_.empty()) {
-        prefetched_.front().handle.wait();
+        order_after(prefetched_.front().handle);
         State& u = units_[prefetched_.front().unit];
         prefetched_.pop_front();
         Behaviour::finish_gather(u);
         Behaviour::release(u);
       }
     }
+    wait_on_host_for_ordered();
   }
 
   /// Whether the behaviour reduces a unit bucket by bucket (reduce_bucket and end_reduction,
@@ -773,8 +817,11 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     std::exception_ptr failed;
     for (std::size_t i = 0; i < count; ++i) {
       try {
-        pending_[i].handle.wait();
-        if (!failed) pending_[i].then();
+        if (failed) pending_[i].handle.wait();
+        else {
+          order_after(pending_[i].handle);
+          pending_[i].then();
+        }
       } catch (...) {
         if (!failed) failed = std::current_exception();
       }
@@ -803,6 +850,13 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       }
     }
     prefetched_.clear();
+    for (CommHandle& h : ordered_) {
+      try {
+        h.wait();
+      } catch (...) {
+      }
+    }
+    ordered_.clear();
   }
 
   // Call sites: every collective the engine issues names what it is for, which step and which
@@ -900,6 +954,8 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     CommHandle handle;
   };
   std::deque<Prefetched> prefetched_;
+  // Collectives the device stream waits for and the host has not yet (order_after).
+  std::vector<CommHandle> ordered_;
   bool in_backward_ = false;
   bool sync_ = true;
   std::uint64_t step_number_ = 1;  // the step being accumulated, from 1
