@@ -237,6 +237,10 @@ endforeach()
 # StrategyConfig's flags reach the engine, which refuses a field its strategy does not read.
 expect(strategy-setting-reaches-the-engine EXIT 2 ARGS ${one_step} --allgather-bucket-size 10
        SAYS "StrategyConfig::allgather_bucket_size = 10")
+expect(delayed-update-needs-offload EXIT 2 ARGS ${one_step} --delayed-parameter-update true
+       SAYS "StrategyConfig::delayed_parameter_update is read only under OffloadOptimizer<Cpu>")
+expect(delayed-update-trains EXIT 0 ARGS ${one_step} --strategy zero_offload --precision bf16-mixed
+       --delayed-parameter-update true SAYS "strategy zero_offload (ShardGradients, OffloadOptimizer<Cpu>, Bf16Mixed)")
 expect(bucket-size-must-be-positive EXIT 2 ARGS ${one_step} --reduce-bucket-size 0
        SAYS "--reduce-bucket-size: must be at least 1, got '0'")
 file(WRITE ${WORK_DIR}/deepspeed-bucket.json [=[{"zero_optimization": {"stage": 2, "allgather_bucket_size": 5e7}}]=])

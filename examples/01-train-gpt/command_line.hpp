@@ -207,6 +207,9 @@ inline bool parse(int argc, char** argv, Options& o) {
       ->type_name("N")->transform(at_least(1));
   settings->add_option("--overlap-comm", c.overlap_comm, "overlap reductions with backward")->type_name("BOOL");
   settings->add_option("--prefetch", c.prefetch, "sharded parameters: gather the next units ahead")->type_name("BOOL");
+  settings->add_option("--delayed-parameter-update", c.delayed_parameter_update,
+                       "optimizer offloaded to the host: step beside the next forward and backward (ZeRO-Offload's DPU)")
+      ->type_name("BOOL");
   settings->add_option("--sync-models-at-startup", c.sync_models_at_startup, "broadcast rank 0's weights first")
       ->type_name("BOOL");
   settings->add_option("--broadcast-buffers", c.broadcast_buffers, "broadcast module buffers before each forward")

@@ -65,6 +65,7 @@ Trained train_engine(int world, typename Opt::config_type opt, double clip, Stra
       loss = Var<float>();
       POLYSHARD_CHECK(engine.step(opt.lr, clip), "a step was skipped: the comparison assumes none is");
     }
+    engine.complete_delayed_update();  // StrategyConfig::delayed_parameter_update: the last step's
     for (const auto& u : engine.unit_states()) {
       const auto values = u.master.to_vector();
       const std::int64_t first = u.master.numel() == u.layout->padded ? 0 : u.shard_begin();
@@ -102,15 +103,19 @@ struct Expected {
   bool overflowed = false;
 };
 
+/// `delayed`: each step's gradient applied at the next step (ZeRO-Offload's delayed parameter
+/// update), the last one after the run.
 template <class P>
-Expected train_reference(test::ReferenceOptimizer opt, double lr, double clip) {
+Expected train_reference(test::ReferenceOptimizer opt, double lr, double clip, bool delayed = false) {
   ReferenceTrainer reference(padded_gpt(), kSeed, opt,
                              ReferenceRounding::of<typename P::compute_type, typename P::reduce_type,
                                                    typename P::master_type>(P::loss_scale::initial_scale));
+  if (delayed) reference.delay_updates();
   BatchSampler sampler(test::tiny_data(), 8, kBatch, 7);
   Expected out;
   const auto initial = reference.parameters();
   for (int step = 0; step < kSteps; ++step) out.losses.push_back(reference.step(sampler.batch(step, 0, 1), lr, clip));
+  reference.flush();
   out.masters = reference.parameters();
   for (std::size_t p = 0; p < initial.size(); ++p)
     for (std::size_t i = 0; i < initial[p].second.size(); ++i)

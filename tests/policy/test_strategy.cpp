@@ -335,6 +335,13 @@ TEST_CASE("StrategyConfig fields a composition does not read are refused for it,
                      }),
              Catch::Contains("allgather_bucket_size = 10 is a prefetch budget") &&
                  Catch::Contains("prefetch = false"));
+  // The delayed parameter update is read only where the optimizer steps on the host.
+  const auto delayed = [](StrategyConfig& c) { c.delayed_parameter_update = true; };
+  CHECK_THAT(refused(ZeRO<2>{}, delayed),
+             Catch::Contains("delayed_parameter_update is read only under OffloadOptimizer<Cpu>") &&
+                 Catch::Contains("NoOffload"));
+  CHECK_THAT(refused(ZeROInfinity{}, delayed), Catch::Contains("OffloadOptimizer<Nvme>"));
+  CHECK(refused(ZeROOffload{}, delayed) == "(accepted)");
   const auto threshold = [](StrategyConfig& c) { c.min_num_params = 500; };
   CHECK_THAT(refused(Strategy<ShardParameters<true>, WrapByType<Block>>{}, threshold),
              Catch::Contains("min_num_params = 500") && Catch::Contains("WrapByType"));

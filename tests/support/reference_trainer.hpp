@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -116,17 +117,24 @@ class ReferenceTrainer {
       for (double& g : grad) g *= coefficient;
     for (double g : grad) largest_grad_ = std::max(largest_grad_, std::abs(g));
 
-    // torch.optim's update (tests/optim/reference.hpp), then the masters and the optimizer's
-    // state rounded to the master dtype, which holds both.
-    std::visit(
-        [&](auto& reference) {
-          reference.c.lr = lr;
-          reference.step(grad);
-          for (std::vector<double>* values : state_of(reference))
-            for (double& x : *values) x = rounding_.master(x);
-        },
-        optimizer_);
+    if (delay_) {  // this step's gradient waits for the next step; the previous one's applies now
+      std::optional<std::pair<std::vector<double>, double>> previous = std::move(pending_);
+      pending_.emplace(std::move(grad), lr);
+      if (previous) update(previous->first, previous->second);
+      return value;
+    }
+    update(grad, lr);
     return value;
+  }
+
+  /// ZeRO-Offload's delayed parameter update: from now on each step applies the gradient of the
+  /// step before it (at that step's learning rate) and keeps its own for the next.
+  void delay_updates() { delay_ = true; }
+  /// Applies the gradient a delayed step kept, if any.
+  void flush() {
+    if (!pending_) return;
+    update(pending_->first, pending_->second);
+    pending_.reset();
   }
 
   /// The master weights by parameter name, in the order polyshard's FlatParameters lays them out.
@@ -152,11 +160,26 @@ class ReferenceTrainer {
   static std::vector<std::vector<double>*> state_of(ReferenceSgd& r) { return {&r.p, &r.b}; }
   static std::vector<std::vector<double>*> state_of(ReferenceAdam& r) { return {&r.p, &r.m, &r.v}; }
 
+  /// torch.optim's update (tests/optim/reference.hpp), then the masters and the optimizer's
+  /// state rounded to the master dtype, which holds both.
+  void update(const std::vector<double>& grad, double lr) {
+    std::visit(
+        [&](auto& reference) {
+          reference.c.lr = lr;
+          reference.step(grad);
+          for (std::vector<double>* values : state_of(reference))
+            for (double& x : *values) x = rounding_.master(x);
+        },
+        optimizer_);
+  }
+
   Gpt<double> model_;
   FlatParameters<double> flat_;
   std::variant<ReferenceSgd, ReferenceAdam> optimizer_;  // the master weights and the optimizer's state
   ReferenceRounding rounding_;
   bool overflowed_ = false;
+  bool delay_ = false;
+  std::optional<std::pair<std::vector<double>, double>> pending_;  // a delayed gradient and its lr
   double largest_grad_ = 0, last_grad_norm_ = 0;
 };
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <deque>
 #include <exception>
+#include <future>
 #include <iostream>
 #include <limits>
 #include <optional>
@@ -134,6 +135,11 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       : model_(model), comm_(comm), config_(config), scaler_(config) {
     refuse_unread_fields(config);
     refuse_fields_not_read_by<S>(config);
+    if constexpr (State::master_is_full || State::master_is_shard)
+      POLYSHARD_CHECK(!config.delayed_parameter_update, "StrategyConfig::delayed_parameter_update: under this ",
+                      "strategy the master weights are the parameters forward reads, so the host cannot update ",
+                      "them while forward runs; it needs master weights apart: a 16-bit precision policy, or a ",
+                      "device model");
     if constexpr (sharding::hybrid) {
       const int g = config.hybrid_group_size > 0 ? config.hybrid_group_size : comm.size();
       POLYSHARD_CHECK(comm.size() % g == 0, "HybridShard: world size ", comm.size(),
@@ -163,7 +169,10 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   Engine& operator=(const Engine&) = delete;
   /// Waits for the collectives still in flight (after an error, they fail at once or time out):
   /// they read and write this engine's buffers.
-  ~Engine() { settle_in_flight(); }
+  ~Engine() {
+    settle_in_flight();
+    if (delayed_.valid()) delayed_.wait();  // it reads and writes this engine's buffers
+  }
 
   /// Runs `loss_fn` (the model's forward) with the strategy's hooks in place.
   template <class F>
@@ -252,6 +261,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       }
     } next_step{*this};
     drain_prefetch();
+    complete_delayed_update();
     POLYSHARD_CHECK(!pending_local_grads(), "Engine::step: gradients accumulated under no_sync were never reduced; "
                                             "run one backward outside no_sync before stepping");
     if constexpr (sharding::hybrid) {
@@ -291,6 +301,11 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       if (std::isfinite(max_grad_norm) && coefficient < 1.0)
         for (State& u : units_) scale_gradients(step_grads(u), coefficient);
     }
+    if (config_.delayed_parameter_update) {
+      launch_delayed_update(lr);
+      zero_grad();
+      return true;
+    }
     for (std::size_t i = 0; i < units_.size(); ++i) {
       placement_.fetch(i);  // NVMe: unit i's state read back, unit i+1's on its way
       optimizers_[i].set_lr(lr);
@@ -312,6 +327,23 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     return true;
   }
 
+  /// Under StrategyConfig::delayed_parameter_update: waits for the optimizer update the last
+  /// step() left running and writes its parameters back, so that the model's parameters, the
+  /// master weights and the optimizer state include every step taken (rethrowing the update's
+  /// failure). A collective where the policy all-gathers updated shards: every rank calls it.
+  /// step() calls it first, and so do full_parameters(), access_optimizer() (checkpoints and
+  /// full weights), refresh_parameters_from_master() and refresh_trainable(); the next step()
+  /// then starts the delay over. Without a delayed update in flight, nothing.
+  void complete_delayed_update() {
+    if (!delayed_.valid()) return;
+    delayed_.get();
+    for (State& u : units_) {
+      CallSite site(step_site("the delayed parameter update of " + unit_name(u)));
+      Behaviour::after_step(u, shard_comm());
+      u.compute_copy_current = false;
+    }
+  }
+
   /// Forgets every gradient (set_to_none: nothing is written).
   void zero_grad() {
     for (State& u : units_) {
@@ -328,6 +360,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// (StrategyConfig::auto_refresh_trainable, FairScale's default) or else throws. Local: every
   /// rank must freeze the same parameters.
   void refresh_trainable() {
+    complete_delayed_update();  // the update reads which parameters are frozen
     for (State& u : units_) u.read_trainable();
   }
 
@@ -335,6 +368,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// collective: every rank must call it). Sorted by name.
   std::vector<std::pair<std::string, std::vector<float>>> full_parameters() {
     drain_prefetch();
+    complete_delayed_update();
     std::vector<std::pair<std::string, std::vector<float>>> out;
     for (State& u : units_) {
       Tensor<CT, device> whole = u.full;
@@ -371,6 +405,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   template <class F>
   decltype(auto) access_optimizer(std::size_t unit, F&& f) {
     POLYSHARD_CHECK(unit < units_.size(), "Engine::access_optimizer: unit ", unit, " of ", units_.size());
+    complete_delayed_update();
     return placement_.with_resident(
         unit, [&]() -> decltype(auto) { return f(optimizers_[unit], Behaviour::optimizer_params(units_[unit]).span()); });
   }
@@ -387,6 +422,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       access_optimizer(unit, std::forward<F>(f));
     } else {
       POLYSHARD_CHECK(unit < units_.size(), "Engine::access_optimizer_on_host: unit ", unit, " of ", units_.size());
+      complete_delayed_update();
       const auto params = Behaviour::optimizer_params(units_[unit]);
       const Tensor<MT> host = host_staging_tensor<MT, device>(params.shape(), MemoryCategory::Other);
       copy_across(params, host);
@@ -411,6 +447,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// the masters were written (a checkpoint restore), as after an optimizer step: a collective
   /// where the policy all-gathers updated shards.
   void refresh_parameters_from_master() {
+    complete_delayed_update();
     for (State& u : units_) {
       CallSite site("the refresh of " + unit_name(u) + " from its master weights");
       Behaviour::after_step(u, shard_comm());
@@ -684,6 +721,40 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     wait_on_host_for_ordered();
   }
 
+  /// The gradients a delayed update steps with, where it steps.
+  using StepGrads =
+      Tensor<typename std::decay_t<decltype(Behaviour::optimizer_grads(std::declval<State&>()))>::value_type,
+             typename State::step_device>;
+
+  /// Starts the optimizer update of this step's gradients (already unscaled and clipped) on a
+  /// host thread, at learning rate `lr`, and returns: forward and backward go on with the
+  /// parameters as they are, and the next step() completes it (complete_delayed_update). The
+  /// update reads the gradients where the optimizer steps: offloaded, the host copy the next
+  /// backward does not write (stage_step_grads); else a copy of them, taken here.
+  void launch_delayed_update(double lr) {
+    if constexpr (S::offload::offloads_optimizer && !S::offload::to_nvme) {
+      std::vector<StepGrads> grads;
+      for (std::size_t i = 0; i < units_.size(); ++i) {
+        State& u = units_[i];
+        if constexpr (std::same_as<typename State::step_device, device>) {
+          const StepGrads live = step_grads(u);
+          if (delayed_grads_.size() < units_.size()) delayed_grads_.resize(units_.size());
+          if (!delayed_grads_[i].defined())
+            delayed_grads_[i] = StepGrads::empty(live.shape(), MemoryCategory::Gradients);
+          copy_across(live, delayed_grads_[i]);
+          grads.push_back(delayed_grads_[i]);
+        } else {
+          grads.push_back(step_grads(u));
+        }
+        optimizers_[i].set_lr(lr);
+      }
+      delayed_ = std::async(std::launch::async, [this, grads = std::move(grads)] {
+        for (std::size_t i = 0; i < units_.size(); ++i)
+          units_[i].step_trainable(optimizers_[i], Behaviour::optimizer_params(units_[i]), grads[i]);
+      });
+    }
+  }
+
   /// Whether the behaviour reduces a unit bucket by bucket (reduce_bucket and end_reduction,
   /// the library's own), or the whole unit once its backward is done (reduce: a policy's own
   /// may define it, even over a behaviour it inherits reduce_bucket from; docs/custom-policy.md).
@@ -954,6 +1025,10 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     CommHandle handle;
   };
   std::deque<Prefetched> prefetched_;
+  // The optimizer update a delayed step left running, and the copies of the gradients it reads
+  // (StrategyConfig::delayed_parameter_update).
+  std::future<void> delayed_;
+  std::vector<StepGrads> delayed_grads_;
   // Collectives the device stream waits for and the host has not yet (order_after).
   std::vector<CommHandle> ordered_;
   bool in_backward_ = false;

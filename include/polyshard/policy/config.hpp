@@ -75,6 +75,15 @@ struct StrategyConfig {
   /// The dynamic scale never halves below this. DeepSpeed's scaler only. Unset: the policy's (1).
   std::optional<double> min_loss_scale{};
 
+  // Offload to host memory (DeepSpeed's ZeRO-Offload).
+  /// Delayed parameter update (ZeRO-Offload's DPU), under OffloadOptimizer<Cpu>: the optimizer
+  /// step of step k runs on a host thread while the forward and backward of step k+1 run, which
+  /// therefore compute with the parameters of step k-1; step k+1's own step() waits for it and
+  /// writes its parameters back first. The device then never waits on the host optimizer, at the
+  /// price of a gradient one step stale (the ZeRO-Offload paper turns it on only after the first
+  /// steps of training). Off by default.
+  bool delayed_parameter_update = false;
+
   // NVMe offload (DeepSpeed).
   std::string nvme_path = "/local_nvme";
   std::int64_t block_size = 1'048'576;
@@ -134,6 +143,11 @@ void refuse_fields_not_read_by(const StrategyConfig& c) {
                     ") are read only under an offload to NVMe, and this strategy's offload is ", offload,
                     ": leave them at their defaults ('", d.nvme_path, "', ", d.block_size, ", ", d.queue_depth, ", ",
                     d.optimizer_buffer_count, ")");
+  }
+  if constexpr (!S::offload::offloads_optimizer || S::offload::to_nvme) {
+    POLYSHARD_CHECK(!c.delayed_parameter_update, "StrategyConfig::delayed_parameter_update is read only under ",
+                    "OffloadOptimizer<Cpu> (the host steps while the next forward and backward run), and this ",
+                    "strategy's offload is ", offload, ": leave it false");
   }
   if constexpr (!S::sharding::hybrid) {
     POLYSHARD_CHECK(c.hybrid_group_size == d.hybrid_group_size, "StrategyConfig::hybrid_group_size = ",
