@@ -12,6 +12,7 @@
 
 #include "polyshard/engine/cuda/engine.hpp"
 #include "engine_fixture.hpp"
+#include "support/reference_trainer.hpp"
 
 namespace polyshard::test {
 
@@ -52,6 +53,39 @@ test::RunResult train_on_gpu(int steps, typename Opt::config_type opt = test::mo
   if (final_scale) *final_scale = engine.loss_scaler().scale();
   result.parameters = engine.full_parameters();
   return result;
+}
+
+/// The double-precision oracle (tests/support/reference_trainer.hpp) on train_one_step's data
+/// for `steps` steps of momentum SGD in fp32, applying each gradient one step late (`delayed`,
+/// the last one after the run) or at once; its losses and final weights.
+struct ReferenceRun {
+  std::vector<double> losses;
+  std::vector<std::pair<std::string, std::vector<double>>> parameters;
+};
+inline ReferenceRun reference_run(int steps, bool delayed) {
+  const SgdConfig sgd = test::momentum_sgd();
+  ReferenceTrainer reference(test::tiny_gpt(), 42, sgd, ReferenceRounding::of<float, float, float>());
+  if (delayed) reference.delay_updates();
+  ReferenceRun out;
+  for (int step = 0; step < steps; ++step)
+    out.losses.push_back(reference.step(BatchSampler(test::tiny_data(), 8, 6, 7).batch(step, 0, 1), sgd.lr));
+  reference.flush();
+  out.parameters = reference.parameters();
+  return out;
+}
+/// Largest |device - oracle| over every parameter, each named on both sides.
+template <class Named>
+double max_difference_from(const Named& device, const ReferenceRun& oracle) {
+  double worst = 0;
+  for (const auto& [name, values] : oracle.parameters) {
+    INFO(name);
+    const auto it = std::find_if(device.begin(), device.end(), [&](const auto& p) { return p.first == name; });
+    REQUIRE(it != device.end());
+    REQUIRE(it->second.size() == values.size());
+    for (std::size_t i = 0; i < values.size(); ++i)
+      worst = std::max(worst, std::abs(double(it->second[i]) - values[i]));
+  }
+  return worst;
 }
 
 inline void check_losses(const std::vector<double>& got, const std::vector<double>& want, double tolerance) {

@@ -4,7 +4,6 @@
 // holds to its own oracles. fp32 under every sharding policy here; the 16-bit policies in
 // test_cuda_engine_precision.cpp, offload memory and checkpoints in test_cuda_engine_io.cpp.
 #include "cuda_engine_fixture.hpp"
-#include "support/reference_trainer.hpp"
 
 using namespace polyshard;
 using namespace polyshard::test;
@@ -24,35 +23,15 @@ TEMPLATE_TEST_CASE("an fp32 GPT trains on one GPU as on the host, under every sh
 TEMPLATE_TEST_CASE("a delayed parameter update on one GPU: the host steps beside the next forward and backward, "
                    "as the oracle that applies each gradient a step late",
                    "[cuda][engine][offload]", ZeROOffload, FsdpCpuOffload) {
-  // The double-precision oracle outside the engine, each step applying the previous step's
-  // gradient (tests/support/reference_trainer.hpp), against the device engine with its fp32
-  // masters and state on the host, updated on a host thread while the GPU computes.
-  const SgdConfig sgd = test::momentum_sgd();
-  ReferenceTrainer late(test::tiny_gpt(), 42, sgd, ReferenceRounding::of<float, float, float>());
-  late.delay_updates();
-  ReferenceTrainer prompt(test::tiny_gpt(), 42, sgd, ReferenceRounding::of<float, float, float>());
-  std::vector<double> late_losses, prompt_losses;
-  for (int step = 0; step < 4; ++step) {
-    const Batch b = BatchSampler(test::tiny_data(), 8, 6, 7).batch(step, 0, 1);
-    late_losses.push_back(late.step(b, sgd.lr));
-    prompt_losses.push_back(prompt.step(b, sgd.lr));
-  }
-  late.flush();
+  // The device engine with its fp32 masters and state on the host, updated on a host thread
+  // while the GPU computes, against the double-precision oracle outside the engine.
+  const ReferenceRun late = reference_run(4, /*delayed=*/true), prompt = reference_run(4, false);
   StrategyConfig config;
   config.delayed_parameter_update = true;
-  const auto gpu = train_on_gpu<TestType>(4, sgd, std::numeric_limits<double>::infinity(), config);
-  check_losses(gpu.losses, late_losses, 1e-5);
+  const auto gpu = train_on_gpu<TestType>(4, test::momentum_sgd(), std::numeric_limits<double>::infinity(), config);
+  check_losses(gpu.losses, late.losses, 1e-5);
   // The delay is real: ten times the tolerance away from the prompt update's loss.
-  CHECK(std::abs(gpu.losses[1] - prompt_losses[1]) > 1e-4 * std::abs(prompt_losses[1]));
+  CHECK(std::abs(gpu.losses[1] - prompt.losses[1]) > 1e-4 * std::abs(prompt.losses[1]));
   // full_parameters() completes the update in flight: every gradient applied.
-  double diff = 0;
-  for (const auto& [name, values] : late.parameters()) {
-    INFO(name);
-    const auto it = std::find_if(gpu.parameters.begin(), gpu.parameters.end(),
-                                 [&](const auto& p) { return p.first == name; });
-    REQUIRE(it != gpu.parameters.end());
-    REQUIRE(it->second.size() == values.size());
-    for (std::size_t i = 0; i < values.size(); ++i) diff = std::max(diff, std::abs(double(it->second[i]) - values[i]));
-  }
-  CHECK(diff <= 2e-5);
+  CHECK(max_difference_from(gpu.parameters, late) <= 2e-5);
 }

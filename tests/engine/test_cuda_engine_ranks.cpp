@@ -2,7 +2,8 @@
 // on as many thread ranks: the same strategy, model, data, seed and optimizer. Sharding only
 // shows at world sizes above one: shards of uneven size, reduce-scatters and all-gathers
 // between ranks, a global gradient norm over shards. Runs wherever there are enough devices
-// (the emulated device has four).
+// (the emulated device has four). Also the delayed parameter update's two-step run on one GPU,
+// here so that the ThreadSanitizer runs ([tsan]) watch its host thread beside the device's work.
 #include <optional>
 #include <thread>
 
@@ -154,4 +155,17 @@ TEST_CASE("sharded parameters on 2 GPUs: the host waits for no gather in forward
     CHECK(in_backward[r] == 8);
     CHECK(in_step[r] == 0);  // fp32, no clipping: the step needs no collective
   }
+}
+
+TEST_CASE("ZeRO-Offload's delayed parameter update on one GPU for two steps: the run ThreadSanitizer watches",
+          "[cuda][engine][offload][tsan]") {
+  // The host thread updating the first step's masters while the second step's forward and
+  // backward run on the device, and the second step joining it (test_cuda_engine.cpp holds
+  // the longer runs to the oracle).
+  StrategyConfig config;
+  config.delayed_parameter_update = true;
+  const auto gpu = train_on_gpu<ZeROOffload>(2, momentum_sgd(), std::numeric_limits<double>::infinity(), config);
+  const ReferenceRun late = reference_run(2, /*delayed=*/true);
+  check_losses(gpu.losses, late.losses, 1e-5);
+  CHECK(max_difference_from(gpu.parameters, late) <= 2e-5);
 }
