@@ -73,20 +73,6 @@ inline ReferenceRun reference_run(int steps, bool delayed) {
   out.parameters = reference.parameters();
   return out;
 }
-/// Largest |device - oracle| over every parameter, each named on both sides.
-template <class Named>
-double max_difference_from(const Named& device, const ReferenceRun& oracle) {
-  double worst = 0;
-  for (const auto& [name, values] : oracle.parameters) {
-    INFO(name);
-    const auto it = std::find_if(device.begin(), device.end(), [&](const auto& p) { return p.first == name; });
-    REQUIRE(it != device.end());
-    REQUIRE(it->second.size() == values.size());
-    for (std::size_t i = 0; i < values.size(); ++i)
-      worst = std::max(worst, std::abs(double(it->second[i]) - values[i]));
-  }
-  return worst;
-}
 
 inline void check_losses(const std::vector<double>& got, const std::vector<double>& want, double tolerance) {
   REQUIRE(got.size() == want.size());

@@ -2,6 +2,8 @@
 // size, a fixed data stream, and a runner that trains it under a strategy on N thread ranks.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "polyshard/comm/thread_communicator.hpp"
@@ -109,6 +111,22 @@ RunResult train(int world, int steps = 3, std::int64_t batch = 6, typename Opt::
 }
 
 /// Largest absolute difference between two parameter sets with the same names.
+/// Largest |got - expected| over every parameter `expected` names, each named in `got` too with
+/// as many elements: ranges of (name, values) pairs, a map or a vector, of any element types.
+template <class Got, class Expected>
+double max_named_difference(const Got& got, const Expected& expected) {
+  double worst = 0;
+  for (const auto& [name, values] : expected) {
+    INFO(name);
+    const auto it = std::find_if(got.begin(), got.end(), [&](const auto& p) { return p.first == name; });
+    REQUIRE(it != got.end());
+    REQUIRE(it->second.size() == values.size());
+    for (std::size_t i = 0; i < values.size(); ++i)
+      worst = std::max(worst, std::abs(double(it->second[i]) - double(values[i])));
+  }
+  return worst;
+}
+
 inline double max_difference(const Parameters& a, const Parameters& b) {
   double worst = 0;
   REQUIRE(a.size() == b.size());

@@ -127,16 +127,8 @@ Expected train_reference(test::ReferenceOptimizer opt, double lr, double clip, b
 
 /// Largest |engine - oracle| over every master weight; every name must be on both sides.
 inline double max_master_difference(const Trained& run, const Expected& expected) {
-  double worst = 0;
   REQUIRE(run.masters.size() == expected.masters.size());
-  for (const auto& [name, values] : expected.masters) {
-    INFO(name);
-    const auto it = run.masters.find(name);
-    REQUIRE(it != run.masters.end());
-    REQUIRE(it->second.size() == values.size());
-    for (std::size_t i = 0; i < values.size(); ++i) worst = std::max(worst, std::abs(it->second[i] - values[i]));
-  }
-  return worst;
+  return max_named_difference(run.masters, expected.masters);
 }
 
 /// The unit roundoff of element type X: half the distance from 1 to the next value.

@@ -33,5 +33,5 @@ TEMPLATE_TEST_CASE("a delayed parameter update on one GPU: the host steps beside
   // The delay is real: ten times the tolerance away from the prompt update's loss.
   CHECK(std::abs(gpu.losses[1] - prompt.losses[1]) > 1e-4 * std::abs(prompt.losses[1]));
   // full_parameters() completes the update in flight: every gradient applied.
-  CHECK(max_difference_from(gpu.parameters, late) <= 2e-5);
+  CHECK(max_named_difference(gpu.parameters, late.parameters) <= 2e-5);
 }
