@@ -222,6 +222,9 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
     memory.reset_peaks();
     engine.reset_stats();
     double local_loss = 0;
+    const double lr = learning_rate(o, step);
+    const double clip = o.clip > 0 ? o.clip : std::numeric_limits<double>::infinity();
+    bool applied = false;
     for (std::int64_t micro = 0; micro < o.accum; ++micro) {
       const Batch batch = sampler.batch(step * o.accum + micro, rank, world);
       const double weight = static_cast<double>(batch.inputs.size(0)) / static_cast<double>(o.batch);
@@ -230,10 +233,10 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
       auto loss = engine.forward(
           [&] { return model.loss(on_device<D>(batch.inputs), on_device<D>(batch.targets)); });
       local_loss += weight * static_cast<double>(static_cast<float>(loss.value().to_vector()[0]));
-      engine.backward(loss, weight);
+      // The last micro-batch steps as its units' gradients land (an offloaded optimizer).
+      if (micro + 1 < o.accum) engine.backward(loss, weight);
+      else applied = engine.backward_and_step(loss, weight, lr, clip);
     }
-    const double lr = learning_rate(o, step);
-    const bool applied = engine.step(lr, o.clip > 0 ? o.clip : std::numeric_limits<double>::infinity());
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
     // Figures of this step, before the reporting collectives below add to the counters.

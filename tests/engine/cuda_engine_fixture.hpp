@@ -23,16 +23,21 @@ inline NcclCommunicator one_gpu() {
 }
 
 /// One training step of tiny_gpt() (global batch 6, world size 1) on batch `step` of the tiny
-/// data, on the host or the device the model is on; returns its loss.
+/// data, on the host or the device the model is on; returns its loss. `together`: through
+/// backward_and_step rather than backward then step.
 template <class E, class T, class D>
 double train_one_step(E& engine, Gpt<T, D>& model, int step, double lr = 1e-2,
-                      double clip = std::numeric_limits<double>::infinity()) {
+                      double clip = std::numeric_limits<double>::infinity(), bool together = false) {
   const Batch b = BatchSampler(test::tiny_data(), 8, 6, 7).batch(step, 0, 1);
   auto loss = engine.forward([&] {
     if constexpr (std::same_as<D, Cuda>) return model.loss(to_device(b.inputs), to_device(b.targets));
     else return model.loss(b.inputs, b.targets);
   });
   const double value = double(float(loss.value().to_vector()[0]));
+  if (together) {
+    engine.backward_and_step(loss, 1.0, lr, clip);
+    return value;
+  }
   engine.backward(loss, 1.0);
   loss = {};
   engine.step(lr, clip);
@@ -43,13 +48,13 @@ double train_one_step(E& engine, Gpt<T, D>& model, int step, double lr = 1e-2,
 template <class S, class Opt = Sgd<float>>
 test::RunResult train_on_gpu(int steps, typename Opt::config_type opt = test::momentum_sgd(),
                              double clip = std::numeric_limits<double>::infinity(), StrategyConfig config = {},
-                             double* final_scale = nullptr) {
+                             double* final_scale = nullptr, bool together = false) {
   using CT = typename S::compute_type;
   test::RunResult result;
   NcclCommunicator comm = one_gpu();
   Gpt<CT, Cuda> model(test::tiny_gpt());
   Engine<S, Gpt<CT, Cuda>, NcclCommunicator, Opt> engine(model, comm, opt, config, 42);
-  for (int step = 0; step < steps; ++step) result.losses.push_back(train_one_step(engine, model, step, opt.lr, clip));
+  for (int step = 0; step < steps; ++step) result.losses.push_back(train_one_step(engine, model, step, opt.lr, clip, together));
   if (final_scale) *final_scale = engine.loss_scaler().scale();
   result.parameters = engine.full_parameters();
   return result;

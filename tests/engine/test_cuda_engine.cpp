@@ -35,3 +35,16 @@ TEMPLATE_TEST_CASE("a delayed parameter update on one GPU: the host steps beside
   // full_parameters() completes the update in flight: every gradient applied.
   CHECK(max_named_difference(gpu.parameters, late.parameters) <= 2e-5);
 }
+
+TEMPLATE_TEST_CASE("backward_and_step on one GPU: each unit's host step as its gradients land, bit for bit as "
+                   "backward then step",
+                   "[cuda][engine][offload]", ZeROOffload, FsdpCpuOffload, ZeRO3ParamOffload) {
+  // The gradients copied down on the host thread's own stream after the compute stream's point,
+  // checked and (without clipping) stepped there while the device runs backward for the units
+  // before; with clipping, stepped after the global norm.
+  const double clip = GENERATE(std::numeric_limits<double>::infinity(), 0.5);
+  const auto apart = train_on_gpu<TestType>(4, test::momentum_sgd(), clip);
+  const auto together = train_on_gpu<TestType>(4, test::momentum_sgd(), clip, {}, nullptr, /*together=*/true);
+  CHECK(together.losses == apart.losses);
+  CHECK(together.parameters == apart.parameters);
+}

@@ -2,8 +2,9 @@
 // on as many thread ranks: the same strategy, model, data, seed and optimizer. Sharding only
 // shows at world sizes above one: shards of uneven size, reduce-scatters and all-gathers
 // between ranks, a global gradient norm over shards. Runs wherever there are enough devices
-// (the emulated device has four). Also the delayed parameter update's two-step run on one GPU,
-// here so that the ThreadSanitizer runs ([tsan]) watch its host thread beside the device's work.
+// (the emulated device has four). Also the delayed parameter update's two-step run on one GPU
+// and backward_and_step's on two, here so that the ThreadSanitizer runs ([tsan]) watch their
+// host threads beside the device's work.
 #include <optional>
 #include <thread>
 
@@ -20,7 +21,7 @@ namespace {
 /// parameters. Empty when fewer than `world` devices are visible.
 template <class S, class Opt = Sgd<float>>
 std::optional<RunResult> train_on_gpus(int world, int steps, typename Opt::config_type opt = momentum_sgd(),
-                                       double clip = std::numeric_limits<double>::infinity()) {
+                                       double clip = std::numeric_limits<double>::infinity(), bool together = false) {
   using CT = typename S::compute_type;
   if (!test::have_devices(world)) return std::nullopt;
   ncclUniqueId id;
@@ -44,6 +45,10 @@ std::optional<RunResult> train_on_gpus(int world, int steps, typename Opt::confi
           const Batch b = sampler.batch(step, r, world);
           auto loss = engine.forward([&] { return model.loss(to_device(b.inputs), to_device(b.targets)); });
           result.losses.push_back(double(float(loss.value().to_vector()[0])) * weight);
+          if (together) {
+            engine.backward_and_step(loss, weight, opt.lr, clip);
+            continue;
+          }
           engine.backward(loss, weight);
           loss = {};
           engine.step(opt.lr, clip);
@@ -168,4 +173,20 @@ TEST_CASE("ZeRO-Offload's delayed parameter update on one GPU for two steps: the
   const ReferenceRun late = reference_run(2, /*delayed=*/true);
   check_losses(gpu.losses, late.losses, 1e-5);
   CHECK(max_named_difference(gpu.parameters, late.parameters) <= 2e-5);
+}
+
+TEST_CASE("backward_and_step on two GPUs: each rank's host steps beside its backward, bit for bit as backward "
+          "then step; the run ThreadSanitizer watches",
+          "[cuda][engine][offload][tsan]") {
+  // ZeRO-2 by block with the optimizer on the host: the host thread copies each block's
+  // gradient shard down and steps it while the device runs the blocks before; the write-back
+  // all-gathers at the end.
+  using ZeRO2Offload = Strategy<ShardGradients, WrapByType<Block>, OffloadOptimizer<Cpu>>;
+  const auto apart = train_on_gpus<ZeRO2Offload>(2, 2);
+  if (!apart) return;  // fewer than two devices
+  const auto together =
+      train_on_gpus<ZeRO2Offload>(2, 2, momentum_sgd(), std::numeric_limits<double>::infinity(), true);
+  REQUIRE(together);
+  CHECK(together->losses == apart->losses);
+  CHECK(together->parameters == apart->parameters);
 }

@@ -17,6 +17,8 @@
 #include "polyshard/autograd/checkpoint.hpp"
 #include "polyshard/comm/call_site.hpp"
 #include "polyshard/comm/host_values.hpp"
+#include "polyshard/core/device_handoff.hpp"
+#include "polyshard/core/serial_worker.hpp"
 #include "polyshard/engine/gradient_buckets.hpp"
 #include "polyshard/engine/gradient_ops.hpp"
 #include "polyshard/engine/host_optimizer_view.hpp"
@@ -231,6 +233,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     }
     post_backward(root);
     finish_reductions();
+    land_ready_units();
     drain_prefetch();
     in_backward_ = false;
   }
@@ -253,13 +256,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// `max_grad_norm` clips the global gradient norm (infinity: no clipping).
   bool step(double lr, double max_grad_norm = std::numeric_limits<double>::infinity()) {
     Trace::Span span(trace_, "step", "compute");
-    struct NextStep {  // however the step ends, the next forward is micro-batch 1 of the next step
-      Engine& e;
-      ~NextStep() {
-        ++e.step_number_;
-        e.micro_batch_ = 0;
-      }
-    } next_step{*this};
+    NextStep next_step{*this};
     drain_prefetch();
     complete_delayed_update();
     POLYSHARD_CHECK(!pending_local_grads(), "Engine::step: gradients accumulated under no_sync were never reduced; "
@@ -272,59 +269,54 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
         replicas_->all_reduce(Behaviour::optimizer_grads(u).span(), ReduceOp::Sum);
       }
     }
-    for (State& u : units_) stage_step_grads(u);
-    const double inv_scale = 1.0 / scaler_.scale();
-    if constexpr (precision::loss_scale::scaled) {
-      // Unscaled in the same pass as the check; a step that overflowed is skipped whole.
-      float overflow = 0;
-      for (State& u : units_)
-        if (unscale_and_check(step_grads(u), inv_scale)) overflow = 1;
-      CallSite site(step_site("the overflow check"));
-      all_reduce_host<device>(shard_comm(), std::span<float>(&overflow, 1));
-      if (!scaler_.update(overflow > 0)) {
-        last_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
-        zero_grad();
-        return false;
-      }
-    } else if (inv_scale != 1.0) {
-      for (State& u : units_) scale_gradients(step_grads(u), inv_scale);
-    }
-    if (std::isfinite(max_grad_norm) || track_grad_norm_) {
-      double squares = 0;
-      for (State& u : units_) squares += squared_norm(step_grads(u));
-      if constexpr (sharding::shards_optimizer_state) {
-        CallSite site(step_site("the gradient norm"));
-        all_reduce_host<device>(shard_comm(), std::span<double>(&squares, 1));
-      }
-      last_grad_norm_ = std::sqrt(squares);
-      const double coefficient = clip_coefficient(last_grad_norm_, max_grad_norm);  // applied when it shrinks
-      if (std::isfinite(max_grad_norm) && coefficient < 1.0)
-        for (State& u : units_) scale_gradients(step_grads(u), coefficient);
-    }
-    if (config_.delayed_parameter_update) {
-      launch_delayed_update(lr);
-      zero_grad();
-      return true;
-    }
+    const StepPlan plan{lr, max_grad_norm, needs_grad_norm(max_grad_norm), false};
+    grad_checks_.assign(units_.size(), UnitGradCheck{});
     for (std::size_t i = 0; i < units_.size(); ++i) {
-      placement_.fetch(i);  // NVMe: unit i's state read back, unit i+1's on its way
-      optimizers_[i].set_lr(lr);
-      State& u = units_[i];
-      if constexpr (fuses_compute_copy) {
-        u.compute_copy_current =
-            u.step_trainable(optimizers_[i], Behaviour::optimizer_params(u), step_grads(u), Behaviour::compute_copy(u));
-      } else {
-        u.step_trainable(optimizers_[i], Behaviour::optimizer_params(u), step_grads(u));
-      }
-      placement_.store(i);  // NVMe: written back behind the next unit's step
-      Trace::Span write_back(trace_, "write back unit " + std::to_string(i), "communication", 1);
-      CallSite site(step_site("the parameter update of " + unit_name(u)));
-      Behaviour::after_step(u, shard_comm());
-      u.compute_copy_current = false;
+      stage_step_grads(units_[i]);
+      check_unit_grads(i, plan);
     }
-    placement_.settle();
-    zero_grad();
-    return true;
+    return finish_step(plan);
+  }
+
+  /// backward(loss, weight) then step(lr, max_grad_norm), with the same results bit for bit;
+  /// for the last micro-batch of a step. Where the optimizer steps on the host
+  /// (OffloadOptimizer<Cpu>), each unit's reduced gradients are copied to the host and checked
+  /// on a host thread as soon as they have landed, while backward goes on for the units before
+  /// it; without gradient clipping and loss scaling, that thread applies the unit's optimizer
+  /// update then as well, and only the write-back of the updated parameters waits for the end
+  /// of backward. (With clipping or a dynamic loss scale, every update needs the global norm or
+  /// overflow check, hence all units, first.) Under other strategies, and with NVMe offload,
+  /// HybridShard or the delayed parameter update, the two calls in turn.
+  bool backward_and_step(const Var<work_type, device>& loss, double weight, double lr,
+                         double max_grad_norm = std::numeric_limits<double>::infinity()) {
+    handed_off_in_backward_ = 0;
+    if (!steps_in_backward()) {
+      backward(loss, weight);
+      return step(lr, max_grad_norm);
+    }
+    POLYSHARD_CHECK(sync_, "Engine::backward_and_step inside no_sync: the step needs this backward's gradients ",
+                    "reduced; call backward() inside no_sync and backward_and_step() outside it");
+    NextStep next_step{*this};
+    const StepPlan plan{lr, max_grad_norm, needs_grad_norm(max_grad_norm),
+                        !precision::loss_scale::scaled && !std::isfinite(max_grad_norm)};
+    if (!host_steps_) host_steps_.emplace();
+    grad_checks_.assign(units_.size(), UnitGradCheck{});
+    landing_.emplace(Landing{plan, std::vector<int>(units_.size(), 0), std::vector<char>(units_.size(), 0)});
+    struct EndLanding {
+      Engine& e;
+      ~EndLanding() { e.landing_.reset(); }
+    } end_landing{*this};
+    backward(loss, weight);
+    POLYSHARD_CHECK(!pending_local_grads(), "Engine::backward_and_step: gradients accumulated under no_sync were "
+                                            "never reduced: a unit this backward did not reach has some");
+    for (std::size_t i = 0; i < units_.size(); ++i)  // a unit whose forward did not run
+      if (!landing_->landed[i]) land(i);
+    {
+      Trace::Span wait(trace_, "wait for the host steps", "compute");
+      host_steps_->wait();
+    }
+    Trace::Span span(trace_, "step", "compute");
+    return finish_step(plan);
   }
 
   /// Under StrategyConfig::delayed_parameter_update: waits for the optimizer update the last
@@ -388,6 +380,11 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     return out;
   }
+
+  /// How many units the last backward_and_step handed to the host thread before backward
+  /// reached the root's end: the units whose host step could overlap the rest of backward (0
+  /// where backward_and_step is backward then step).
+  std::size_t units_handed_off_in_backward() const { return handed_off_in_backward_; }
 
   /// Measures the gradient norm at every step even without clipping (for logging).
   void track_grad_norm(bool on) { track_grad_norm_ = on; }
@@ -497,6 +494,155 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
 
  private:
   using Activation = Var<work_type, device>;
+
+  /// However a step ends (applied, skipped or failed), the next forward is micro-batch 1 of the
+  /// next step.
+  struct NextStep {
+    Engine& e;
+    ~NextStep() {
+      ++e.step_number_;
+      e.micro_batch_ = 0;
+    }
+  };
+
+  /// What a step does: its learning rate and clipping, whether it needs the global gradient
+  /// norm, and whether the units were updated as their gradients landed (backward_and_step).
+  struct StepPlan {
+    double lr;
+    double max_grad_norm;
+    bool needs_norm;
+    bool updated_early;
+  };
+  bool needs_grad_norm(double max_grad_norm) const { return std::isfinite(max_grad_norm) || track_grad_norm_; }
+
+  /// What a unit's gradients told the step: whether they overflowed, and their squared norm.
+  struct UnitGradCheck {
+    bool overflow = false;
+    double squares = 0;
+  };
+
+  /// Unit i's staged gradients unscaled (or scaled by the static loss scale's inverse) with the
+  /// overflow check, and their squared norm where the plan needs it, into grad_checks_[i].
+  void check_unit_grads(std::size_t i, const StepPlan& plan) {
+    State& u = units_[i];
+    const double inv_scale = 1.0 / scaler_.scale();
+    if constexpr (precision::loss_scale::scaled) grad_checks_[i].overflow = unscale_and_check(step_grads(u), inv_scale);
+    else if (inv_scale != 1.0) scale_gradients(step_grads(u), inv_scale);
+    if (plan.needs_norm) grad_checks_[i].squares = squared_norm(step_grads(u));
+  }
+
+  /// Applies the optimizer to unit i's staged, checked gradients (no write-back).
+  void update_unit(std::size_t i, double lr) {
+    optimizers_[i].set_lr(lr);
+    State& u = units_[i];
+    if constexpr (fuses_compute_copy) {
+      u.compute_copy_current =
+          u.step_trainable(optimizers_[i], Behaviour::optimizer_params(u), step_grads(u), Behaviour::compute_copy(u));
+    } else {
+      u.step_trainable(optimizers_[i], Behaviour::optimizer_params(u), step_grads(u));
+    }
+  }
+
+  /// The step after every unit's gradients were staged and checked (grad_checks_): the
+  /// overflow decision across ranks, the global norm and clipping, the updates not yet applied
+  /// and the write-back of every unit, in unit order (the write-back may be a collective).
+  bool finish_step(const StepPlan& plan) {
+    if constexpr (precision::loss_scale::scaled) {
+      // A step that overflowed is skipped whole.
+      float overflow = 0;
+      for (const UnitGradCheck& c : grad_checks_)
+        if (c.overflow) overflow = 1;
+      CallSite site(step_site("the overflow check"));
+      all_reduce_host<device>(shard_comm(), std::span<float>(&overflow, 1));
+      if (!scaler_.update(overflow > 0)) {
+        last_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
+        zero_grad();
+        return false;
+      }
+    }
+    if (plan.needs_norm) {
+      double squares = 0;
+      for (const UnitGradCheck& c : grad_checks_) squares += c.squares;
+      if constexpr (sharding::shards_optimizer_state) {
+        CallSite site(step_site("the gradient norm"));
+        all_reduce_host<device>(shard_comm(), std::span<double>(&squares, 1));
+      }
+      last_grad_norm_ = std::sqrt(squares);
+      const double coefficient = clip_coefficient(last_grad_norm_, plan.max_grad_norm);  // applied when it shrinks
+      if (std::isfinite(plan.max_grad_norm) && coefficient < 1.0) {
+        POLYSHARD_CHECK(!plan.updated_early, "Engine: clipping after the units were updated");
+        for (State& u : units_) scale_gradients(step_grads(u), coefficient);
+      }
+    }
+    if (config_.delayed_parameter_update) {
+      launch_delayed_update(plan.lr);
+      zero_grad();
+      return true;
+    }
+    for (std::size_t i = 0; i < units_.size(); ++i) {
+      State& u = units_[i];
+      if (!plan.updated_early) {
+        placement_.fetch(i);  // NVMe: unit i's state read back, unit i+1's on its way
+        update_unit(i, plan.lr);
+        placement_.store(i);  // NVMe: written back behind the next unit's step
+      }
+      Trace::Span write_back(trace_, "write back unit " + std::to_string(i), "communication", 1);
+      CallSite site(step_site("the parameter update of " + unit_name(u)));
+      Behaviour::after_step(u, shard_comm());
+      u.compute_copy_current = false;
+    }
+    placement_.settle();
+    zero_grad();
+    return true;
+  }
+
+  /// Whether backward_and_step hands each unit's step to a host thread as its gradients land:
+  /// where the optimizer steps on the host from memory (not NVMe), each group steps its own
+  /// shards (not HybridShard, whose replicas sum them in the step) and the step is not delayed.
+  bool steps_in_backward() const {
+    if constexpr (S::offload::offloads_optimizer && !S::offload::to_nvme && !sharding::hybrid)
+      return !config_.delayed_parameter_update;
+    return false;
+  }
+
+  /// A backward_and_step in progress: its plan, how many of each unit's backwards have finished,
+  /// and which units have landed (handed to the host thread).
+  struct Landing {
+    StepPlan plan;
+    std::vector<int> backwards_done;
+    std::vector<char> landed;
+  };
+
+  /// How many backwards unit `index` goes through: one per forward run (the root: one).
+  int backwards_expected(std::size_t index) const {
+    if (index == 0) return 1;
+    return static_cast<int>(std::count(forward_order_.begin(), forward_order_.end(), index));
+  }
+
+  /// Hands every unit whose backward is done and whose reductions have all completed to the
+  /// host thread (inside backward_and_step).
+  void land_ready_units() {
+    if (!landing_) return;
+    for (std::size_t i = 0; i < units_.size(); ++i)
+      if (!landing_->landed[i] && landing_->backwards_done[i] == backwards_expected(i) && !unit_in_flight(i)) land(i);
+  }
+
+  /// On the host thread, behind the units landed before: unit i's reduced gradients copied to
+  /// the host (after what this thread's device stream has done so far), checked, and, where
+  /// the plan allows, the unit updated.
+  void land(std::size_t i) {
+    landing_->landed[i] = 1;
+    if (landing_->backwards_done[0] == 0) ++handed_off_in_backward_;
+    host_steps_->submit([this, i, plan = landing_->plan, point = DeviceHandoff<device>::mark(),
+                         tracker = &current_memory_tracker()] {
+      TrackerScope counted(*tracker);
+      typename DeviceHandoff<device>::Enter ordered(point);
+      Trace::Span span(trace_, "host step unit " + std::to_string(i), "compute", 2);
+      stage_step_grads(units_[i]);
+      check_unit_grads(i, plan);
+      if (plan.updated_early) update_unit(i, plan.lr);
+    });
+  }
 
   /// Copies unit u's reduced gradients to where its optimizer steps, when that is not where
   /// they were reduced (optimizer state offloaded to the host).
@@ -861,6 +1007,10 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       u.local_grads = true;
     }
     Behaviour::release(u);
+    if (landing_ && sync_) {
+      ++landing_->backwards_done[index];
+      land_ready_units();
+    }
   }
 
   /// Whether a reduction of unit `index` is still in flight.
@@ -928,6 +1078,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       }
     }
     ordered_.clear();
+    if (host_steps_) host_steps_->settle();
   }
 
   // Call sites: every collective the engine issues names what it is for, which step and which
@@ -1029,6 +1180,12 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   // (StrategyConfig::delayed_parameter_update).
   std::future<void> delayed_;
   std::vector<StepGrads> delayed_grads_;
+  // The host thread backward_and_step hands the units' steps to, what the step learnt of each
+  // unit's gradients, and the backward_and_step in progress.
+  std::optional<detail::SerialWorker> host_steps_;
+  std::vector<UnitGradCheck> grad_checks_;
+  std::optional<Landing> landing_;
+  std::size_t handed_off_in_backward_ = 0;
   // Collectives the device stream waits for and the host has not yet (order_after).
   std::vector<CommHandle> ordered_;
   bool in_backward_ = false;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "polyshard/comm/nccl_communicator.hpp"
+#include "polyshard/core/cuda/device_handoff.hpp"
 #include "polyshard/engine/cuda/gradient_ops.hpp"
 #include "polyshard/optim/cuda/fused_optimizer.hpp"
 #include "polyshard/tensor/cuda/ops.hpp"
