@@ -329,11 +329,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   void complete_delayed_update() {
     if (!delayed_.valid()) return;
     delayed_.get();
-    for (State& u : units_) {
-      CallSite site(step_site("the delayed parameter update of " + unit_name(u)));
-      Behaviour::after_step(u, shard_comm());
-      u.compute_copy_current = false;
-    }
+    for (State& u : units_) write_back_unit(u, step_site("the delayed parameter update of " + unit_name(u)));
   }
 
   /// Forgets every gradient (set_to_none: nothing is written).
@@ -445,10 +441,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// where the policy all-gathers updated shards.
   void refresh_parameters_from_master() {
     complete_delayed_update();
-    for (State& u : units_) {
-      CallSite site("the refresh of " + unit_name(u) + " from its master weights");
-      Behaviour::after_step(u, shard_comm());
-    }
+    for (State& u : units_) write_back_unit(u, "the refresh of " + unit_name(u) + " from its master weights");
   }
   Comm& communicator() { return comm_; }
   /// Records compute and communication spans into `trace` (null: none) from now on.
@@ -543,6 +536,26 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     }
   }
 
+  /// Makes unit u's parameters (on every rank, where the policy all-gathers them) equal its
+  /// updated master weights: the behaviour's after_step, a collective named `site`.
+  void write_back_unit(State& u, const std::string& site) {
+    CallSite named(site);
+    Behaviour::after_step(u, shard_comm());
+    u.compute_copy_current = false;
+  }
+
+  /// Casts unit u's updated master weights into its compute-dtype copy (from the host to the
+  /// device where the optimizer is offloaded), unless the update wrote it or the masters are
+  /// that copy: the part of the write-back that is the rank's own, which the host thread does
+  /// for the units it updated while backward goes on. after_step then leaves it alone.
+  void write_compute_copy(State& u) {
+    if constexpr (requires { Behaviour::compute_copy(u); } && !State::master_is_full && !State::master_is_shard) {
+      if (u.compute_copy_current) return;
+      cast_across(u.master, Behaviour::compute_copy(u));
+      u.compute_copy_current = true;
+    }
+  }
+
   /// The step after every unit's gradients were staged and checked (grad_checks_): the
   /// overflow decision across ranks, the global norm and clipping, the updates not yet applied
   /// and the write-back of every unit, in unit order (the write-back may be a collective).
@@ -586,10 +599,8 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
         update_unit(i, plan.lr);
         placement_.store(i);  // NVMe: written back behind the next unit's step
       }
-      Trace::Span write_back(trace_, "write back unit " + std::to_string(i), "communication", 1);
-      CallSite site(step_site("the parameter update of " + unit_name(u)));
-      Behaviour::after_step(u, shard_comm());
-      u.compute_copy_current = false;
+      Trace::Span span(trace_, "write back unit " + std::to_string(i), "communication", 1);
+      write_back_unit(u, step_site("the parameter update of " + unit_name(u)));
     }
     placement_.settle();
     zero_grad();
@@ -640,7 +651,10 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       Trace::Span span(trace_, "host step unit " + std::to_string(i), "compute", 2);
       stage_step_grads(units_[i]);
       check_unit_grads(i, plan);
-      if (plan.updated_early) update_unit(i, plan.lr);
+      if (plan.updated_early) {
+        update_unit(i, plan.lr);
+        write_compute_copy(units_[i]);
+      }
     });
   }
 
@@ -880,11 +894,11 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   void launch_delayed_update(double lr) {
     if constexpr (S::offload::offloads_optimizer && !S::offload::to_nvme) {
       std::vector<StepGrads> grads;
+      delayed_grads_.resize(units_.size());
       for (std::size_t i = 0; i < units_.size(); ++i) {
         State& u = units_[i];
         if constexpr (std::same_as<typename State::step_device, device>) {
           const StepGrads live = step_grads(u);
-          if (delayed_grads_.size() < units_.size()) delayed_grads_.resize(units_.size());
           if (!delayed_grads_[i].defined())
             delayed_grads_[i] = StepGrads::empty(live.shape(), MemoryCategory::Gradients);
           copy_across(live, delayed_grads_[i]);
@@ -1057,26 +1071,17 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// Waits for every collective in flight, keeping none of their errors: after an error has
   /// already left the engine, or when it is destroyed.
   void settle_in_flight() noexcept {
-    for (PendingReduction& p : pending_) {
-      try {
-        p.handle.wait();
-      } catch (...) {  // already reported, or reported by the error in flight
-      }
-    }
-    pending_.clear();
-    for (Prefetched& p : prefetched_) {
-      try {
-        p.handle.wait();
-      } catch (...) {
-      }
-    }
-    prefetched_.clear();
-    for (CommHandle& h : ordered_) {
+    const auto wait_quietly = [](CommHandle& h) {
       try {
         h.wait();
-      } catch (...) {
+      } catch (...) {  // already reported, or reported by the error in flight
       }
-    }
+    };
+    for (PendingReduction& p : pending_) wait_quietly(p.handle);
+    pending_.clear();
+    for (Prefetched& p : prefetched_) wait_quietly(p.handle);
+    prefetched_.clear();
+    for (CommHandle& h : ordered_) wait_quietly(h);
     ordered_.clear();
     if (host_steps_) host_steps_->settle();
   }
