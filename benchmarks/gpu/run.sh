@@ -29,6 +29,21 @@ build/gpu/benchmarks/tensor/bench_matmul_cuda --json "$out/bench_matmul_cuda.jso
 build/gpu/benchmarks/optim/bench_adamw_cuda --json "$out/bench_adamw_cuda.json" 2>&1 | tee "$out/adamw.log"
 build/gpu/benchmarks/train/bench_train_cuda --json "$out/polyshard_gpt2.json" 2>&1 | tee "$out/train.log"
 build/gpu/benchmarks/train/bench_train_cuda --engine --json "$out/polyshard_gpt2_engine.json" 2>&1 | tee -a "$out/train.log"
+# Offload: GPT-2 small's shape (vocab 50257), batch 8 x 1024, bf16, AdamW, one GPU, through
+# polyshard-train: ZeRO-2 without offload, ZeRO-Offload with pageable (staged) and page-locked
+# host buffers, and with the delayed parameter update; each with its Chrome trace.
+if [ -x build/gpu/examples/01-train-gpt/polyshard-train ]; then
+  gpt2=(--device cuda --layers 12 --heads 12 --embd 768 --seq 1024 --vocab 50257 --batch 8 --steps 12
+        --precision bf16-mixed --optimizer adamw --log-every 1)
+  runs=("zero2" "zero_offload --pin-memory false" "zero_offload --pin-memory true"
+        "zero_offload --pin-memory true --delayed-parameter-update true")
+  for i in "${!runs[@]}"; do
+    echo "== offload run $i: --strategy ${runs[$i]}" | tee -a "$out/offload.log"
+    # shellcheck disable=SC2086
+    build/gpu/examples/01-train-gpt/polyshard-train "${gpt2[@]}" --strategy ${runs[$i]} \
+      --trace "$out/offload_trace_$i.json" --metrics "$out/offload_$i.jsonl" 2>&1 | tee -a "$out/offload.log" | tail -3
+  done
+fi
 peak=$(python3 benchmarks/gpu/table.py --peak "$out" 2>/dev/null || echo 0)
 PYTHONUNBUFFERED=1 python3 benchmarks/gpu/pytorch_gpt2.py --peak-tflops "$peak" --json "$out/pytorch_gpt2.json" 2>&1 |
   tee "$out/pytorch.log" | tail -6

@@ -7,22 +7,55 @@
 using namespace polyshard;
 using namespace polyshard::test;
 
-TEMPLATE_TEST_CASE("offloaded state of a device engine lives in pinned host memory, given back with the engine",
+TEMPLATE_TEST_CASE("offloaded state of a device engine lives in pinned host memory under pin_memory, given back "
+                   "with the engine; in pageable memory without it, staged, to the same bits",
                    "[cuda][engine]", FsdpCpuOffload, ZeRO3ParamOffload) {
   auto& pinned = cuda::pinned_host_allocator();
   const std::size_t before = pinned.in_use_bytes();
+  const auto is_pageable = [](const auto& t) { return cuda::is_pageable(t.data()); };
   std::int64_t parameters = 0;
-  {
+  test::RunResult runs[2];
+  for (const bool pin : {true, false}) {
+    CAPTURE(pin);
+    StrategyConfig config;
+    config.pin_memory = pin;
     NcclCommunicator comm = one_gpu();
     Gpt<float, Cuda> model(test::tiny_gpt());
-    Engine<TestType, Gpt<float, Cuda>, NcclCommunicator, Sgd<float>> engine(model, comm, test::momentum_sgd(), {}, 42);
+    Engine<TestType, Gpt<float, Cuda>, NcclCommunicator, Sgd<float>> engine(model, comm, test::momentum_sgd(), config,
+                                                                            42);
+    parameters = 0;
     for (const auto& [name, values] : engine.full_parameters()) parameters += std::int64_t(values.size());
+    for (const auto& u : engine.unit_states()) {
+      CHECK(is_pageable(u.master) == !pin);
+      if constexpr (std::same_as<typename std::decay_t<decltype(u)>::shard_device, Cpu>)
+        CHECK(is_pageable(u.param_shard) == !pin);
+      else CHECK_FALSE(is_pageable(u.param_shard));  // on the device
+    }
     // The master weights at least (world size 1: every shard is the whole unit), fp32.
-    CHECK(pinned.in_use_bytes() - before >= std::size_t(parameters) * sizeof(float));
-    train_one_step(engine, model, 0);  // gradients come down into pinned buffers too
-    CHECK(pinned.in_use_bytes() - before >= 2 * std::size_t(parameters) * sizeof(float));
+    if (pin) CHECK(pinned.in_use_bytes() - before >= std::size_t(parameters) * sizeof(float));
+    else CHECK(pinned.in_use_bytes() == before);
+    for (int step = 0; step < 2; ++step) runs[pin ? 0 : 1].losses.push_back(train_one_step(engine, model, step));
+    // Gradients come down into pinned buffers too; without pin_memory nothing of the engine's
+    // stays page-locked between steps (the staging chunks go back after each copy).
+    for (const auto& u : engine.unit_states()) CHECK(is_pageable(u.step_grads) == !pin);
+    if (pin) CHECK(pinned.in_use_bytes() - before >= 2 * std::size_t(parameters) * sizeof(float));
+    else CHECK(pinned.in_use_bytes() == before);
+    runs[pin ? 0 : 1].parameters = engine.full_parameters();
   }
   CHECK(pinned.in_use_bytes() == before);
+  CHECK(runs[0].losses == runs[1].losses);
+  CHECK(runs[0].parameters == runs[1].parameters);
+}
+
+TEMPLATE_TEST_CASE("pin_memory is refused where no host buffer moves to or from a device", "[cuda][engine]", DDP,
+                   FsdpPerBlock) {
+  StrategyConfig config;
+  config.pin_memory = true;
+  NcclCommunicator comm = one_gpu();
+  Gpt<float, Cuda> model(test::tiny_gpt());
+  using E = Engine<TestType, Gpt<float, Cuda>, NcclCommunicator, Sgd<float>>;
+  CHECK_THROWS_WITH(E(model, comm, test::momentum_sgd(), config, 42),
+                    Catch::Contains("pin_memory") && Catch::Contains("NoOffload"));
 }
 
 TEMPLATE_TEST_CASE("a device engine's checkpoint resumes on the host, and the host's on the device, bit for bit",

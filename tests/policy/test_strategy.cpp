@@ -287,17 +287,18 @@ TEST_CASE("StrategyConfig fields no strategy reads are refused away from their d
 
 TEST_CASE("StrategyConfig fields a composition does not read are refused for it, and free for one that does",
           "[policy]") {
-  const auto refused = [](auto strategy, auto set) {
-    using S = decltype(strategy);
+  // For a model on device D (the host unless named).
+  const auto refused_on = []<class S, class D>(S, D, auto set) {
     StrategyConfig c;
     set(c);
     try {
-      refuse_fields_not_read_by<S>(c);
+      refuse_fields_not_read_by<S, D>(c);
     } catch (const Error& e) {
       return std::string(e.what());
     }
     return std::string("(accepted)");
   };
+  const auto refused = [&](auto strategy, auto set) { return refused_on(strategy, Cpu{}, set); };
   const auto nvme_path = [](StrategyConfig& c) { c.nvme_path = "/scratch"; };
   const auto queue_depth = [](StrategyConfig& c) { c.queue_depth = 2; };
   const auto block_size = [](StrategyConfig& c) { c.block_size = 8192; };
@@ -342,6 +343,14 @@ TEST_CASE("StrategyConfig fields a composition does not read are refused for it,
                  Catch::Contains("NoOffload"));
   CHECK_THAT(refused(ZeROInfinity{}, delayed), Catch::Contains("OffloadOptimizer<Nvme>"));
   CHECK(refused(ZeROOffload{}, delayed) == "(accepted)");
+  // pin_memory is read where host buffers move: to NVMe, or between a device model and the host.
+  const auto pin = [](StrategyConfig& c) { c.pin_memory = true; };
+  CHECK_THAT(refused(ZeROOffload{}, pin), Catch::Contains("pin_memory = true") &&
+                                              Catch::Contains("OffloadOptimizer<Cpu> on a host model"));
+  CHECK(refused(ZeROInfinity{}, pin) == "(accepted)");
+  CHECK(refused_on(ZeROOffload{}, Cuda{}, pin) == "(accepted)");
+  CHECK(refused_on(Strategy<ShardParameters<true>, OffloadParameters<Cpu>>{}, Cuda{}, pin) == "(accepted)");
+  CHECK_THAT(refused_on(ZeRO<2>{}, Cuda{}, pin), Catch::Contains("NoOffload on a device model"));
   const auto threshold = [](StrategyConfig& c) { c.min_num_params = 500; };
   CHECK_THAT(refused(Strategy<ShardParameters<true>, WrapByType<Block>>{}, threshold),
              Catch::Contains("min_num_params = 500") && Catch::Contains("WrapByType"));

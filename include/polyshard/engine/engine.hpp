@@ -136,7 +136,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
          std::uint64_t seed = 0)
       : model_(model), comm_(comm), config_(config), scaler_(config) {
     refuse_unread_fields(config);
-    refuse_fields_not_read_by<S>(config);
+    refuse_fields_not_read_by<S, device>(config);
     if constexpr (State::master_is_full || State::master_is_shard)
       POLYSHARD_CHECK(!config.delayed_parameter_update, "StrategyConfig::delayed_parameter_update: under this ",
                       "strategy the master weights are the parameters forward reads, so the host cannot update ",
@@ -159,6 +159,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       u.rank = shards.rank();
       u.world = shards.size();
       u.shard = u.layout->padded / u.world;
+      u.pin_host = config.pin_memory;
       Behaviour::allocate(u, seed);
       if (config.sync_models_at_startup) sync_from_rank0(u);
       u.bind();
@@ -286,7 +287,9 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// update then as well, and only the write-back of the updated parameters waits for the end
   /// of backward. (With clipping or a dynamic loss scale, every update needs the global norm or
   /// overflow check, hence all units, first.) Under other strategies, and with NVMe offload,
-  /// HybridShard or the delayed parameter update, the two calls in turn.
+  /// HybridShard or the delayed parameter update, the two calls in turn. If backward fails (a
+  /// collective that failed: the run cannot go on), units the host thread already updated stay
+  /// updated and the step number stays where it was.
   bool backward_and_step(const Var<work_type, device>& loss, double weight, double lr,
                          double max_grad_norm = std::numeric_limits<double>::infinity()) {
     handed_off_in_backward_ = 0;
@@ -296,7 +299,6 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     }
     POLYSHARD_CHECK(sync_, "Engine::backward_and_step inside no_sync: the step needs this backward's gradients ",
                     "reduced; call backward() inside no_sync and backward_and_step() outside it");
-    NextStep next_step{*this};
     const StepPlan plan{lr, max_grad_norm, needs_grad_norm(max_grad_norm),
                         !precision::loss_scale::scaled && !std::isfinite(max_grad_norm)};
     if (!host_steps_) host_steps_.emplace();
@@ -307,6 +309,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       ~EndLanding() { e.landing_.reset(); }
     } end_landing{*this};
     backward(loss, weight);
+    NextStep next_step{*this};  // after backward: a backward that throws leaves the step number as it was
     POLYSHARD_CHECK(!pending_local_grads(), "Engine::backward_and_step: gradients accumulated under no_sync were "
                                             "never reduced: a unit this backward did not reach has some");
     for (std::size_t i = 0; i < units_.size(); ++i)  // a unit whose forward did not run

@@ -58,6 +58,9 @@ struct UnitState {
 
   const UnitLayout<work_type, D>* layout = nullptr;
   int rank = 0, world = 1;
+  /// The unit's host buffers of a device model (offloaded state) are page-locked
+  /// (StrategyConfig::pin_memory); else pageable, and their transfers are staged.
+  bool pin_host = false;
   std::int64_t shard = 0;  // padded / world
 
   tensor<CT> full;              // (padded) parameters in compute dtype

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "polyshard/core/device.hpp"
 #include "polyshard/core/error.hpp"
 
 namespace polyshard {
@@ -126,10 +127,11 @@ constexpr const char* policy_name() {
 /// Refuses, naming it, a field set away from its default that strategy S never reads: the NVMe
 /// settings (nvme_path, block_size, queue_depth, optimizer_buffer_count) without an offload to
 /// NVMe, hybrid_group_size without HybridShard, prefetch and allgather_bucket_size without sharded
-/// parameters (nothing is gathered ahead), min_num_params without a size-based wrap policy. A user who
-/// sets one expects it to act; a run that ignores it is a silently different run. Engine's
-/// constructor calls it.
-template <class S>
+/// parameters (nothing is gathered ahead), min_num_params without a size-based wrap policy,
+/// pin_memory where no host buffer moves to or from a device or NVMe (D: where the model
+/// computes). A user who sets one expects it to act; a run that ignores it is a silently
+/// different run. Engine's constructor calls it.
+template <class S, class D = Cpu>
 void refuse_fields_not_read_by(const StrategyConfig& c) {
   [[maybe_unused]] const char* offload = detail::policy_name<typename S::offload>();
   [[maybe_unused]] const char* sharding = detail::policy_name<typename S::sharding>();
@@ -148,6 +150,13 @@ void refuse_fields_not_read_by(const StrategyConfig& c) {
     POLYSHARD_CHECK(!c.delayed_parameter_update, "StrategyConfig::delayed_parameter_update is read only under ",
                     "OffloadOptimizer<Cpu> (the host steps while the next forward and backward run), and this ",
                     "strategy's offload is ", offload, ": leave it false");
+  }
+  if constexpr (!S::offload::to_nvme &&
+                (std::same_as<D, Cpu> || (!S::offload::offloads_optimizer && !S::offload::offloads_parameters))) {
+    POLYSHARD_CHECK(!c.pin_memory, "StrategyConfig::pin_memory = true page-locks the host buffers that move to or ",
+                    "from a device or NVMe, and this run has none (", offload, " on ",
+                    std::same_as<D, Cpu> ? "a host model" : "a device model",
+                    "): leave it false, or offload to NVMe, or offload a device model's state to the host");
   }
   if constexpr (!S::sharding::hybrid) {
     POLYSHARD_CHECK(c.hybrid_group_size == d.hybrid_group_size, "StrategyConfig::hybrid_group_size = ",

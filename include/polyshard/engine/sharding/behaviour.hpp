@@ -23,13 +23,17 @@ struct ShardingBehaviour {
 namespace detail {
 /// A tensor of `n` elements in the memory of device Where (by default unit state U's device),
 /// counted under `category`. A host buffer of a device unit (offloaded state, whose every step
-/// moves to or from the device) comes from the device's staging allocator: pinned for CUDA.
+/// moves to or from the device) comes from the device's staging allocator (page-locked for
+/// CUDA) when the unit pins its host memory (StrategyConfig::pin_memory); else it is pageable
+/// and the device stages its transfers through page-locked chunks of its own.
 template <class X, class Where = void, class U>
-auto buffer(const U&, std::int64_t n, MemoryCategory category) {
+auto buffer(const U& u, std::int64_t n, MemoryCategory category) {
   using D = typename U::device;
   using E = std::conditional_t<std::is_void_v<Where>, D, Where>;
-  if constexpr (std::same_as<E, Cpu> && !std::same_as<D, Cpu>) return host_staging_tensor<X, D>({n}, category);
-  else return Tensor<X, E>::empty({n}, category);
+  if constexpr (std::same_as<E, Cpu> && !std::same_as<D, Cpu>) {
+    if (u.pin_host) return host_staging_tensor<X, D>({n}, category);
+  }
+  return Tensor<X, E>::empty({n}, category);
 }
 
 /// The compute-dtype parameters and the view the modules bind to (a float copy on the host

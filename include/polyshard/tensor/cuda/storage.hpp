@@ -11,6 +11,7 @@
 #include "polyshard/core/cuda/device_memory_pool.hpp"
 #include "polyshard/core/cuda/error.hpp"
 #include "polyshard/core/cuda/pinned_allocator.hpp"
+#include "polyshard/core/cuda/staged_copy.hpp"
 #include "polyshard/tensor/cuda/tensor_kernels.hpp"
 #include "polyshard/tensor/storage.hpp"
 
@@ -77,17 +78,24 @@ class Storage<T, Cuda> : public ViewNames {
   }
   /// The host allocator whose memory this device copies fastest to and from: pinned memory.
   static CachingHostAllocator& staging_allocator() { return cuda::pinned_host_allocator(); }
-  /// Copies `n` device elements to host memory and waits for them.
+  /// Copies `n` device elements to host memory and waits for them; into pageable memory through
+  /// page-locked chunks (cuda::copy_to_pageable_host).
   static void copy_to_host(T* host, const T* src, std::int64_t n) {
     const cudaStream_t stream = cuda::current_stream();
+    if (n == 0) return;
+    if (cuda::is_pageable(host))
+      return cuda::copy_to_pageable_host(host, src, static_cast<std::size_t>(n) * sizeof(T), stream);
     POLYSHARD_CUDA_CHECK(
         cudaMemcpyAsync(host, src, static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyDeviceToHost, stream));
     POLYSHARD_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
   /// Copies `n` host elements into device memory and waits for them (the host memory may go
-  /// away at once).
+  /// away at once); from pageable memory through page-locked chunks (cuda::copy_from_pageable_host).
   static void copy_from_host(T* dst, const T* host, std::int64_t n) {
     const cudaStream_t stream = cuda::current_stream();
+    if (n == 0) return;
+    if (cuda::is_pageable(host))
+      return cuda::copy_from_pageable_host(dst, host, static_cast<std::size_t>(n) * sizeof(T), stream);
     POLYSHARD_CUDA_CHECK(
         cudaMemcpyAsync(dst, host, static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyHostToDevice, stream));
     POLYSHARD_CUDA_CHECK(cudaStreamSynchronize(stream));
