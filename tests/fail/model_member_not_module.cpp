@@ -1,6 +1,6 @@
 // A reflected member that is neither a parameter nor a module (here a flag) has no parameters
 // to walk: it belongs outside BOOST_HANA_DEFINE_STRUCT.
-// expect: every member BOOST_HANA_DEFINE_STRUCT declares is a Parameter, a module or a std::vector of modules
+// expect: every member BOOST_HANA_DEFINE_STRUCT declares is a Parameter, a Buffer, a module or a std::vector of modules
 #include "polyshard/comm/thread_communicator.hpp"
 #include "polyshard/engine/engine.hpp"
 #include "polyshard/nn/linear.hpp"

@@ -249,3 +249,79 @@ TEST_CASE("parse_json_document reads the whole grammar, parse_json stays strict 
   CHECK_THROWS_WITH(parse_json("[1.5]"), Catch::Contains("only integers are expected here"));
   CHECK_THROWS_WITH(parse_json("[true]"), Catch::Contains("true, false and null are not expected here"));
 }
+
+namespace {
+/// A module with buffers: two persistent (one float, one int64), one not.
+struct Normed {
+  BOOST_HANA_DEFINE_STRUCT(Normed, (LayerNorm<float>, norm), (Buffer<float>, running_mean), (Buffer<std::int64_t>, seen),
+                           (Buffer<float>, scratch));
+  Normed() : norm(3), running_mean({3}, 0.0f), seen({1}, 0), scratch({2}, 0.0f, /*persistent=*/false) {}
+};
+}  // namespace
+
+TEST_CASE("a state dict holds a module's persistent buffers in their own dtype and loads them back", "[io]") {
+  TempDir dir;
+  Normed a;
+  FlatParameters<float> flat_a(a);
+  flat_a.initialize(1);
+  float* mean = a.running_mean.value().data();
+  mean[0] = 1.5f, mean[1] = -2.0f, mean[2] = 3.25f;
+  a.seen.value().data()[0] = 7;
+  a.scratch.value().data()[0] = 9.0f;
+  save_state_dict(a, dir / "normed.safetensors");
+
+  const SafetensorsFile f = SafetensorsFile::open(dir / "normed.safetensors");
+  std::vector<std::string> in_file;
+  for (const auto& t : f.tensors()) in_file.push_back(t.name);
+  std::sort(in_file.begin(), in_file.end());
+  CHECK(in_file == std::vector<std::string>{"norm.bias", "norm.weight", "running_mean", "seen"});  // not scratch
+  CHECK(f.info("seen").dtype == SafetensorsDType::I64);
+
+  Normed b;
+  FlatParameters<float> flat_b(b);
+  flat_b.initialize(2);
+  const LoadStateDictResult r = load_state_dict(b, dir / "normed.safetensors");
+  CHECK(r.missing_keys.empty());
+  CHECK(r.unexpected_keys.empty());
+  CHECK(b.running_mean.value().to_vector() == a.running_mean.value().to_vector());
+  CHECK(b.seen.value().to_vector() == std::vector<std::int64_t>{7});
+  CHECK(b.scratch.value().to_vector() == std::vector<float>{0.0f, 0.0f});  // not persistent: left alone
+  CHECK(flat_b.values().to_vector() == flat_a.values().to_vector());
+}
+
+TEST_CASE("loading a state dict names a missing or mis-shaped buffer and writes nothing", "[io]") {
+  TempDir dir;
+  Normed a;
+  FlatParameters<float> flat_a(a);
+  flat_a.initialize(1);
+  {
+    SafetensorsWriter w;  // the parameters without the buffers
+    w.add("norm.weight", a.norm.weight.value());
+    w.add("norm.bias", a.norm.bias.value());
+    w.write(dir / "no_buffers.safetensors");
+  }
+  Normed b;
+  FlatParameters<float> flat_b(b);
+  flat_b.initialize(2);
+  CHECK_THROWS_WITH(load_state_dict(b, dir / "no_buffers.safetensors"),
+                    Catch::Contains("running_mean") && Catch::Contains("seen") && !Catch::Contains("scratch"));
+  const LoadStateDictResult lenient = load_state_dict(b, dir / "no_buffers.safetensors", {.strict = false});
+  std::vector<std::string> missing = lenient.missing_keys;
+  std::sort(missing.begin(), missing.end());
+  CHECK(missing == std::vector<std::string>{"running_mean", "seen"});
+  {
+    SafetensorsWriter w;
+    w.add("norm.weight", a.norm.weight.value());
+    w.add("norm.bias", a.norm.bias.value());
+    w.add("running_mean", Tensor<float>::zeros({4}));
+    w.add("seen", Tensor<std::int64_t>::zeros({1}));
+    w.write(dir / "wrong_shape.safetensors");
+  }
+  Normed c;
+  FlatParameters<float> flat_c(c);
+  flat_c.initialize(3);
+  const auto before = flat_c.values().to_vector();
+  CHECK_THROWS_WITH(load_state_dict(c, dir / "wrong_shape.safetensors"),
+                    Catch::Contains("tensor 'running_mean' has shape (4,)") && Catch::Contains("needs (3,)"));
+  CHECK(flat_c.values().to_vector() == before);
+}

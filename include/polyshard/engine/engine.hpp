@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <future>
@@ -167,6 +168,10 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     }
     plan_buckets();
     placement_.place(optimizers_, config, comm.rank());  // NVMe: the state moves to nvme_path
+    visit_buffers(model, [&](const std::string& name, const auto& b) {
+      buffers_.push_back({name, [value = b.value()](Comm& c) { broadcast_buffer(c, value); }});
+    });
+    if (config.sync_models_at_startup) broadcast_buffers("the start-up sync of the module buffers from rank 0");
   }
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -182,6 +187,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   Var<work_type, device> forward(F&& loss_fn) {
     Trace::Span span(trace_, "forward", "compute");
     check_trainable();
+    if (config_.broadcast_buffers) broadcast_buffers("the broadcast of the module buffers before forward");
     ModuleHooksScope<work_type, device> hooks(*this);
     in_backward_ = false;
     if (grad_enabled()) ++micro_batch_;
@@ -343,6 +349,12 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       u.reset_grad_flags();
     }
   }
+
+  /// Broadcasts every module buffer (Buffer members: running statistics and the like) from rank
+  /// 0, so that every rank holds rank 0's (FairScale's sync_buffers). A collective: every rank
+  /// calls it. forward() does the same first under StrategyConfig::broadcast_buffers (the
+  /// default), and the constructor under sync_models_at_startup.
+  void sync_buffers() { broadcast_buffers("sync_buffers"); }
 
   /// Re-reads every parameter's requires_grad after the caller changed it (FairScale's
   /// refresh_trainable). A frozen parameter (set_requires_grad(false)) is neither reduced (its
@@ -1071,6 +1083,32 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     }
   }
 
+  /// Rank 0's `value` on every rank. Collectives carry floating-point elements; a broadcast only
+  /// copies bits, so an integer buffer (a step counter) travels as the float type of its width.
+  template <Element T>
+  static void broadcast_buffer(Comm& c, const Tensor<T, device>& value) {
+    if constexpr (FloatElement<T>) {
+      c.broadcast(value.span(), 0);
+    } else {
+      using F = std::conditional_t<sizeof(T) == sizeof(double), double, float>;
+      static_assert(sizeof(F) == sizeof(T), "a buffer's integer type has the width of a float type");
+      std::vector<T> host = value.to_vector();
+      std::vector<F> bits(host.size());
+      std::memcpy(bits.data(), host.data(), host.size() * sizeof(T));
+      broadcast_host<device>(c, std::span<F>(bits), 0);
+      std::memcpy(host.data(), bits.data(), host.size() * sizeof(T));
+      copy_across(Tensor<T>::from(value.shape(), std::span<const T>(host)), value);
+    }
+  }
+
+  void broadcast_buffers(const std::string& site) {
+    if (comm_.size() == 1) return;
+    for (ModuleBuffer& b : buffers_) {
+      CallSite named(site + " ('" + b.name + "')");
+      b.broadcast(comm_);
+    }
+  }
+
   /// Waits for every collective in flight, keeping none of their errors: after an error has
   /// already left the engine, or when it is destroyed.
   void settle_in_flight() noexcept {
@@ -1166,6 +1204,13 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   StrategyConfig config_;
   UnitPlan<work_type, device> plan_;
   std::vector<State> units_;
+  /// The model's buffers, whole on every rank and outside the units: each with how to broadcast
+  /// it from rank 0 (its element type erased).
+  struct ModuleBuffer {
+    std::string name;
+    std::function<void(Comm&)> broadcast;
+  };
+  std::vector<ModuleBuffer> buffers_;
   std::vector<UnitOptimizer> optimizers_;
   Placement placement_;  // where optimizer state lives between steps
   LossScaler<typename precision::loss_scale> scaler_;

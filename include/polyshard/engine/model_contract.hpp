@@ -24,9 +24,14 @@ consteval bool member_is_parameter_or_module() {
                   "in a host model; Parameter<T, D> in a model whose element_type is T and device_type D): the engine "
                   "binds them all to buffers of that one type (docs/models.md, rule 2)");
     return std::is_same_v<X, Parameter<T, D>>;
+  } else if constexpr (detail::is_buffer<X>::value) {
+    static_assert(std::is_same_v<typename detail::is_buffer<X>::device, D>,
+                  "model contract: every buffer of the model lives on its device (Buffer<E> in a host model; "
+                  "Buffer<E, D> in a model whose device_type is D), any element type E (docs/models.md, rule 2)");
+    return true;
   } else {
     static_assert(Module<X>,
-                  "model contract: every member BOOST_HANA_DEFINE_STRUCT declares is a Parameter, a module or a "
+                  "model contract: every member BOOST_HANA_DEFINE_STRUCT declares is a Parameter, a Buffer, a module or a "
                   "std::vector of modules; keep other members (a config, a flag) out of the reflected list "
                   "(docs/models.md, rule 1)");
     return Module<X>;

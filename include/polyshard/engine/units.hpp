@@ -86,6 +86,8 @@ class UnitPlanner {
       u.entries.push_back(UnitEntry<T, D>{name, u.numel, m.shape(), m.init(), &m});
       u.numel += m.numel();
       return m.numel();
+    } else if constexpr (is_buffer<X>::value) {
+      return 0;  // kept whole on every rank, outside the units
     } else if constexpr (is_vector<X>::value) {
       using E = typename X::value_type;
       std::int64_t n = 0;

@@ -97,6 +97,14 @@ LoadStateDictResult load_mapped(M& module, const SafetensorsFile& file, Classify
     params.emplace(name, Param{p.shape(), dtype_v<parameter_element_t<std::remove_cvref_t<decltype(p)>>>});
     order.push_back(name);
   });
+  // Persistent buffers, under their own names (never renamed, aliased or transposed).
+  std::unordered_map<std::string, Param> buffers;
+  std::vector<std::string> buffer_order;
+  visit_buffers(module, [&](const std::string& name, const auto& b) {
+    if (!b.persistent()) return;
+    buffers.emplace(name, Param{b.shape(), dtype_v<parameter_element_t<std::remove_cvref_t<decltype(b)>>>});
+    buffer_order.push_back(name);
+  });
 
   LoadStateDictResult result;
   std::vector<std::pair<const SafetensorsTensorInfo*, std::string>> aliases;
@@ -106,6 +114,11 @@ LoadStateDictResult load_mapped(M& module, const SafetensorsFile& file, Classify
                         ? params.end()
                         : params.find(key.target);
     if (key.kind == FileKey::Kind::ignored) continue;
+    if (const auto b = buffers.find(t.name); it == params.end() && b != buffers.end()) {
+      if (b->second.source) throw_error(what, ": '", file.name(), "' holds buffer '", t.name, "' twice");
+      b->second.source = &t;
+      continue;
+    }
     if (it == params.end()) {
       result.unexpected_keys.push_back(t.name);
       continue;
@@ -122,6 +135,8 @@ LoadStateDictResult load_mapped(M& module, const SafetensorsFile& file, Classify
   }
   for (const std::string& name : order)
     if (!params[name].source) result.missing_keys.push_back(name);
+  for (const std::string& name : buffer_order)
+    if (!buffers[name].source) result.missing_keys.push_back(name);
   if (options.strict)
     if (std::string msg = mismatch_message(std::string(what) + ": '" + file.name() + "' does not match the module:",
                                            "tensors", result.missing_keys, result.unexpected_keys);
@@ -145,6 +160,19 @@ LoadStateDictResult load_mapped(M& module, const SafetensorsFile& file, Classify
   for (const std::string& name : order)
     if (const Param& p = params[name]; p.source) check(*p.source, name, p.shape, p.transposed);
   for (const auto& [t, source] : aliases) check(*t, source, params[source].shape, false);
+  for (const std::string& name : buffer_order) {
+    const Param& b = buffers[name];
+    if (!b.source) continue;
+    const SafetensorsTensorInfo& t = *b.source;
+    if (!std::equal(t.shape.begin(), t.shape.end(), b.shape.begin(), b.shape.end()))
+      throw_error(what, ": '", file.name(), "': tensor '", t.name, "' has shape ", shape_string(t.shape),
+                  " but buffer '", name, "' needs ", b.shape);
+    const auto core = to_core_dtype(t.dtype);
+    const bool both_float = core && is_float_dtype(*core) && is_float_dtype(b.dtype);
+    if (core != b.dtype && !(both_float && options.convert_dtype))
+      throw_error(what, ": '", file.name(), "': tensor '", t.name, "' is ", safetensors_dtype_name(t.dtype),
+                  " but buffer '", name, "' is ", dtype_name(b.dtype));
+  }
 
   const DTypeConversion conversion = options.convert_dtype ? DTypeConversion::convert : DTypeConversion::exact;
   visit_parameters(module, [&](const std::string& name, auto& p) {
@@ -157,6 +185,10 @@ LoadStateDictResult load_mapped(M& module, const SafetensorsFile& file, Classify
     } else {
       file.read_into(info.source->name, p.value(), conversion);
     }
+  });
+  visit_buffers(module, [&](const std::string& name, const auto& b) {
+    if (const auto it = buffers.find(name); it != buffers.end() && it->second.source)
+      file.read_into(it->second.source->name, b.value(), conversion);
   });
   // A tied alias carries no values of its own: it must equal its source as loaded.
   visit_parameters(module, [&](const std::string& name, auto& p) {
@@ -206,7 +238,7 @@ void add_parameters(SafetensorsWriter& writer, const M& module, const std::optio
 
 }  // namespace detail
 
-/// Saves every parameter of `module` under its PyTorch name ("transformer.h.0.attn.c_attn.weight",
+/// Saves every parameter and persistent buffer of `module` under its PyTorch name ("transformer.h.0.attn.c_attn.weight",
 /// nn.Linear's (out, in) layout) into one safetensors file, written atomically. The parameters
 /// must be bound (a module built with FlatParameters, or gathered whole). Tied weights are
 /// written under their alias as well unless options.write_tied is false.
@@ -220,6 +252,9 @@ void save_state_dict(const M& module, const std::filesystem::path& path, const S
   for (const auto& [k, v] : options.metadata) writer.add_metadata(k, v);
   detail::add_parameters(writer, module, options.dtype, [](const std::string& n) { return n; },
                          [](const std::string&) { return false; });
+  visit_buffers(module, [&](const std::string& name, const auto& b) {
+    if (b.persistent()) writer.add(name, b.value());  // in its own dtype: options.dtype is the parameters'
+  });
   if (options.write_tied) {
     for (const TiedParameter& tie : tied_parameters<M>::of(module)) {
       bool found = false;

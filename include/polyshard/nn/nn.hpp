@@ -2,6 +2,7 @@
 #pragma once
 
 #include "polyshard/nn/block.hpp"
+#include "polyshard/nn/buffer.hpp"
 #include "polyshard/nn/causal_self_attention.hpp"
 #include "polyshard/nn/embedding.hpp"
 #include "polyshard/nn/flat_parameters.hpp"

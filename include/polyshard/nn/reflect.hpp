@@ -1,5 +1,5 @@
 // Compile-time traversal of a module tree: modules are structs whose members Boost.Hana
-// reflects, so every parameter is visited with the name PyTorch would give it.
+// reflects, so every parameter and buffer is visited with the name PyTorch would give it.
 #pragma once
 
 #include <boost/hana/accessors.hpp>
@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "polyshard/nn/buffer.hpp"
 #include "polyshard/nn/parameter.hpp"
 
 namespace polyshard {
@@ -33,7 +34,7 @@ inline std::string join_name(const std::string& prefix, const std::string& name)
 }  // namespace detail
 
 /// A module: a struct reflected with BOOST_HANA_DEFINE_STRUCT whose members are parameters,
-/// modules, or std::vectors of modules (named by index, as nn.ModuleList names them).
+/// buffers, modules, or std::vectors of modules (named by index, as nn.ModuleList names them).
 template <class M>
 concept Module = boost::hana::Struct<M>::value;
 
@@ -44,14 +45,39 @@ void visit_parameters(M& m, F&& f, const std::string& prefix = "") {
   using X = std::remove_const_t<M>;
   if constexpr (detail::is_parameter<X>::value) {
     f(prefix, m);
+  } else if constexpr (detail::is_buffer<X>::value) {
+    return;
   } else if constexpr (detail::is_vector<X>::value) {
     for (std::size_t i = 0; i < m.size(); ++i) visit_parameters(m[i], f, detail::join_name(prefix, std::to_string(i)));
   } else {
     static_assert(Module<X>, "visit_parameters(m, f) requires 'm' to be a module: a struct declared with "
-                             "BOOST_HANA_DEFINE_STRUCT whose members are parameters, modules or vectors of modules");
+                             "BOOST_HANA_DEFINE_STRUCT whose members are parameters, buffers, modules or vectors of "
+                             "modules");
     boost::hana::for_each(boost::hana::accessors<X>(), [&](auto accessor) {
       const std::string name = boost::hana::to<const char*>(boost::hana::first(accessor));
       visit_parameters(boost::hana::second(accessor)(m), f, detail::join_name(prefix, name));
+    });
+  }
+}
+
+/// Calls `f(name, buffer)` for every Buffer of `m`, in declaration order, with PyTorch's names
+/// ("norm.running_mean"). Works on const and mutable modules.
+template <class M, class F>
+void visit_buffers(M& m, F&& f, const std::string& prefix = "") {
+  using X = std::remove_const_t<M>;
+  if constexpr (detail::is_buffer<X>::value) {
+    f(prefix, m);
+  } else if constexpr (detail::is_parameter<X>::value) {
+    return;
+  } else if constexpr (detail::is_vector<X>::value) {
+    for (std::size_t i = 0; i < m.size(); ++i) visit_buffers(m[i], f, detail::join_name(prefix, std::to_string(i)));
+  } else {
+    static_assert(Module<X>, "visit_buffers(m, f) requires 'm' to be a module: a struct declared with "
+                             "BOOST_HANA_DEFINE_STRUCT whose members are parameters, buffers, modules or vectors of "
+                             "modules");
+    boost::hana::for_each(boost::hana::accessors<X>(), [&](auto accessor) {
+      const std::string name = boost::hana::to<const char*>(boost::hana::first(accessor));
+      visit_buffers(boost::hana::second(accessor)(m), f, detail::join_name(prefix, name));
     });
   }
 }

@@ -44,8 +44,8 @@ struct StrategyConfig {
   int hybrid_group_size = 0;
 
   // Model synchronisation (FairScale ShardedDataParallel).
-  /// Broadcast module buffers from rank 0 before each forward (GPT has none; kept for models
-  /// that do).
+  /// Broadcast the model's buffers (Buffer members: running statistics) from rank 0 before each
+  /// forward, so that every rank computes with rank 0's; GPT has none.
   bool broadcast_buffers = true;
   /// Broadcast rank 0's parameters at start-up; not needed when every rank uses the same seed.
   bool sync_models_at_startup = true;

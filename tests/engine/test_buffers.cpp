@@ -1,0 +1,193 @@
+// Module buffers under the engine: a running mean kept whole on every rank beside sharded
+// parameters, broadcast from rank 0 at start-up (sync_models_at_startup) and before each forward
+// (broadcast_buffers), and on demand (sync_buffers()); checked against the running mean worked
+// out from the batches themselves, and the training against one process.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <vector>
+
+#include "engine_fixture.hpp"
+
+using namespace polyshard;
+
+namespace {
+
+constexpr std::int64_t vocabulary = 13, channels = 7;
+constexpr int steps = 3, global_rows = 6;
+constexpr double momentum = 0.25;
+
+/// Tracks the mean over batch and time of each channel of its input, as batch norm's running
+/// mean does, and passes the input on unchanged; counts the batches it saw.
+template <FloatElement T, Device D = Cpu>
+struct RunningMean {
+  BOOST_HANA_DEFINE_STRUCT(RunningMean, (Buffer<float, D>, running_mean), (Buffer<std::int64_t, D>, batches_seen));
+
+  RunningMean() = default;
+  explicit RunningMean(std::int64_t width) : running_mean({width}, 0.0f), batches_seen({1}, 0) {}
+
+  /// x: (B, T, C) -> x.
+  Var<T, D> operator()(const Var<T, D>& x) const {
+    const Tensor<T, D> v = x.value().contiguous();
+    const std::int64_t c = v.shape()[2], rows = v.numel() / c;
+    float* mean = running_mean.value().data();
+    for (std::int64_t j = 0; j < c; ++j) {
+      double sum = 0;
+      for (std::int64_t i = 0; i < rows; ++i) sum += double(v.data()[i * c + j]);
+      mean[j] = float((1 - momentum) * double(mean[j]) + momentum * sum / double(rows));
+    }
+    ++batches_seen.value().data()[0];
+    return x;
+  }
+};
+
+template <FloatElement T, Device D = Cpu>
+struct Layer {
+  BOOST_HANA_DEFINE_STRUCT(Layer, (LayerNorm<T, D>, norm), (Linear<T, D>, proj));
+  Layer() = default;
+  explicit Layer(std::int64_t dim) : norm(dim), proj(dim, dim) {}
+  Var<T, D> operator()(const Var<T, D>& x) const { return add(x, call(proj, call(norm, x))); }
+};
+
+/// A frozen embedding (so that what the running mean sees is known from the token ids alone),
+/// the running mean, two residual layers and a head.
+struct Model {
+  BOOST_HANA_DEFINE_STRUCT(Model, (Embedding<float>, embed), (RunningMean<float>, running), (std::vector<Layer<float>>, layers),
+                           (Linear<float>, head));
+  Model() : embed(vocabulary, channels), running(channels), head(channels, vocabulary) {
+    for (int i = 0; i < 2; ++i) layers.emplace_back(channels);
+  }
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  Var<float> loss(const Tensor<std::int32_t>& ids, const Tensor<std::int32_t>& targets) const {
+    Var<float> x = running(embed(ids));
+    for (const auto& layer : layers) x = call(layer, x);
+    return cross_entropy(call(head, x), targets);
+  }
+};
+
+struct Run {
+  test::Parameters parameters;
+  std::vector<double> losses;
+  std::vector<float> start_mean, mean, synced_mean;  // after construction, after training, after sync_buffers()
+  std::int64_t batches_seen = 0;
+};
+
+/// Trains Model for `steps` steps on every rank of `world`, rank r's buffers starting at r + j.
+template <class S>
+std::vector<Run> train(int world, StrategyConfig config = {}) {
+  std::vector<Run> runs(static_cast<std::size_t>(world));
+  run_ranks(world, [&](ThreadCommunicator& comm) {
+    Run& run = runs[static_cast<std::size_t>(comm.rank())];
+    Model model;
+    model.embed.weight.set_requires_grad(false);
+    for (std::int64_t j = 0; j < channels; ++j) model.running.running_mean.value().data()[j] = float(comm.rank() + j);
+    const SgdConfig sgd = test::momentum_sgd();
+    Engine<S, Model, ThreadCommunicator, Sgd<float>> engine(model, comm, sgd, config, 42);
+    run.start_mean = model.running.running_mean.value().to_vector();
+    BatchSampler sampler(test::tiny_data(), 8, global_rows, 7);
+    const RowRange rows = rank_rows(global_rows, comm.rank(), world);
+    const double weight = double(rows.end - rows.begin) / global_rows;
+    for (int step = 0; step < steps; ++step) {
+      const Batch b = sampler.batch(step, comm.rank(), world);
+      Var<float> loss = engine.forward([&] { return model.loss(b.inputs, b.targets); });
+      run.losses.push_back(loss.item() * weight);
+      engine.backward(loss, weight);
+      loss = Var<float>();
+      engine.step(sgd.lr);
+    }
+    run.mean = model.running.running_mean.value().to_vector();
+    run.batches_seen = model.running.batches_seen.value().data()[0];
+    engine.sync_buffers();
+    run.synced_mean = model.running.running_mean.value().to_vector();
+    run.parameters = engine.full_parameters();
+  });
+  return runs;
+}
+
+/// The oracle: rank `rank`'s running mean after `steps` forwards, from its initial values and
+/// the rows of the frozen embedding its token ids pick, in double. `from_rank` names the rank
+/// whose batches each forward but the last starts from (rank 0 when buffers are broadcast).
+std::vector<double> expected_mean(const std::vector<float>& table, int world, int rank, std::vector<double> mean,
+                                  int from_rank) {
+  BatchSampler sampler(test::tiny_data(), 8, global_rows, 7);
+  for (int step = 0; step < steps; ++step) {
+    const int r = step + 1 < steps ? from_rank : rank;
+    const Batch b = sampler.batch(step, r, world);
+    const auto ids = b.inputs.to_vector();
+    for (std::int64_t j = 0; j < channels; ++j) {
+      double sum = 0;
+      for (const std::int32_t id : ids) sum += double(table[std::size_t(id * channels + j)]);
+      mean[std::size_t(j)] = (1 - momentum) * mean[std::size_t(j)] + momentum * sum / double(ids.size());
+    }
+  }
+  return mean;
+}
+
+const std::vector<float>& named(const test::Parameters& parameters, const std::string& name) {
+  for (const auto& [n, values] : parameters)
+    if (n == name) return values;
+  FAIL("no parameter " << name);
+  throw;
+}
+
+double max_gap(const std::vector<float>& got, const std::vector<double>& want) {
+  REQUIRE(got.size() == want.size());
+  double gap = 0;
+  for (std::size_t j = 0; j < got.size(); ++j) gap = std::max(gap, std::abs(double(got[j]) - want[j]));
+  return gap;
+}
+
+std::vector<double> initial_mean(int rank) {
+  std::vector<double> m;
+  for (std::int64_t j = 0; j < channels; ++j) m.push_back(double(rank + j));
+  return m;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("module buffers stay whole on every rank, follow rank 0 before each forward, and training matches "
+                   "one process",
+                   "[engine][buffers]", DDP, ZeRO<2>, ZeRO<3>, (Strategy<ShardParameters<true>, WrapByType<Layer>>)) {
+  const std::vector<Run> one = train<DDP>(1);
+  const std::vector<float> table = named(one[0].parameters, "embed.weight");
+  CHECK(max_gap(one[0].mean, expected_mean(table, 1, 0, initial_mean(0), 0)) < 1e-5);
+  const int world = 3;
+  const std::vector<Run> runs = train<TestType>(world);
+  // Rank 0's buffers reached every rank at start-up; each forward started from rank 0's.
+  const std::vector<double> rank0 = expected_mean(table, world, 0, initial_mean(0), 0);
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r);
+    const Run& run = runs[std::size_t(r)];
+    CHECK(max_gap(run.start_mean, initial_mean(0)) == 0);
+    CHECK(max_gap(run.mean, expected_mean(table, world, r, initial_mean(0), 0)) < 1e-5);
+    CHECK(run.synced_mean == runs[0].mean);  // sync_buffers(): rank 0's, bit for bit
+    CHECK(run.batches_seen == steps);
+    CHECK(test::max_difference(run.parameters, one[0].parameters) < 1e-6);
+  }
+  CHECK(max_gap(runs[0].mean, rank0) < 1e-5);
+  CHECK(max_gap(runs[1].mean, rank0) > 1e-3);  // its last batch is its own: the oracle can tell ranks apart
+  for (int s = 0; s < steps; ++s) {
+    double loss = 0;
+    for (const Run& run : runs) loss += run.losses[std::size_t(s)];
+    CHECK(loss == Approx(one[0].losses[std::size_t(s)]).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("without broadcast_buffers and sync_models_at_startup each rank's buffers follow its own batches",
+          "[engine][buffers]") {
+  StrategyConfig config;
+  config.broadcast_buffers = false;
+  config.sync_models_at_startup = false;
+  const int world = 3;
+  const std::vector<Run> runs = train<ZeRO<2>>(world, config);
+  const std::vector<float> table = named(runs[0].parameters, "embed.weight");
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r);
+    const Run& run = runs[std::size_t(r)];
+    CHECK(max_gap(run.start_mean, initial_mean(r)) == 0);
+    CHECK(max_gap(run.mean, expected_mean(table, world, r, initial_mean(r), r)) < 1e-5);
+    CHECK(run.synced_mean == runs[0].mean);  // sync_buffers() still broadcasts on demand
+  }
+}
