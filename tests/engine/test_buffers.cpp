@@ -1,13 +1,17 @@
 // Module buffers under the engine: a running mean kept whole on every rank beside sharded
 // parameters, broadcast from rank 0 at start-up (sync_models_at_startup) and before each forward
 // (broadcast_buffers), and on demand (sync_buffers()); checked against the running mean worked
-// out from the batches themselves, and the training against one process.
+// out from the batches themselves, and the training against one process. Checkpoints hold rank
+// 0's.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
 #include <vector>
 
 #include "engine_fixture.hpp"
+#include "io/temp_dir.hpp"
+#include "support/error_of.hpp"
+#include "polyshard/io/io.hpp"
 
 using namespace polyshard;
 
@@ -189,5 +193,50 @@ TEST_CASE("without broadcast_buffers and sync_models_at_startup each rank's buff
     CHECK(max_gap(run.start_mean, initial_mean(r)) == 0);
     CHECK(max_gap(run.mean, expected_mean(table, world, r, initial_mean(r), r)) < 1e-5);
     CHECK(run.synced_mean == runs[0].mean);  // sync_buffers() still broadcasts on demand
+  }
+}
+
+TEST_CASE("a checkpoint holds rank 0's persistent buffers, loads them into every rank and names a missing one",
+          "[engine][buffers][io]") {
+  TempDir dir;
+  StrategyConfig config;  // each rank keeps buffers of its own, to tell rank 0's apart
+  config.sync_models_at_startup = false;
+  config.broadcast_buffers = false;
+  const SgdConfig sgd = test::momentum_sgd();
+  std::vector<std::vector<float>> loaded(2);
+  std::vector<std::int64_t> seen(2);
+  run_ranks(2, [&](ThreadCommunicator& comm) {
+    {
+      Model model;
+      for (std::int64_t j = 0; j < channels; ++j)
+        model.running.running_mean.value().data()[j] = float(10 * comm.rank() + j) + 0.5f;
+      model.running.batches_seen.value().data()[0] = 5 + comm.rank();
+      Engine<ZeRO<2>, Model, ThreadCommunicator, Sgd<float>> engine(model, comm, sgd, config, 42);
+      save_checkpoint(engine, dir / "checkpoint");
+    }
+    Model fresh;
+    Engine<ZeRO<2>, Model, ThreadCommunicator, Sgd<float>> engine(fresh, comm, sgd, config, 7);
+    load_checkpoint(engine, dir / "checkpoint");
+    loaded[std::size_t(comm.rank())] = fresh.running.running_mean.value().to_vector();
+    seen[std::size_t(comm.rank())] = fresh.running.batches_seen.value().data()[0];
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK(loaded[std::size_t(r)] == std::vector<float>{0.5f, 1.5f, 2.5f, 3.5f, 4.5f, 5.5f, 6.5f});
+    CHECK(seen[std::size_t(r)] == 5);
+  }
+  REQUIRE(std::filesystem::remove(dir / "checkpoint" / "buffers.safetensors"));
+  std::vector<std::string> errors(2);
+  run_ranks(2, [&](ThreadCommunicator& comm) {
+    Model fresh;
+    Engine<ZeRO<2>, Model, ThreadCommunicator, Sgd<float>> engine(fresh, comm, sgd, config, 7);
+    errors[std::size_t(comm.rank())] = test::error_of([&] { load_checkpoint(engine, dir / "checkpoint"); });
+    loaded[std::size_t(comm.rank())] = fresh.running.running_mean.value().to_vector();
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK_THAT(errors[std::size_t(r)], Catch::Contains("missing buffers") && Catch::Contains("running.running_mean") &&
+                                           Catch::Contains("running.batches_seen"));
+    CHECK(loaded[std::size_t(r)] == std::vector<float>(channels, 0.0f));  // nothing written
   }
 }

@@ -356,6 +356,9 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// default), and the constructor under sync_models_at_startup.
   void sync_buffers() { broadcast_buffers("sync_buffers"); }
 
+  /// The model the engine trains (checkpoints read and write its buffers through it).
+  Model& model() const { return model_; }
+
   /// Re-reads every parameter's requires_grad after the caller changed it (FairScale's
   /// refresh_trainable). A frozen parameter (set_requires_grad(false)) is neither reduced (its
   /// gradient is zero) nor updated: its values and its optimizer state stay as they are. The

@@ -1,7 +1,8 @@
 // Sharded checkpoints of an Engine: every rank that holds distinct state writes one safetensors
 // file of its master weights and optimizer state, rank 0 writes metadata.json, and the directory
 // appears atomically. Loading accepts any world size, sharding and wrap policy: each rank reads
-// exactly the slices of the files its own shards need (plan_checkpoint_reads).
+// exactly the slices of the files its own shards need (plan_checkpoint_reads). The model's
+// persistent buffers, whole on every rank, are rank 0's, in buffers.safetensors.
 #pragma once
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -198,6 +200,69 @@ void add_unit_state(SafetensorsWriter& writer, const Layout& unit, std::int64_t 
   }
 }
 
+/// The file of a checkpoint directory that holds the model's persistent buffers (rank 0's), when
+/// it has any.
+inline constexpr const char* checkpoint_buffers_file = "buffers.safetensors";
+
+/// Writes the persistent buffers of `model` to `path`, each in its own dtype; no file when it
+/// has none.
+template <class Model>
+void write_checkpoint_buffers(const Model& model, const std::filesystem::path& path) {
+  SafetensorsWriter writer;
+  writer.add_metadata("format", "polyshard-buffers");
+  bool any = false;
+  visit_buffers(model, [&](const std::string& name, const auto& b) {
+    if (!b.persistent()) return;
+    using T = parameter_element_t<std::remove_cvref_t<decltype(b)>>;
+    const std::vector<T> values = b.value().to_vector();
+    writer.add(name, Tensor<T>::from(b.shape(), std::span<const T>(values)));
+    any = true;
+  });
+  if (any) writer.write(path);
+}
+
+/// Checks that the buffers file of checkpoint `dir` (if any) holds exactly the persistent
+/// buffers of `model`, with their shapes and dtypes; returns it open, or nothing when neither
+/// has buffers. Throws naming every difference.
+template <class Model>
+std::optional<SafetensorsFile> check_checkpoint_buffers(const Model& model, const std::filesystem::path& dir) {
+  const std::filesystem::path path = dir / checkpoint_buffers_file;
+  std::optional<SafetensorsFile> file;
+  if (std::filesystem::exists(path)) file = SafetensorsFile::open(path);
+  std::vector<std::string> missing, unexpected, wrong;
+  std::set<std::string> mine;
+  visit_buffers(model, [&](const std::string& name, const auto& b) {
+    if (!b.persistent()) return;
+    mine.insert(name);
+    using T = parameter_element_t<std::remove_cvref_t<decltype(b)>>;
+    const SafetensorsTensorInfo* t = file ? file->find(name) : nullptr;
+    if (!t) return missing.push_back(name);
+    const Shape& s = b.shape();
+    if (!std::equal(t->shape.begin(), t->shape.end(), s.begin(), s.end()) || to_core_dtype(t->dtype) != dtype_v<T>)
+      wrong.push_back(name + " (" + std::string(safetensors_dtype_name(t->dtype)) + " " + shape_string(t->shape) +
+                      " in the file, " + std::string(dtype_name(dtype_v<T>)) + " " +
+                      shape_string(std::vector<std::int64_t>(s.begin(), s.end())) + " in the model)");
+  });
+  if (file)
+    for (const SafetensorsTensorInfo& t : file->tensors())
+      if (!mine.count(t.name)) unexpected.push_back(t.name);
+  const std::string prefix = "load_checkpoint: the buffers of '" + dir.string() + "' do not match the model's:";
+  std::string msg = mismatch_message(prefix, "buffers", missing, unexpected);
+  if (!wrong.empty()) msg += (msg.empty() ? prefix : "") + " different shapes or dtypes for " + join_names(wrong) + ";";
+  if (!msg.empty()) throw Error(msg);
+  return file;
+}
+
+/// Reads every persistent buffer of `model` from `file` (checked by check_checkpoint_buffers).
+template <class Model>
+void read_checkpoint_buffers(const Model& model, const SafetensorsFile& file) {
+  visit_buffers(model, [&](const std::string& name, const auto& b) {
+    if (!b.persistent()) return;
+    using T = parameter_element_t<std::remove_cvref_t<decltype(b)>>;
+    copy_across(file.read<T>(name), b.value());
+  });
+}
+
 /// Writes this rank's file: its master weights and optimizer state, one tensor per parameter
 /// piece. State kept off memory between steps (NVMe) is copied out while it is resident.
 template <class E>
@@ -380,6 +445,7 @@ void save_checkpoint(E& engine, const std::filesystem::path& dir, const Training
   if (comm.rank() == 0)
     error = detail::attempt([&] {
       detail::probe_save("rank files written");
+      detail::write_checkpoint_buffers(engine.model(), tmp / detail::checkpoint_buffers_file);
       const std::string json = checkpoint_metadata_json(detail::describe_checkpoint(engine, training));
       write_file_atomically(tmp / "metadata.json", [&](FileSink& sink) { sink.write(std::as_bytes(std::span(json))); });
       detail::probe_save("metadata written");
@@ -400,8 +466,10 @@ TrainingState load_checkpoint(E& engine, const std::filesystem::path& dir) {
   auto& comm = engine.communicator();
   CheckpointMetadata m;
   detail::CheckpointLoadPlan plan;
+  std::optional<SafetensorsFile> buffers;
   std::string error = detail::attempt([&] {
     m = read_checkpoint_metadata(dir);
+    buffers = detail::check_checkpoint_buffers(engine.model(), dir);
     detail::check_checkpoint_fits(engine.units(), detail::optimizer_state_names(engine), m, dir);
     std::vector<std::int64_t> offsets, sizes;
     for (std::size_t u = 0; u < engine.units().units.size(); ++u) {
@@ -416,6 +484,7 @@ TrainingState load_checkpoint(E& engine, const std::filesystem::path& dir) {
     for (std::size_t u = 0; u < engine.units().units.size(); ++u)
       engine.access_optimizer_on_host(
           u, true, [&](auto& opt, auto params) { detail::read_unit_state(plan, u, opt, params, m.optimizer_step); });
+    if (buffers) detail::read_checkpoint_buffers(engine.model(), *buffers);
   });
   detail::agree_or_throw<typename E::device>(comm, error, "load_checkpoint", dir);
 
