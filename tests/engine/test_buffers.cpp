@@ -56,8 +56,8 @@ struct Layer {
 /// A frozen embedding (so that what the running mean sees is known from the token ids alone),
 /// the running mean, two residual layers and a head.
 struct Model {
-  BOOST_HANA_DEFINE_STRUCT(Model, (Embedding<float>, embed), (RunningMean<float>, running), (std::vector<Layer<float>>, layers),
-                           (Linear<float>, head));
+  BOOST_HANA_DEFINE_STRUCT(Model, (Embedding<float>, embed), (RunningMean<float>, running),
+                           (std::vector<Layer<float>>, layers), (Linear<float>, head));
   Model() : embed(vocabulary, channels), running(channels), head(channels, vocabulary) {
     for (int i = 0; i < 2; ++i) layers.emplace_back(channels);
   }

@@ -253,8 +253,8 @@ TEST_CASE("parse_json_document reads the whole grammar, parse_json stays strict 
 namespace {
 /// A module with buffers: two persistent (one float, one int64), one not.
 struct Normed {
-  BOOST_HANA_DEFINE_STRUCT(Normed, (LayerNorm<float>, norm), (Buffer<float>, running_mean), (Buffer<std::int64_t>, seen),
-                           (Buffer<float>, scratch));
+  BOOST_HANA_DEFINE_STRUCT(Normed, (LayerNorm<float>, norm), (Buffer<float>, running_mean),
+                           (Buffer<std::int64_t>, seen), (Buffer<float>, scratch));
   Normed() : norm(3), running_mean({3}, 0.0f), seen({1}, 0), scratch({2}, 0.0f, /*persistent=*/false) {}
 };
 }  // namespace

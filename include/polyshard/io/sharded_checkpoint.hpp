@@ -210,15 +210,7 @@ template <class Model>
 void write_checkpoint_buffers(const Model& model, const std::filesystem::path& path) {
   SafetensorsWriter writer;
   writer.add_metadata("format", "polyshard-buffers");
-  bool any = false;
-  visit_buffers(model, [&](const std::string& name, const auto& b) {
-    if (!b.persistent()) return;
-    using T = parameter_element_t<std::remove_cvref_t<decltype(b)>>;
-    const std::vector<T> values = b.value().to_vector();
-    writer.add(name, Tensor<T>::from(b.shape(), std::span<const T>(values)));
-    any = true;
-  });
-  if (any) writer.write(path);
+  if (add_persistent_buffers(writer, model) > 0) writer.write(path);
 }
 
 /// Checks that the buffers file of checkpoint `dir` (if any) holds exactly the persistent

@@ -236,10 +236,30 @@ void add_parameters(SafetensorsWriter& writer, const M& module, const std::optio
   });
 }
 
+/// Adds every persistent buffer of `module` to `writer` under its name, in its own dtype (a
+/// device buffer through a host copy); returns how many.
+template <Module M>
+int add_persistent_buffers(SafetensorsWriter& writer, const M& module) {
+  int added = 0;
+  visit_buffers(module, [&](const std::string& name, const auto& b) {
+    if (!b.persistent()) return;
+    using X = std::remove_cvref_t<decltype(b)>;
+    using T = parameter_element_t<X>;
+    if constexpr (std::same_as<typename is_buffer<X>::device, Cpu>) {
+      writer.add(name, b.value());
+    } else {
+      const std::vector<T> values = b.value().to_vector();
+      writer.add(name, Tensor<T>::from(b.shape(), std::span<const T>(values)));
+    }
+    ++added;
+  });
+  return added;
+}
+
 }  // namespace detail
 
-/// Saves every parameter and persistent buffer of `module` under its PyTorch name ("transformer.h.0.attn.c_attn.weight",
-/// nn.Linear's (out, in) layout) into one safetensors file, written atomically. The parameters
+/// Saves every parameter and persistent buffer of `module` under its PyTorch name
+/// ("transformer.h.0.attn.c_attn.weight", nn.Linear's (out, in) layout) into one safetensors file, written atomically. The parameters
 /// must be bound (a module built with FlatParameters, or gathered whole). Tied weights are
 /// written under their alias as well unless options.write_tied is false.
 /// @param module   the module to save
@@ -252,9 +272,7 @@ void save_state_dict(const M& module, const std::filesystem::path& path, const S
   for (const auto& [k, v] : options.metadata) writer.add_metadata(k, v);
   detail::add_parameters(writer, module, options.dtype, [](const std::string& n) { return n; },
                          [](const std::string&) { return false; });
-  visit_buffers(module, [&](const std::string& name, const auto& b) {
-    if (b.persistent()) writer.add(name, b.value());  // in its own dtype: options.dtype is the parameters'
-  });
+  detail::add_persistent_buffers(writer, module);  // in their own dtypes: options.dtype is the parameters'
   if (options.write_tied) {
     for (const TiedParameter& tie : tied_parameters<M>::of(module)) {
       bool found = false;
