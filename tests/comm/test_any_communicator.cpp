@@ -12,7 +12,7 @@
 using namespace polyshard;
 
 namespace {
-using Elements = std::tuple<float, double, half, bfloat16>;
+using Elements = std::tuple<float, double, polyshard::half, polyshard::bfloat16>;
 }  // namespace
 
 TEMPLATE_LIST_TEST_CASE("AnyCommunicator's collectives match the serial reference", "[comm][any]", Elements) {
