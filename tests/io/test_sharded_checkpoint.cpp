@@ -16,6 +16,7 @@
 #include "polyshard/io/hf_gpt2.hpp"
 #include "polyshard/io/sharded_checkpoint.hpp"
 #include "polyshard/io/state_dict.hpp"
+#include "crash_replay.hpp"
 #include "temp_dir.hpp"
 
 using namespace polyshard;
@@ -536,4 +537,148 @@ TEST_CASE("a save killed with SIGKILL at any point leaves the previous checkpoin
   REQUIRE(succeeded(run<ZeRO<3>>({.world = 2, .first_step = 2, .steps = 1, .load = saved, .save = saved})));
   CHECK(entries() == std::vector<std::string>{"ckpt"});
   CHECK(read_checkpoint_metadata(saved).training.step == 3);
+}
+
+namespace {
+
+/// What the replay of a save found: how many distinct states a power loss could leave, how many
+/// of them held the previous checkpoint and how many the new one, and what each of the others held.
+struct ReplayOutcome {
+  int states = 0, previous = 0, next = 0;
+  bool finished_save_durable = false;  // once the save returned, every power loss leaves the new one
+  std::vector<std::string> neither;
+};
+
+/// A checkpoint a replayed state may hold: its parameters and the step it was saved at.
+struct Saved {
+  Parameters parameters;
+  std::int64_t step = 0;
+};
+
+/// Replays the recorded save `ops` (those `keep` accepts; the others as if the code left them
+/// out) over directory `root` as `before` holds it, and loads "ckpt" from every distinct state a
+/// power loss could leave (crash_replay.hpp), written out under `scratch`: it must be the previous
+/// checkpoint (none: no "ckpt" at all) or the new one, whole.
+template <class Keep>
+ReplayOutcome replay_save(const std::vector<RecordedOperation>& ops, Keep keep, const fs::path& root,
+                          const fs::path& before, const std::optional<Saved>& previous, const Saved& next,
+                          const fs::path& scratch) {
+  enum class Holds { previous, next, neither };
+  ReplayOutcome out;
+  std::map<DurableTree, Holds> seen;
+  const auto holds = [&](const DurableTree& state, std::size_t prefix) {
+    if (const auto it = seen.find(state); it != seen.end()) return it->second;
+    ++out.states;
+    fs::remove_all(scratch);
+    write_tree(state, scratch);
+    const fs::path ckpt = scratch / "ckpt";
+    Holds verdict = Holds::neither;
+    std::string what = "another checkpoint";
+    if (!previous && !fs::exists(ckpt)) {
+      verdict = Holds::previous;
+    } else {
+      const CheckpointRun loaded = run<ZeRO<3>>({.world = 2, .load = ckpt});
+      const bool ok = loaded.errors[0].empty() && loaded.errors[1].empty();
+      if (!ok) what = loaded.errors[0] + loaded.errors[1];
+      if (ok && previous && loaded.resumed_step == previous->step && bit_identical(loaded.parameters, previous->parameters))
+        verdict = Holds::previous;
+      else if (ok && loaded.resumed_step == next.step && bit_identical(loaded.parameters, next.parameters))
+        verdict = Holds::next;
+    }
+    switch (verdict) {
+      case Holds::previous: ++out.previous; break;
+      case Holds::next: ++out.next; break;
+      case Holds::neither:
+        out.neither.push_back("after " + std::to_string(prefix) + " of " + std::to_string(ops.size()) +
+                              " operations: " + what);
+        break;
+    }
+    seen.emplace(state, verdict);
+    return verdict;
+  };
+  PowerLossModel model(root, before);
+  for (std::size_t prefix = 0;; ++prefix) {
+    const std::vector<DurableTree> states = model.power_loss_states();
+    for (const DurableTree& state : states) holds(state, prefix);
+    if (prefix == ops.size()) {
+      out.finished_save_durable = holds(states[0], prefix) == Holds::next &&
+                                  (states.size() == 1 || holds(states[1], prefix) == Holds::next);
+      break;
+    }
+    if (keep(ops[prefix])) model.apply(ops[prefix]);
+  }
+  return out;
+}
+
+std::string joined(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const auto& line : lines) out += line + "\n";
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a save cut by a power loss after any operation leaves the previous checkpoint or the new one",
+          "[io][checkpoint]") {
+  // Every prefix of a recorded save, with all it had not fsynced dropped (crash_replay.hpp): "ckpt"
+  // must then load as the previous checkpoint or the new one, and a finished save must be durable.
+  // The same replay without one kind of fsync must break this, or the check would prove nothing.
+  using Kind = FileOperation::Kind;
+  TempDir dir;
+  const fs::path root = dir / "disk", scratch = dir / "after-power-loss";
+  const fs::path before_first = dir / "before-first", before_second = dir / "before-second";
+  fs::create_directories(root);
+  const fs::path saved = root / "ckpt";
+  const auto record_save = [&](const fs::path& before, const RunSpec& spec) {
+    fs::copy(root, before, fs::copy_options::recursive);
+    FileOperationLog log;
+    const CheckpointRun result = run<ZeRO<3>>(spec);
+    REQUIRE(succeeded(result));
+    return std::pair{Saved{result.parameters, spec.first_step + spec.steps}, log.operations()};
+  };
+  const auto [first, first_save] = record_save(before_first, {.world = 2, .steps = 2, .save = saved});
+  const auto [second, second_save] =
+      record_save(before_second, {.world = 2, .first_step = 2, .steps = 1, .load = saved, .save = saved});
+  const auto count = [&](Kind kind) {
+    return std::count_if(second_save.begin(), second_save.end(), [&](const auto& op) { return op.kind == kind; });
+  };
+  // Two rank files and the metadata, each written and fsynced under a temporary name, renamed and
+  // fsynced again with the whole tree; the swap, and its parent fsynced.
+  CHECK(count(Kind::create_file) == 3);
+  CHECK(count(Kind::fsync_file) == 6);
+  CHECK(count(Kind::exchange) == 1);
+  const auto all = [](const RecordedOperation&) { return true; };
+
+  const ReplayOutcome over_nothing = replay_save(first_save, all, root, before_first, std::nullopt, first, scratch);
+  INFO(joined(over_nothing.neither));
+  CHECK(over_nothing.neither.empty());
+  CHECK(over_nothing.finished_save_durable);
+  CHECK(over_nothing.previous > 0);
+  CHECK(over_nothing.next > 0);
+
+  const ReplayOutcome over_first = replay_save(second_save, all, root, before_second, first, second, scratch);
+  INFO(joined(over_first.neither));
+  CHECK(over_first.neither.empty());
+  CHECK(over_first.finished_save_durable);
+  CHECK(over_first.previous > 0);
+  CHECK(over_first.next > 0);
+
+  // The controls: the second save as if the code had left out one kind of fsync.
+  const auto without = [&](auto left_out) {
+    return replay_save(second_save, [&](const RecordedOperation& op) { return !left_out(op); }, root, before_second,
+                       first, second, scratch);
+  };
+  // The files' contents: the new directory comes into place with files that are empty.
+  CHECK_FALSE(without([](const RecordedOperation& op) { return op.kind == Kind::fsync_file; }).neither.empty());
+  // The names in the new directory: it comes into place empty.
+  CHECK_FALSE(without([&](const RecordedOperation& op) {
+                return op.kind == Kind::fsync_directory && op.path != root;
+              }).neither.empty());
+  // The swap in the parent directory: never anything but the previous checkpoint, so the finished
+  // save is lost.
+  const ReplayOutcome no_parent_fsync = without([&](const RecordedOperation& op) {
+    return op.kind == Kind::fsync_directory && op.path == root;
+  });
+  CHECK(no_parent_fsync.neither.empty());
+  CHECK_FALSE(no_parent_fsync.finished_save_durable);
 }

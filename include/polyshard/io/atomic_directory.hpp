@@ -85,10 +85,13 @@ inline std::size_t remove_stale_checkpoint_temporaries(const std::filesystem::pa
     else if (name.starts_with(old) && !detail::writer_alive(name.substr(old.size()))) previous.push_back(entry.path());
   }
   std::size_t n = 0;
-  for (const auto& p : stale) n += fs::remove_all(p) > 0 ? 1 : 0;
+  for (const auto& p : stale) n += detail::remove_path(p) > 0 ? 1 : 0;
   for (const auto& p : previous) {
-    if (!fs::exists(dir)) fs::rename(p, dir);  // the new one never arrived: keep the old
-    else fs::remove_all(p);
+    if (fs::exists(dir)) {
+      detail::remove_path(p);
+    } else if (detail::rename_path(p, dir) != 0) {  // the new one never arrived: keep the old
+      detail::throw_errno("cannot restore the previous checkpoint", dir, errno);
+    }
     ++n;
   }
   if (n) fsync_directory(parent);
@@ -108,13 +111,14 @@ inline std::filesystem::path begin_directory_write(const std::filesystem::path& 
   remove_stale_checkpoint_temporaries(dir);
   const fs::path tmp = parent / (detail::temporary_prefix(dir) + detail::unique_suffix());
   fs::create_directory(tmp);
+  detail::record(FileOperation::Kind::create_directory, tmp);
   return tmp;
 }
 
 /// Gives up a write begun by begin_directory_write: removes the temporary, leaves `dir` as it was.
 inline void abort_directory_write(const std::filesystem::path& tmp) {
   std::error_code ignored;
-  std::filesystem::remove_all(tmp, ignored);
+  detail::remove_path(tmp, ignored);
 }
 
 /// The second half of write_directory_atomically: fsyncs every file and directory under `tmp`,
@@ -132,7 +136,7 @@ inline void commit_directory_write(const std::filesystem::path& tmp, const std::
   }
   detail::probe_save("before rename");
   if (!fs::exists(dir)) {
-    if (::rename(tmp.c_str(), dir.c_str()) != 0) {
+    if (detail::rename_path(tmp, dir) != 0) {
       const int err = errno;
       abort_directory_write(tmp);
       detail::throw_errno("cannot rename checkpoint into place", dir, err);
@@ -143,8 +147,9 @@ inline void commit_directory_write(const std::filesystem::path& tmp, const std::
 #ifdef RENAME_EXCHANGE
   // One step: the name `dir` always refers to a complete checkpoint, old or new.
   if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+    detail::record(FileOperation::Kind::exchange, tmp, dir);
     fsync_directory(parent);
-    fs::remove_all(tmp);  // now holds the previous checkpoint
+    detail::remove_path(tmp);  // now holds the previous checkpoint
     return;
   }
   if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) {
@@ -156,19 +161,19 @@ inline void commit_directory_write(const std::filesystem::path& tmp, const std::
   // Two steps: between them `dir` is missing, and remove_stale_checkpoint_temporaries puts the
   // ".old-" directory back if the process dies there.
   const fs::path old = parent / (detail::previous_prefix(dir) + detail::unique_suffix());
-  if (::rename(dir.c_str(), old.c_str()) != 0) {
+  if (detail::rename_path(dir, old) != 0) {
     const int err = errno;
     abort_directory_write(tmp);
     detail::throw_errno("cannot move previous checkpoint aside", dir, err);
   }
-  if (::rename(tmp.c_str(), dir.c_str()) != 0) {
+  if (detail::rename_path(tmp, dir) != 0) {
     const int err = errno;
-    ::rename(old.c_str(), dir.c_str());
+    detail::rename_path(old, dir);
     abort_directory_write(tmp);
     detail::throw_errno("cannot rename checkpoint into place", dir, err);
   }
   fsync_directory(parent);
-  fs::remove_all(old);
+  detail::remove_path(old);
 }
 
 /// Writes checkpoint directory `dir` atomically: removes stale temporaries of earlier

@@ -15,6 +15,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <system_error>
 
 #include "polyshard/core/error.hpp"
 
@@ -42,11 +43,69 @@ struct FdGuard {
 
 }  // namespace detail
 
+/// One operation of the file layer (this header and atomic_directory.hpp) that a power loss can
+/// undo: every write of a save passes through it. A recorder sees each once it has succeeded, in
+/// the order they happened, so that a test can replay every prefix of a save as a power loss
+/// would leave it (only what was fsynced survives) and check that the checkpoint is then the old
+/// or the new one (tests/io/crash_replay.hpp).
+struct FileOperation {
+  enum class Kind {
+    create_file,       // an empty regular file at `path`
+    write,             // `bytes` appended to the file at `path`
+    fsync_file,        // the file's contents durable
+    create_directory,  // an empty directory at `path`
+    rename,            // `path` renamed to `target`, replacing what `target` named
+    exchange,          // the names `path` and `target` swapped (renameat2 RENAME_EXCHANGE)
+    remove,            // `path` removed with everything under it
+    fsync_directory,   // the names in the directory at `path` durable
+  };
+  Kind kind;
+  std::filesystem::path path;
+  std::filesystem::path target = {};
+  std::span<const std::byte> bytes = {};  // valid during the call only
+};
+
+namespace detail {
+
+/// The recorder of file operations: empty, so nothing is recorded, unless a test sets it before a
+/// save begins (and clears it after). Rank threads call it concurrently.
+inline std::function<void(const FileOperation&)>& file_operation_recorder() {
+  static std::function<void(const FileOperation&)> recorder;
+  return recorder;
+}
+inline void record(FileOperation::Kind kind, const std::filesystem::path& path, const std::filesystem::path& target = {},
+                   std::span<const std::byte> bytes = {}) {
+  if (const auto& recorder = file_operation_recorder()) recorder(FileOperation{kind, path, target, bytes});
+}
+
+/// ::rename, recorded when it succeeds.
+inline int rename_path(const std::filesystem::path& from, const std::filesystem::path& to) {
+  const int result = ::rename(from.c_str(), to.c_str());
+  if (result == 0) record(FileOperation::Kind::rename, from, to);
+  return result;
+}
+
+/// std::filesystem::remove_all, recorded when it removed anything; errors go to `error`.
+inline std::uintmax_t remove_path(const std::filesystem::path& path, std::error_code& error) {
+  const std::uintmax_t removed = std::filesystem::remove_all(path, error);
+  if (!error && removed > 0) record(FileOperation::Kind::remove, path);
+  return removed;
+}
+inline std::uintmax_t remove_path(const std::filesystem::path& path) {
+  std::error_code error;
+  const std::uintmax_t removed = remove_path(path, error);
+  if (error) throw_error("cannot remove '", path.string(), "': ", error.message());
+  return removed;
+}
+
+}  // namespace detail
+
 /// fsync of a directory, so that the names created, renamed or removed in it are durable.
 inline void fsync_directory(const std::filesystem::path& dir) {
   detail::FdGuard g{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
   if (g.fd < 0) detail::throw_errno("cannot open directory", dir, errno);
   if (::fsync(g.fd) != 0) detail::throw_errno("cannot fsync directory", dir, errno);
+  detail::record(FileOperation::Kind::fsync_directory, dir);
 }
 
 /// fsync of a regular file by name.
@@ -54,6 +113,7 @@ inline void fsync_file(const std::filesystem::path& path) {
   detail::FdGuard g{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (g.fd < 0) detail::throw_errno("cannot open", path, errno);
   if (::fsync(g.fd) != 0) detail::throw_errno("cannot fsync", path, errno);
+  detail::record(FileOperation::Kind::fsync_file, path);
 }
 
 /// Sequential writer over a file descriptor that retries short writes and reports errors
@@ -74,6 +134,7 @@ class FileSink {
       left -= static_cast<std::size_t>(n);
     }
     written_ += bytes.size();
+    detail::record(FileOperation::Kind::write, path_, {}, bytes);
   }
   std::uint64_t written() const { return written_; }
   const std::filesystem::path& path() const { return path_; }
@@ -98,18 +159,20 @@ inline void write_file_atomically(const std::filesystem::path& path, const std::
   const std::filesystem::path tmp = dir / tmp_name;
   detail::FdGuard g{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)};
   if (g.fd < 0) detail::throw_errno("cannot create", tmp, errno);
+  detail::record(FileOperation::Kind::create_file, tmp);
   try {
     FileSink sink(g.fd, tmp);
     fill(sink);
     // Data first, then the name: otherwise a crash after the rename can expose an empty file.
     if (::fsync(g.fd) != 0) detail::throw_errno("cannot fsync", tmp, errno);
+    detail::record(FileOperation::Kind::fsync_file, tmp);
     const int fd = g.fd;
     g.fd = -1;
     if (::close(fd) != 0) detail::throw_errno("cannot close", tmp, errno);
-    if (::rename(tmp.c_str(), path.c_str()) != 0) detail::throw_errno("cannot rename into place", path, errno);
+    if (detail::rename_path(tmp, path) != 0) detail::throw_errno("cannot rename into place", path, errno);
   } catch (...) {
     std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);
+    detail::remove_path(tmp, ignored);
     throw;
   }
   fsync_directory(dir);
