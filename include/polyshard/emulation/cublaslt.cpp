@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "polyshard/emulation/initcheck.hpp"
 #include "polyshard/emulation/runtime.hpp"
 
 // cublasLt.h only declares the handle's struct: the emulation's handle is this.
@@ -774,12 +775,15 @@ void store(void* base, std::int64_t i, std::int64_t type, double v) {
   switch (type) {
     case CUDA_R_32F:
       static_cast<float*>(base)[i] = static_cast<float>(v);
+      initcheck::written(static_cast<float*>(base) + i, sizeof(float));
       break;
     case CUDA_R_16F:
       static_cast<__half*>(base)[i] = __double2half(v);
+      initcheck::written(static_cast<__half*>(base) + i, sizeof(__half));
       break;
     default:
       static_cast<__nv_bfloat16*>(base)[i] = __double2bfloat16(v);
+      initcheck::written(static_cast<__nv_bfloat16*>(base) + i, sizeof(__nv_bfloat16));
       break;
   }
 }

@@ -721,6 +721,11 @@ void run_grid(std::string_view kernel, const LaunchShape& shape, const std::func
       }
 }
 
+std::string running_thread() {
+  if (current_worker == nullptr || current_run == nullptr) return {};
+  return kernel_prefix(*current_run) + "thread " + dims(current_worker->tid) + " of block " + dims(current_run->block);
+}
+
 const uint3& thread_index() { return self("threadIdx").tid; }
 const uint3& block_index() {
   self("blockIdx");

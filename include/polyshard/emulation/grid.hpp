@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <string_view>
 
 namespace polyshard::emulation {
@@ -46,6 +47,9 @@ void* dynamic_shared_memory();
 void poison_static_shared(void* object, std::size_t bytes);
 /// The calling thread's lane in its warp (%laneid): its linear index in the block modulo 32.
 unsigned lane_id();
+/// "kernel K: thread (x,y,z) of block (x,y,z)" for the grid thread running on the calling OS
+/// thread; empty outside a kernel. Reports name where they were made with it.
+std::string running_thread();
 
 /// cp.async: the calling thread starts a copy of `bytes` from global memory at `src` (or of
 /// zeros, where src is null) to shared memory at `dst`. It lands when a later

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "polyshard/core/counter_rng.hpp"
+#include "polyshard/emulation/initcheck.hpp"
 #include "polyshard/emulation/nccl_traffic.hpp"
 #include "polyshard/emulation/runtime.hpp"
 
@@ -418,7 +419,10 @@ std::vector<std::size_t> compute(const std::vector<const Call*>& calls) {
   std::vector<std::size_t> received(n, 0);
   const auto write = [&](const Call& c, const void* data, std::size_t bytes, const std::vector<std::size_t>& sources,
                          std::size_t bytes_per_source) {
-    if (bytes) std::memcpy(c.recv, data, bytes);
+    if (bytes) {
+      std::memcpy(c.recv, data, bytes);
+      emu::initcheck::written(c.recv, bytes);
+    }
     for (std::size_t source : sources)
       if (source != static_cast<std::size_t>(c.rank)) received[static_cast<std::size_t>(c.rank)] += bytes_per_source;
   };

@@ -5,6 +5,7 @@
 // Written from the CUDA Runtime API documentation's description of each call. Where the emulation
 // differs from a GPU on purpose, the comment at the definition says so.
 #include "polyshard/emulation/runtime.hpp"
+#include "polyshard/emulation/initcheck.hpp"
 
 #include "polyshard/core/cuda/runtime.hpp"  // cuda::emulated_device_name
 
@@ -447,7 +448,10 @@ void* allocate(MemoryKind kind, std::size_t size, int device, std::shared_ptr<Po
   void* p = ::operator new (size, std::align_val_t{alignment_of(kind)}, std::nothrow);
   if (!p) return nullptr;
   // Unwritten device memory reads as NaN, so that a missing initialisation shows in results.
-  if (kind == MemoryKind::device) std::memset(p, poison_byte, size);
+  if (kind == MemoryKind::device) {
+    std::memset(p, poison_byte, size);
+    initcheck::allocated(p, size);
+  }
   std::unique_lock lock(memory().m);
   memory().blocks[reinterpret_cast<std::uintptr_t>(p)] = Allocation{kind, device, size, std::move(pool), false};
   return p;
@@ -466,6 +470,7 @@ void release(void* p) {
     std::lock_guard lock(a.pool->m);
     a.pool->used -= a.size;
   }
+  if (a.kind == MemoryKind::device) initcheck::released(p, a.size);
   ::operator delete (p, std::align_val_t{alignment_of(a.kind)});
 }
 
@@ -553,9 +558,15 @@ cudaError_t copy(const char* call, void* dst, const void* src, std::size_t n, cu
   if (pageable_src && !synchronous) {
     auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
                                                                static_cast<const unsigned char*>(src) + n);
-    position = push(stream, call, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+    position = push(stream, call, [dst, staged] {
+      std::memcpy(dst, staged->data(), staged->size());
+      initcheck::written(dst, staged->size());
+    });
   } else {
-    position = push(stream, call, [dst, src, n] { std::memmove(dst, src, n); });
+    position = push(stream, call, [dst, src, n] {
+      std::memmove(dst, src, n);
+      initcheck::written(dst, n);
+    });
   }
   if (synchronous || pageable_dst) {
     wait_reached(*stream, position);
@@ -571,7 +582,10 @@ cudaError_t set(const char* call, void* dst, int value, std::size_t n, cudaStrea
   PointerInfo info{};
   const std::string why = check_side(call, "destination", dst, n, true, false, &info);
   if (!why.empty()) return refuse(cudaErrorInvalidValue, why);
-  const std::uint64_t position = push(stream, call, [dst, value, n] { std::memset(dst, value, n); });
+  const std::uint64_t position = push(stream, call, [dst, value, n] {
+    std::memset(dst, value, n);
+    initcheck::written(dst, n);
+  });
   if (wait) {
     wait_reached(*stream, position);
     return sticky_of(stream->device);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "polyshard/emulation/initcheck.hpp"
 #include "polyshard/emulation/runtime.hpp"
 
 namespace polyshard::cuda {
@@ -54,6 +55,8 @@ cudaError_t sort_pairs(void* temp, std::size_t& temp_bytes, const unsigned* keys
     }
     std::memcpy(keys_out, keys.data(), keys.size() * sizeof(unsigned));
     std::memcpy(values_out, values.data(), values.size() * sizeof(int));
+    emulation::initcheck::written(keys_out, keys.size() * sizeof(unsigned));
+    emulation::initcheck::written(values_out, values.size() * sizeof(int));
   });
   return cudaSuccess;
 }
