@@ -240,3 +240,64 @@ TEST_CASE("a checkpoint holds rank 0's persistent buffers, loads them into every
     CHECK(loaded[std::size_t(r)] == std::vector<float>(channels, 0.0f));  // nothing written
   }
 }
+
+TEST_CASE("full weights hold rank 0's persistent buffers beside the parameters, load them into every rank and name "
+          "a missing or different one",
+          "[engine][buffers][io]") {
+  TempDir dir;
+  StrategyConfig config;  // each rank keeps buffers of its own, to tell rank 0's apart
+  config.sync_models_at_startup = false;
+  config.broadcast_buffers = false;
+  const SgdConfig sgd = test::momentum_sgd();
+  const int world = 3;
+  const std::filesystem::path path = dir / "full.safetensors";
+  std::vector<test::Parameters> saved(world), loaded_parameters(world);
+  std::vector<std::vector<float>> loaded(world);
+  std::vector<std::int64_t> seen(world);
+  run_ranks(world, [&](ThreadCommunicator& comm) {
+    const auto r = std::size_t(comm.rank());
+    {
+      Model model;
+      for (std::int64_t j = 0; j < channels; ++j)
+        model.running.running_mean.value().data()[j] = float(10 * comm.rank() + j) + 0.5f;
+      model.running.batches_seen.value().data()[0] = 5 + comm.rank();
+      Engine<ZeRO<3>, Model, ThreadCommunicator, Sgd<float>> engine(model, comm, sgd, config, 42);
+      save_full_weights(engine, path);
+      saved[r] = engine.full_parameters();
+    }
+    Model fresh;
+    Engine<DDP, Model, ThreadCommunicator, Sgd<float>> engine(fresh, comm, sgd, config, 7);
+    load_full_weights(engine, path);
+    loaded[r] = fresh.running.running_mean.value().to_vector();
+    seen[r] = fresh.running.batches_seen.value().data()[0];
+    loaded_parameters[r] = engine.full_parameters();
+  });
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r);
+    CHECK(loaded[std::size_t(r)] == std::vector<float>{0.5f, 1.5f, 2.5f, 3.5f, 4.5f, 5.5f, 6.5f});
+    CHECK(seen[std::size_t(r)] == 5);
+    CHECK(test::max_difference(loaded_parameters[std::size_t(r)], saved[0]) == 0);
+  }
+  // The same state dict with one buffer left out and the other in another dtype.
+  const SafetensorsFile full = SafetensorsFile::open(path);
+  SafetensorsWriter writer;
+  for (const SafetensorsTensorInfo& t : full.tensors())
+    if (t.name == "running.running_mean") writer.add(t.name, full.read<double>(t.name, DTypeConversion::convert));
+    else if (t.name != "running.batches_seen") writer.add(t.name, full.read<float>(t.name));
+  writer.write(dir / "edited.safetensors");
+  std::vector<std::string> errors(world);
+  run_ranks(world, [&](ThreadCommunicator& comm) {
+    Model fresh;
+    Engine<DDP, Model, ThreadCommunicator, Sgd<float>> engine(fresh, comm, sgd, config, 7);
+    errors[std::size_t(comm.rank())] = test::error_of([&] { load_full_weights(engine, dir / "edited.safetensors"); });
+    loaded[std::size_t(comm.rank())] = fresh.running.running_mean.value().to_vector();
+  });
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r);
+    CHECK_THAT(errors[std::size_t(r)],
+               Catch::Contains("missing tensors 'running.batches_seen'") &&
+                   Catch::Contains("different shapes or dtypes for buffers 'running.running_mean (F64 (7,) in the "
+                                   "file, F32 (7,) in the model)'"));
+    CHECK(loaded[std::size_t(r)] == std::vector<float>(channels, 0.0f));  // nothing written
+  }
+}

@@ -29,12 +29,14 @@ struct WeightLayout {
 
 namespace detail {
 /// Writes units laid out as `units`, whole (`whole[u]` the padded flat masters of unit u), as one
-/// safetensors file with PyTorch names and shapes and the `tied` aliases.
-template <class Plan, class MT>
-void write_full_weights(const std::filesystem::path& path, const Plan& units, const std::vector<Tensor<MT>>& whole,
-                        const std::vector<TiedParameter>& tied, const std::optional<DType>& dtype,
-                        const WeightLayout& layout) {
+/// safetensors file with PyTorch names and shapes and the `tied` aliases, beside the persistent
+/// buffers of `model` under their own names and dtypes, as a PyTorch state dict holds them.
+template <class Model, class Plan, class MT>
+void write_full_weights(const std::filesystem::path& path, const Model& model, const Plan& units,
+                        const std::vector<Tensor<MT>>& whole, const std::vector<TiedParameter>& tied,
+                        const std::optional<DType>& dtype, const WeightLayout& layout) {
   SafetensorsWriter writer;
+  add_persistent_buffers(writer, model);
   writer.add_metadata("format", "pt");
   for (std::size_t u = 0; u < units.units.size(); ++u)
     for (const auto& e : units.units[u].entries) {
@@ -48,12 +50,14 @@ void write_full_weights(const std::filesystem::path& path, const Plan& units, co
 }
 
 /// Checks that `file` holds exactly the parameters of units laid out as `units`, with their
-/// shapes (and perhaps `tied` aliases); throws naming every difference.
-template <class Plan>
-void check_full_weights(const SafetensorsFile& file, const Plan& units, const std::vector<TiedParameter>& tied,
-                        const std::filesystem::path& path, const WeightLayout& layout) {
-  std::vector<std::string> missing, unexpected, misshaped;
-  std::set<std::string> names;
+/// shapes (and perhaps `tied` aliases), and the persistent buffers of `model` with their shapes
+/// and dtypes; throws naming every difference.
+template <class Model, class Plan>
+void check_full_weights(const SafetensorsFile& file, const Model& model, const Plan& units,
+                        const std::vector<TiedParameter>& tied, const std::filesystem::path& path,
+                        const WeightLayout& layout) {
+  std::vector<std::string> missing, unexpected, misshaped, wrong_buffers;
+  std::set<std::string> names = compare_persistent_buffers(model, &file, missing, wrong_buffers);
   for (const auto& unit : units.units)
     for (const auto& e : unit.entries) {
       const std::string name = layout.file_name(e.name);
@@ -69,10 +73,11 @@ void check_full_weights(const SafetensorsFile& file, const Plan& units, const st
     const bool alias = std::any_of(tied.begin(), tied.end(), [&](const TiedParameter& tie) { return tie.alias == t.name; });
     if (!names.count(t.name) && !alias && !layout.ignored(t.name)) unexpected.push_back(t.name);
   }
-  if (std::string msg = mismatch_message("load_full_weights: '" + path.string() + "' does not match the model:",
-                                         "tensors", missing, unexpected, misshaped);
-      !msg.empty())
-    throw Error(msg);
+  const std::string prefix = "load_full_weights: '" + path.string() + "' does not match the model:";
+  std::string msg = mismatch_message(prefix, "tensors", missing, unexpected, misshaped);
+  if (!wrong_buffers.empty())
+    msg += (msg.empty() ? prefix : "") + " different shapes or dtypes for buffers " + join_names(wrong_buffers) + ";";
+  if (!msg.empty()) throw Error(msg);
 }
 
 /// Reads the master weights `params` of `unit` (the rank's span from element `offset`) from
@@ -97,8 +102,9 @@ void read_full_unit(const SafetensorsFile& file, const Layout& unit, std::int64_
 }  // namespace detail
 
 /// Gathers the master weights of `engine`'s model (a collective: every rank calls it) and writes
-/// them from rank 0 as one safetensors file with PyTorch names and shapes, atomically: a
-/// PyTorch state_dict (FSDP's full state dict with rank0_only and state_dict_to_cpu). `tied`
+/// them from rank 0 as one safetensors file with PyTorch names and shapes, atomically, with rank
+/// 0's persistent buffers: a PyTorch state_dict (FSDP's full state dict with rank0_only and
+/// state_dict_to_cpu). `tied`
 /// aliases (tied_parameters<Gpt<float>>::of(model)) are written too; stored as `dtype` if given.
 /// `layout`: another library's names and matrix layout (hf_gpt2_layout()); polyshard's by default.
 template <class E>
@@ -122,17 +128,18 @@ void save_full_weights(E& engine, const std::filesystem::path& path, const std::
     });
   }
   std::string error = detail::attempt([&] {
-    if (comm.rank() == 0) detail::write_full_weights(path, engine.units(), whole, tied, dtype, layout);
+    if (comm.rank() == 0) detail::write_full_weights(path, engine.model(), engine.units(), whole, tied, dtype, layout);
   });
   detail::agree_or_throw<typename E::device>(comm, error, "save_full_weights", path);
 }
 
 /// Loads a full state dict (save_full_weights', save_state_dict's, or PyTorch's in nn.Linear
 /// layout) into `engine`: every rank reads from the file only the slices of its own shards into
-/// its master weights, then rebuilds its parameters; optimizer state is untouched. Names and
-/// shapes must match the model exactly; `tied` aliases may be present and are not read (FSDP's
-/// load_full_weights). A collective; an error on one rank is an error on all. `layout`: another
-/// library's names and matrix layout (hf_gpt2_layout()); polyshard's by default.
+/// its master weights, then rebuilds its parameters, and reads the persistent buffers whole;
+/// optimizer state is untouched. Names and shapes (and the buffers' dtypes) must match the model
+/// exactly; `tied` aliases may be present and are not read (FSDP's load_full_weights). A
+/// collective; an error on one rank is an error on all. `layout`: another library's names and
+/// matrix layout (hf_gpt2_layout()); polyshard's by default.
 template <class E>
 void load_full_weights(E& engine, const std::filesystem::path& path, const std::vector<TiedParameter>& tied = {},
                        const WeightLayout& layout = {}) {
@@ -140,7 +147,7 @@ void load_full_weights(E& engine, const std::filesystem::path& path, const std::
   std::optional<SafetensorsFile> file;
   std::string error = detail::attempt([&] {
     file.emplace(SafetensorsFile::open(path));
-    detail::check_full_weights(*file, engine.units(), tied, path, layout);
+    detail::check_full_weights(*file, engine.model(), engine.units(), tied, path, layout);
   });
   detail::agree_or_throw<typename E::device>(comm, error, "load_full_weights", path);
 
@@ -151,6 +158,7 @@ void load_full_weights(E& engine, const std::filesystem::path& path, const std::
           u, true,
           [&](auto&, auto params) { detail::read_full_unit(*file, unit, engine.optimizer_offset(u), params, layout); });
     }
+    detail::read_persistent_buffers(engine.model(), *file);
   });
   detail::agree_or_throw<typename E::device>(comm, error, "load_full_weights", path);
   engine.refresh_parameters_from_master();

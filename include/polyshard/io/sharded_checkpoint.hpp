@@ -213,19 +213,16 @@ void write_checkpoint_buffers(const Model& model, const std::filesystem::path& p
   if (add_persistent_buffers(writer, model) > 0) writer.write(path);
 }
 
-/// Checks that the buffers file of checkpoint `dir` (if any) holds exactly the persistent
-/// buffers of `model`, with their shapes and dtypes; returns it open, or nothing when neither
-/// has buffers. Throws naming every difference.
+/// Compares the persistent buffers of `model` with the tensors of the same names in `file` (none:
+/// as if empty): a buffer the file lacks goes to `missing`, one of another shape or dtype to
+/// `wrong`, described. Returns the buffers' names.
 template <class Model>
-std::optional<SafetensorsFile> check_checkpoint_buffers(const Model& model, const std::filesystem::path& dir) {
-  const std::filesystem::path path = dir / checkpoint_buffers_file;
-  std::optional<SafetensorsFile> file;
-  if (std::filesystem::exists(path)) file = SafetensorsFile::open(path);
-  std::vector<std::string> missing, unexpected, wrong;
-  std::set<std::string> mine;
+std::set<std::string> compare_persistent_buffers(const Model& model, const SafetensorsFile* file,
+                                                 std::vector<std::string>& missing, std::vector<std::string>& wrong) {
+  std::set<std::string> names;
   visit_buffers(model, [&](const std::string& name, const auto& b) {
     if (!b.persistent()) return;
-    mine.insert(name);
+    names.insert(name);
     using T = parameter_element_t<std::remove_cvref_t<decltype(b)>>;
     const SafetensorsTensorInfo* t = file ? file->find(name) : nullptr;
     if (!t) return missing.push_back(name);
@@ -235,6 +232,19 @@ std::optional<SafetensorsFile> check_checkpoint_buffers(const Model& model, cons
                       " in the file, " + std::string(dtype_name(dtype_v<T>)) + " " +
                       shape_string(std::vector<std::int64_t>(s.begin(), s.end())) + " in the model)");
   });
+  return names;
+}
+
+/// Checks that the buffers file of checkpoint `dir` (if any) holds exactly the persistent
+/// buffers of `model`, with their shapes and dtypes; returns it open, or nothing when neither
+/// has buffers. Throws naming every difference.
+template <class Model>
+std::optional<SafetensorsFile> check_checkpoint_buffers(const Model& model, const std::filesystem::path& dir) {
+  const std::filesystem::path path = dir / checkpoint_buffers_file;
+  std::optional<SafetensorsFile> file;
+  if (std::filesystem::exists(path)) file = SafetensorsFile::open(path);
+  std::vector<std::string> missing, unexpected, wrong;
+  const std::set<std::string> mine = compare_persistent_buffers(model, file ? &*file : nullptr, missing, wrong);
   if (file)
     for (const SafetensorsTensorInfo& t : file->tensors())
       if (!mine.count(t.name)) unexpected.push_back(t.name);
@@ -245,9 +255,10 @@ std::optional<SafetensorsFile> check_checkpoint_buffers(const Model& model, cons
   return file;
 }
 
-/// Reads every persistent buffer of `model` from `file` (checked by check_checkpoint_buffers).
+/// Reads every persistent buffer of `model` from `file` (a checkpoint's buffers file or a full
+/// state dict, checked first).
 template <class Model>
-void read_checkpoint_buffers(const Model& model, const SafetensorsFile& file) {
+void read_persistent_buffers(const Model& model, const SafetensorsFile& file) {
   visit_buffers(model, [&](const std::string& name, const auto& b) {
     if (!b.persistent()) return;
     using T = parameter_element_t<std::remove_cvref_t<decltype(b)>>;
@@ -476,7 +487,7 @@ TrainingState load_checkpoint(E& engine, const std::filesystem::path& dir) {
     for (std::size_t u = 0; u < engine.units().units.size(); ++u)
       engine.access_optimizer_on_host(
           u, true, [&](auto& opt, auto params) { detail::read_unit_state(plan, u, opt, params, m.optimizer_step); });
-    if (buffers) detail::read_checkpoint_buffers(engine.model(), *buffers);
+    if (buffers) detail::read_persistent_buffers(engine.model(), *buffers);
   });
   detail::agree_or_throw<typename E::device>(comm, error, "load_checkpoint", dir);
 
