@@ -149,6 +149,22 @@ std::vector<double> initial_mean(int rank) {
   return m;
 }
 
+/// A config under which each rank keeps buffers of its own (no broadcast at start-up or before a
+/// forward), so that rank 0's can be told apart from the others'.
+StrategyConfig own_buffers() {
+  StrategyConfig config;
+  config.sync_models_at_startup = false;
+  config.broadcast_buffers = false;
+  return config;
+}
+
+/// Gives `model` buffers that differ by rank: running mean 10 * rank + j + 0.5, 5 + rank batches.
+void fill_buffers_of_rank(Model& model, int rank) {
+  for (std::int64_t j = 0; j < channels; ++j)
+    model.running.running_mean.value().data()[j] = float(10 * rank + j) + 0.5f;
+  model.running.batches_seen.value().data()[0] = 5 + rank;
+}
+
 }  // namespace
 
 TEMPLATE_TEST_CASE("module buffers stay whole on every rank, follow rank 0 before each forward, and training matches "
@@ -199,18 +215,14 @@ TEST_CASE("without broadcast_buffers and sync_models_at_startup each rank's buff
 TEST_CASE("a checkpoint holds rank 0's persistent buffers, loads them into every rank and names a missing one",
           "[engine][buffers][io]") {
   TempDir dir;
-  StrategyConfig config;  // each rank keeps buffers of its own, to tell rank 0's apart
-  config.sync_models_at_startup = false;
-  config.broadcast_buffers = false;
+  const StrategyConfig config = own_buffers();
   const SgdConfig sgd = test::momentum_sgd();
   std::vector<std::vector<float>> loaded(2);
   std::vector<std::int64_t> seen(2);
   run_ranks(2, [&](ThreadCommunicator& comm) {
     {
       Model model;
-      for (std::int64_t j = 0; j < channels; ++j)
-        model.running.running_mean.value().data()[j] = float(10 * comm.rank() + j) + 0.5f;
-      model.running.batches_seen.value().data()[0] = 5 + comm.rank();
+      fill_buffers_of_rank(model, comm.rank());
       Engine<ZeRO<2>, Model, ThreadCommunicator, Sgd<float>> engine(model, comm, sgd, config, 42);
       save_checkpoint(engine, dir / "checkpoint");
     }
@@ -245,9 +257,7 @@ TEST_CASE("full weights hold rank 0's persistent buffers beside the parameters, 
           "a missing or different one",
           "[engine][buffers][io]") {
   TempDir dir;
-  StrategyConfig config;  // each rank keeps buffers of its own, to tell rank 0's apart
-  config.sync_models_at_startup = false;
-  config.broadcast_buffers = false;
+  const StrategyConfig config = own_buffers();
   const SgdConfig sgd = test::momentum_sgd();
   const int world = 3;
   const std::filesystem::path path = dir / "full.safetensors";
@@ -258,9 +268,7 @@ TEST_CASE("full weights hold rank 0's persistent buffers beside the parameters, 
     const auto r = std::size_t(comm.rank());
     {
       Model model;
-      for (std::int64_t j = 0; j < channels; ++j)
-        model.running.running_mean.value().data()[j] = float(10 * comm.rank() + j) + 0.5f;
-      model.running.batches_seen.value().data()[0] = 5 + comm.rank();
+      fill_buffers_of_rank(model, comm.rank());
       Engine<ZeRO<3>, Model, ThreadCommunicator, Sgd<float>> engine(model, comm, sgd, config, 42);
       save_full_weights(engine, path);
       saved[r] = engine.full_parameters();

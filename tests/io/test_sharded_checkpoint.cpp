@@ -580,10 +580,11 @@ ReplayOutcome replay_save(const std::vector<RecordedOperation>& ops, Keep keep, 
       const CheckpointRun loaded = run<ZeRO<3>>({.world = 2, .load = ckpt});
       const bool ok = loaded.errors[0].empty() && loaded.errors[1].empty();
       if (!ok) what = loaded.errors[0] + loaded.errors[1];
-      if (ok && previous && loaded.resumed_step == previous->step && bit_identical(loaded.parameters, previous->parameters))
-        verdict = Holds::previous;
-      else if (ok && loaded.resumed_step == next.step && bit_identical(loaded.parameters, next.parameters))
-        verdict = Holds::next;
+      const auto holds_saved = [&](const Saved& saved) {
+        return ok && loaded.resumed_step == saved.step && bit_identical(loaded.parameters, saved.parameters);
+      };
+      if (previous && holds_saved(*previous)) verdict = Holds::previous;
+      else if (holds_saved(next)) verdict = Holds::next;
     }
     switch (verdict) {
       case Holds::previous: ++out.previous; break;
