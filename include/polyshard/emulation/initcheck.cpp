@@ -62,35 +62,37 @@ void for_each_shadow_byte(std::uint8_t* base, std::uintptr_t a, std::size_t n, F
 
 bool tracked(std::uintptr_t a, std::size_t n) { return n > 0 && a < address_space && n <= address_space - a; }
 
+void set_bits(std::atomic_ref<std::uint8_t> byte, std::uint8_t mask) { byte.fetch_or(mask, std::memory_order_relaxed); }
+/// Reads before it writes: most stores find their bytes written already, and a read leaves the
+/// shadow's cache line shared between threads that store beside each other.
+void clear_bits(std::atomic_ref<std::uint8_t> byte, std::uint8_t mask) {
+  if (byte.load(std::memory_order_relaxed) & mask)
+    byte.fetch_and(static_cast<std::uint8_t>(~mask), std::memory_order_relaxed);
+}
+bool unwritten_at(const std::uint8_t* base, std::uintptr_t address) { return base[address >> 3] >> (address & 7) & 1u; }
+
 /// Sets (`unwritten`) or clears the bits of [p, p + bytes): the whole shadow bytes at once.
 void mark(const void* p, std::size_t bytes, bool unwritten) {
   std::uint8_t* base = unwritten ? reserve_shadow() : shadow_base.load(std::memory_order_acquire);
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   if (base == nullptr || !tracked(a, bytes)) return;
+  const auto edge = unwritten ? set_bits : clear_bits;
   const std::uintptr_t end = a + bytes;
   const std::uintptr_t whole_begin = (a + 7) >> 3, whole_end = end >> 3;
   if (whole_end > whole_begin + 1) {
-    const auto edge = [&](std::atomic_ref<std::uint8_t> byte, std::uint8_t mask) {
-      if (unwritten) byte.fetch_or(mask, std::memory_order_relaxed);
-      else byte.fetch_and(static_cast<std::uint8_t>(~mask), std::memory_order_relaxed);
-    };
     for_each_shadow_byte(base, a, (whole_begin << 3) - a, edge);
     std::memset(base + whole_begin, unwritten ? 0xFF : 0x00, whole_end - whole_begin);
     for_each_shadow_byte(base, whole_end << 3, end - (whole_end << 3), edge);
     return;
   }
-  for_each_shadow_byte(base, a, bytes, [&](std::atomic_ref<std::uint8_t> byte, std::uint8_t mask) {
-    if (unwritten) byte.fetch_or(mask, std::memory_order_relaxed);
-    else if (byte.load(std::memory_order_relaxed) & mask)
-      byte.fetch_and(static_cast<std::uint8_t>(~mask), std::memory_order_relaxed);
-  });
+  for_each_shadow_byte(base, a, bytes, edge);
 }
 
 [[noreturn]] void report(std::uintptr_t a, std::size_t n) {
   std::size_t first = n, count = 0;
   const std::uint8_t* base = shadow_base.load(std::memory_order_acquire);
   for (std::size_t i = 0; i < n; ++i)
-    if (base[(a + i) >> 3] >> ((a + i) & 7) & 1u) {
+    if (unwritten_at(base, a + i)) {
       if (first == n) first = i;
       ++count;
     }
@@ -119,10 +121,7 @@ void check_load(std::uintptr_t a, std::size_t n) {
 void note_store(std::uintptr_t a, std::size_t n) {
   std::uint8_t* base = shadow_base.load(std::memory_order_relaxed);
   if (base == nullptr || !tracked(a, n)) return;
-  for_each_shadow_byte(base, a, n, [](std::atomic_ref<std::uint8_t> byte, std::uint8_t mask) {
-    if (byte.load(std::memory_order_relaxed) & mask)
-      byte.fetch_and(static_cast<std::uint8_t>(~mask), std::memory_order_relaxed);
-  });
+  for_each_shadow_byte(base, a, n, clear_bits);
 }
 
 }  // namespace
@@ -136,7 +135,7 @@ std::size_t unwritten_bytes(const void* p, std::size_t bytes) {
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   if (base == nullptr || !tracked(a, bytes)) return 0;
   std::size_t count = 0;
-  for (std::size_t i = 0; i < bytes; ++i) count += base[(a + i) >> 3] >> ((a + i) & 7) & 1u;
+  for (std::size_t i = 0; i < bytes; ++i) count += unwritten_at(base, a + i) ? 1 : 0;
   return count;
 }
 
