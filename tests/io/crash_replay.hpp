@@ -101,11 +101,17 @@ class PowerLossModel {
         file.data.insert(file.data.end(), op.bytes.begin(), op.bytes.end());
         break;
       }
-      case Kind::fsync_file: lookup(op.path)->durable_data = lookup(op.path)->data; break;
-      case Kind::fsync_directory:
-        lookup(op.path)->durable_entries = lookup(op.path)->entries;
+      case Kind::fsync_file: {
+        Node& file = *lookup(op.path);
+        file.durable_data = file.data;
+        break;
+      }
+      case Kind::fsync_directory: {
+        Node& dir = *lookup(op.path);
+        dir.durable_entries = dir.entries;
         journal_committed_ = journal_.size();
         break;
+      }
       case Kind::rename: {
         auto [from_parent, from_name] = parent_of(op.path);
         auto [to_parent, to_name] = parent_of(op.target);
