@@ -6,8 +6,11 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cstring>
 #include <map>
 #include <optional>
+#include <ostream>
 #include <tuple>
 
 #include "engine_fixture.hpp"
@@ -25,27 +28,38 @@ constexpr std::uint64_t kSeed = 42;
 constexpr std::int64_t kBatch = 8;  // rows of the global batch: every rank has one at world size 8
 constexpr int kSteps = 3;
 
+/// Weights by parameter name.
+using Named = std::map<std::string, std::vector<double>>;
+
 /// What a run left: each step's global mean loss, and the master weights by parameter name.
 struct Trained {
   std::vector<double> losses;
-  std::map<std::string, std::vector<double>> masters;
+  Named masters;                    // after the last step
+  std::vector<Named> masters_before;  // [s]: the masters step s computed with (none under a delayed update)
   std::vector<std::int64_t> unit_numel;  // parameters per unit, unpadded
+  // Elements on which two ranks hold a copy of the same master (a replicated unit) that differs
+  // in any bit: every rank applies the same reduced gradient, so every copy must be the same.
+  std::size_t replica_mismatches = 0;
 };
 
 /// One rank's share: its losses (weighted by its rows) and the master elements it holds.
 struct RankMasters {
+  using Snapshot = std::vector<std::pair<std::int64_t, std::vector<double>>>;  // per unit: (first element, values)
   std::vector<double> losses;
-  std::vector<std::pair<std::int64_t, std::vector<double>>> per_unit;  // (first element, values)
+  std::vector<Snapshot> snapshots;  // before each step, then after the last
   std::vector<std::vector<std::tuple<std::string, std::int64_t, std::int64_t>>> layout;  // (name, offset, numel)
   std::vector<std::int64_t> unit_numel;
 };
 
 /// Trains padded_gpt() under S on `world` thread ranks for kSteps steps of the global batch, and
-/// puts the fp32 master weights together from every rank's unit states. Under ManualWrap each
-/// rank marks every block in its construction context.
+/// puts the fp32 master weights together from every rank's unit states, before every step and
+/// after the last. Under ManualWrap each rank marks every block in its construction context.
+/// `frozen_step`: a step taken at learning rate 0, for the controls that must fail.
 template <class S, class Opt>
-Trained train_engine(int world, typename Opt::config_type opt, double clip, StrategyConfig config = {}) {
+Trained train_engine(int world, typename Opt::config_type opt, double clip, StrategyConfig config = {},
+                     int frozen_step = -1) {
   std::vector<RankMasters> ranks(static_cast<std::size_t>(world));
+  const bool delayed = config.delayed_parameter_update;
   run_ranks(world, [&](ThreadCommunicator& comm) {
     RankMasters& mine = ranks[static_cast<std::size_t>(comm.rank())];
     std::optional<ShardedConstruction> marks;
@@ -54,22 +68,30 @@ Trained train_engine(int world, typename Opt::config_type opt, double clip, Stra
     if constexpr (S::wrap::manual)
       for (auto& block : model.transformer.h) wrap(block);
     Engine<S, Gpt<float>, ThreadCommunicator, Opt> engine(model, comm, opt, config, kSeed);
+    const auto snapshot = [&] {
+      auto& units = mine.snapshots.emplace_back();
+      for (const auto& u : engine.unit_states()) {
+        const auto values = u.master.to_vector();
+        const std::int64_t first = u.master.numel() == u.layout->padded ? 0 : u.shard_begin();
+        units.emplace_back(first, std::vector<double>(values.begin(), values.end()));
+      }
+    };
     BatchSampler sampler(test::tiny_data(), 8, kBatch, 7);
     const RowRange rows = rank_rows(kBatch, comm.rank(), world);
     const double weight = double(rows.end - rows.begin) / double(kBatch);
     for (int step = 0; step < kSteps; ++step) {
+      if (!delayed) snapshot();  // a delayed update may still be writing them
       const Batch b = sampler.batch(step, comm.rank(), world);
       Var<float> loss = engine.forward([&] { return model.loss(b.inputs, b.targets); });
       mine.losses.push_back(double(loss.value().data()[0]) * weight);
       engine.backward(loss, weight);
       loss = Var<float>();
-      POLYSHARD_CHECK(engine.step(opt.lr, clip), "a step was skipped: the comparison assumes none is");
+      POLYSHARD_CHECK(engine.step(step == frozen_step ? 0.0 : opt.lr, clip),
+                      "a step was skipped: the comparison assumes none is");
     }
     engine.complete_delayed_update();  // StrategyConfig::delayed_parameter_update: the last step's
+    snapshot();
     for (const auto& u : engine.unit_states()) {
-      const auto values = u.master.to_vector();
-      const std::int64_t first = u.master.numel() == u.layout->padded ? 0 : u.shard_begin();
-      mine.per_unit.emplace_back(first, std::vector<double>(values.begin(), values.end()));
       auto& names = mine.layout.emplace_back();
       for (const auto& e : u.layout->entries) names.emplace_back(e.name, e.offset, e.numel());
       mine.unit_numel.push_back(u.layout->numel);
@@ -81,48 +103,82 @@ Trained train_engine(int world, typename Opt::config_type opt, double clip, Stra
   for (const RankMasters& r : ranks)
     for (int s = 0; s < kSteps; ++s) out.losses[static_cast<std::size_t>(s)] += r.losses[static_cast<std::size_t>(s)];
   out.unit_numel = ranks[0].unit_numel;
-  for (std::size_t unit = 0; unit < ranks[0].layout.size(); ++unit) {
-    std::vector<double> whole;
-    for (const RankMasters& r : ranks) {
-      const auto& [first, values] = r.per_unit[unit];
-      if (whole.size() < std::size_t(first) + values.size()) whole.resize(std::size_t(first) + values.size());
-      std::copy(values.begin(), values.end(), whole.begin() + first);
+  const auto assemble = [&](std::size_t snap) {
+    Named named;
+    for (std::size_t unit = 0; unit < ranks[0].layout.size(); ++unit) {
+      std::vector<double> whole;
+      std::vector<bool> held;
+      for (const RankMasters& r : ranks) {
+        const auto& [first, values] = r.snapshots[snap][unit];
+        if (whole.size() < std::size_t(first) + values.size()) {
+          whole.resize(std::size_t(first) + values.size());
+          held.resize(whole.size());
+        }
+        for (std::size_t i = 0; i < values.size(); ++i) {
+          const std::size_t at = std::size_t(first) + i;
+          if (held[at] && std::memcmp(&whole[at], &values[i], sizeof(double)) != 0) ++out.replica_mismatches;
+          whole[at] = values[i];
+          held[at] = true;
+        }
+      }
+      for (const auto& [name, offset, numel] : ranks[0].layout[unit])
+        named[name] = std::vector<double>(whole.begin() + offset, whole.begin() + offset + numel);
     }
-    for (const auto& [name, offset, numel] : ranks[0].layout[unit])
-      out.masters[name] = std::vector<double>(whole.begin() + offset, whole.begin() + offset + numel);
-  }
+    return named;
+  };
+  const std::size_t snaps = ranks[0].snapshots.size();
+  for (std::size_t snap = 0; snap + 1 < snaps; ++snap) out.masters_before.push_back(assemble(snap));
+  out.masters = assemble(snaps - 1);
   return out;
 }
 
 /// What the oracle computed for the same steps on the whole global batch.
 struct Expected {
   std::vector<double> losses;
-  std::vector<std::pair<std::string, std::vector<double>>> masters;
-  double largest_grad = 0;  // the largest gradient element of any step
-  double moved = 0;         // the largest change of a weight over the run: what the tolerances are against
+  Named masters;                 // after the last step (and the last delayed update)
+  Named initial;                 // before the first step
+  std::vector<Named> masters_after;  // [s]: after step s
+  std::vector<Named> grads_through;  // [s]: each element's largest |reduced gradient| over steps 0 to s
   bool overflowed = false;
 };
+
+template <class P>
+ReferenceTrainer reference_trainer(test::ReferenceOptimizer opt) {
+  return ReferenceTrainer(padded_gpt(), kSeed, opt,
+                          ReferenceRounding::of<typename P::compute_type, typename P::reduce_type,
+                                                typename P::master_type>(P::loss_scale::initial_scale));
+}
+
+inline Named to_named(std::vector<std::pair<std::string, std::vector<double>>> values) {
+  return Named(std::make_move_iterator(values.begin()), std::make_move_iterator(values.end()));
+}
 
 /// `delayed`: each step's gradient applied at the next step (ZeRO-Offload's delayed parameter
 /// update), the last one after the run.
 template <class P>
 Expected train_reference(test::ReferenceOptimizer opt, double lr, double clip, bool delayed = false) {
-  ReferenceTrainer reference(padded_gpt(), kSeed, opt,
-                             ReferenceRounding::of<typename P::compute_type, typename P::reduce_type,
-                                                   typename P::master_type>(P::loss_scale::initial_scale));
+  ReferenceTrainer reference = reference_trainer<P>(opt);
   if (delayed) reference.delay_updates();
   BatchSampler sampler(test::tiny_data(), 8, kBatch, 7);
   Expected out;
-  const auto initial = reference.parameters();
-  for (int step = 0; step < kSteps; ++step) out.losses.push_back(reference.step(sampler.batch(step, 0, 1), lr, clip));
+  out.initial = to_named(reference.parameters());
+  for (int step = 0; step < kSteps; ++step) {
+    out.losses.push_back(reference.step(sampler.batch(step, 0, 1), lr, clip));
+    out.masters_after.push_back(to_named(reference.parameters()));
+    out.grads_through.push_back(to_named(reference.largest_abs_grads()));
+  }
   reference.flush();
-  out.masters = reference.parameters();
-  for (std::size_t p = 0; p < initial.size(); ++p)
-    for (std::size_t i = 0; i < initial[p].second.size(); ++i)
-      out.moved = std::max(out.moved, std::abs(out.masters[p].second[i] - initial[p].second[i]));
-  out.largest_grad = reference.largest_grad();
+  out.masters = to_named(reference.parameters());
   out.overflowed = reference.overflowed();
   return out;
+}
+
+/// The oracle's loss of step `step`'s global batch at master weights `masters`.
+template <class P>
+double reference_loss(test::ReferenceOptimizer opt, const Named& masters, int step) {
+  ReferenceTrainer reference = reference_trainer<P>(opt);
+  BatchSampler sampler(test::tiny_data(), 8, kBatch, 7);
+  return reference.loss_at(masters, sampler.batch(step, 0, 1));
 }
 
 /// Largest |engine - oracle| over every master weight; every name must be on both sides.
@@ -141,10 +197,11 @@ constexpr double unit_roundoff() {
 
 
 /// The largest |engine - oracle| a master weight of a run under precision policy P may show after
-/// kSteps steps of SGD with momentum (lr) at world size `world`. fp32: 1e-6, float against
+/// `steps` steps of SGD with momentum (lr) at world size `world`. fp32: 1e-6, float against
 /// double in forward, backward and the reduction's sums, each within float's unit roundoff (6e-8)
 /// times the small sums of this model. 16-bit (u: the format's unit roundoff, W: the world size,
-/// G: the oracle's largest gradient element, w: its largest weight, n: the steps):
+/// G: the largest reduced-gradient element of the weight's own tensor over those steps, w: the
+/// weight's largest magnitude over them, n: the steps):
 /// - each step's reduced gradient differs from the oracle's by at most (W + 1) u G: every rank
 ///   rounds its share to the reduce dtype and the sum is rounded again, where the oracle rounds
 ///   the exact sum once; and by 2 u G more where a compute-dtype weight rounded to the other
@@ -152,21 +209,109 @@ constexpr double unit_roundoff() {
 /// - momentum carries a gradient error into every later step: the weights move by
 ///   lr * sum_t sum_{k<=t} momentum^(t-k) g_k, at most lr * n (n + 1) / 2 times the error;
 /// - 16-bit masters (PureBf16) may each round to the other neighbour once per step: n * 2 u w.
-/// Plus 1e-6 for the fp32 arithmetic around it.
+/// Plus 1e-6 for the fp32 arithmetic around it. Scaling by the tensor's own gradient, not the
+/// model's largest, keeps the bound below every tensor's movement (check_sharp proves it).
 template <class P>
-double sgd_tolerance(const Expected& expected, int world, double lr) {
+double element_tolerance(double tensor_grad, double weight, int steps, int world, double lr) {
   using CT = typename P::compute_type;
   if constexpr (std::is_same_v<CT, float> && std::is_same_v<typename P::master_type, float>) {
     return 1e-6;
   } else {
-  double largest_weight = 0;
-  for (const auto& [name, values] : expected.masters)
-    for (double w : values) largest_weight = std::max(largest_weight, std::abs(w));
-  const double u = unit_roundoff<CT>();
-  const double n = kSteps;
-  const bool master_16bit = !std::is_same_v<typename P::master_type, float>;
-  return lr * (world + 3) * u * expected.largest_grad * n * (n + 1) / 2 + (master_16bit ? n * 2 * u * largest_weight : 0.0) +
-         1e-6;
+    const double u = unit_roundoff<CT>();
+    const double n = steps;
+    const bool master_16bit = !std::is_same_v<typename P::master_type, float>;
+    return lr * (world + 3) * u * tensor_grad * n * (n + 1) / 2 + (master_16bit ? n * 2 * u * std::abs(weight) : 0.0) +
+           1e-6;
+  }
+}
+
+/// A weight farther from the oracle's than its tolerance: the first such element of its tensor.
+struct Excess {
+  std::string name;
+  std::size_t index = 0;
+  double difference = 0, tolerance = 0;
+  bool operator==(const Excess&) const = default;
+};
+
+inline std::ostream& operator<<(std::ostream& out, const Excess& e) {
+  return out << e.name << "[" << e.index << "]: " << e.difference << " from the oracle, tolerance " << e.tolerance;
+}
+
+/// Every tensor of `got`, the masters after `steps` steps (1 to kSteps; at kSteps, after the last
+/// delayed update too), with an element farther from the oracle's than element_tolerance allows.
+template <class P>
+std::vector<Excess> excesses(const Named& got, const Expected& expected, int steps, int world, double lr) {
+  const std::size_t s = static_cast<std::size_t>(steps - 1);
+  const Named& want = steps == kSteps ? expected.masters : expected.masters_after.at(s);
+  std::vector<Excess> out;
+  for (const auto& [name, values] : want) {
+    const auto it = got.find(name);
+    REQUIRE(it != got.end());
+    REQUIRE(it->second.size() == values.size());
+    const std::vector<double>& grads = expected.grads_through.at(s).at(name);
+    const double tensor_grad = *std::max_element(grads.begin(), grads.end());
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      double weight = std::max(std::abs(expected.initial.at(name)[i]), std::abs(values[i]));
+      for (std::size_t k = 0; k <= s; ++k) weight = std::max(weight, std::abs(expected.masters_after[k].at(name)[i]));
+      const double tolerance = element_tolerance<P>(tensor_grad, weight, steps, world, lr);
+      const double difference = std::abs(it->second[i] - values[i]);
+      if (!(difference <= tolerance)) {
+        out.push_back({name, i, difference, tolerance});
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+/// The loss a run reports is its forward in float of the weights it holds: the oracle's double
+/// forward of the same (compute-dtype) weights, within float's rounding of these small sums.
+inline bool same_loss(double reported, double oracle) { return std::abs(reported - oracle) <= 1e-6 * std::abs(oracle); }
+
+/// A run of S held to the oracle at world size `world`:
+/// - its masters within element_tolerance of the oracle's after every step (after the last only
+///   under a delayed update, whose masters are still being written between steps);
+/// - every loss the oracle's loss at the weights the run computed it with (same_loss);
+/// - every rank's copy of a replicated unit the same, bit for bit.
+template <class P>
+void check_run(const Trained& run, const Expected& expected, test::ReferenceOptimizer opt, int world, double lr) {
+  CHECK(run.replica_mismatches == 0);
+  CHECK(excesses<P>(run.masters, expected, kSteps, world, lr) == std::vector<Excess>{});
+  REQUIRE(run.losses.size() == std::size_t(kSteps));
+  if (run.masters_before.empty()) return;
+  REQUIRE(run.masters_before.size() == std::size_t(kSteps));
+  for (int s = 0; s < kSteps; ++s) {
+    INFO("step " << s);
+    if (s > 0) CHECK(excesses<P>(run.masters_before[std::size_t(s)], expected, s, world, lr) == std::vector<Excess>{});
+    CHECK(same_loss(run.losses[std::size_t(s)], reference_loss<P>(opt, run.masters_before[std::size_t(s)], s)));
+  }
+}
+
+/// The controls that show check_run's tolerances tell training from no training on this run:
+/// - every tensor the oracle moves fails the check when it is left at its initial values, as a
+///   run that never updated it would leave it (the other tensors as this run trained them);
+/// - a tensor the oracle leaves where it was, every update rounded away, occurs only under 16-bit
+///   master weights (no check could see a missing update there: the oracle misses it too);
+/// - every loss after the first differs, beyond same_loss, from the loss of the weights one step
+///   behind.
+template <class P>
+void check_sharp(const Trained& run, const Expected& expected, test::ReferenceOptimizer opt, int world, double lr) {
+  REQUIRE(run.masters_before.size() == std::size_t(kSteps));
+  const Named& initial = run.masters_before.front();
+  for (const auto& [name, values] : expected.masters) {
+    INFO(name << " left at its initial values");
+    if (values == expected.initial.at(name)) {
+      CHECK(!std::is_same_v<typename P::master_type, float>);
+      continue;
+    }
+    Named frozen = run.masters;
+    frozen[name] = initial.at(name);
+    const std::vector<Excess> found = excesses<P>(frozen, expected, kSteps, world, lr);
+    CHECK(std::any_of(found.begin(), found.end(), [&](const Excess& e) { return e.name == name; }));
+  }
+  for (int s = 1; s < kSteps; ++s) {
+    INFO("step " << s << "'s loss at the weights of step " << s - 1);
+    CHECK_FALSE(same_loss(run.losses[std::size_t(s)], reference_loss<P>(opt, run.masters_before[std::size_t(s - 1)], s)));
   }
 }
 

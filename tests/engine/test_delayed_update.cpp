@@ -33,11 +33,10 @@ TEMPLATE_LIST_TEST_CASE("a delayed parameter update trains as the oracle that ap
     CHECK(run.losses[0] == Approx(late.losses[0]).epsilon(1e-6));
     CHECK(run.losses[1] == Approx(late.losses[1]).epsilon(1e-6));
     CHECK(std::abs(run.losses[1] - prompt.losses[1]) > 100 * 1e-6 * std::abs(prompt.losses[1]));
-    // Every update applied, the last one by complete_delayed_update().
-    const double tolerance = sgd_tolerance<P>(late, world, sgd.lr);
-    CAPTURE(tolerance);
-    CHECK(max_master_difference(run, late) < tolerance);
-    CHECK(max_master_difference(run, prompt) > tolerance);
+    // Every update applied, the last one by complete_delayed_update(); the masters cannot be read
+    // between steps (the host thread may be writing them), so check_run holds the last ones.
+    check_run<P>(run, late, sgd, world, sgd.lr);
+    CHECK(excesses<P>(run.masters, prompt, kSteps, world, sgd.lr).size() > 0);
   }
 }
 

@@ -12,9 +12,11 @@
 // rounding, bounded by the tolerances the tests state.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -92,9 +94,7 @@ class ReferenceTrainer {
   double step(const Batch& global, double lr, double max_norm = std::numeric_limits<double>::infinity()) {
     std::vector<double>& master = weights_of(optimizer_);
     const std::size_t n = master.size();
-    // The weights the model computes with: the masters in the compute dtype.
-    double* const weights = flat_.values().data();
-    for (std::size_t i = 0; i < n; ++i) weights[i] = rounding_.compute(master[i]);
+    compute_with(master);
     flat_.zero_grad(false);
     Var<double> loss = model_.loss(global.inputs, global.targets);
     backward(loss);
@@ -115,7 +115,10 @@ class ReferenceTrainer {
     const double coefficient = max_norm / (last_grad_norm_ + 1e-6);
     if (coefficient < 1.0)
       for (double& g : grad) g *= coefficient;
-    for (double g : grad) largest_grad_ = std::max(largest_grad_, std::abs(g));
+    largest_abs_grad_.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      largest_abs_grad_[i] = std::max(largest_abs_grad_[i], std::abs(grad[i]));
+    }
 
     if (delay_) {  // this step's gradient waits for the next step; the previous one's applies now
       std::optional<std::pair<std::vector<double>, double>> previous = std::move(pending_);
@@ -139,21 +142,46 @@ class ReferenceTrainer {
 
   /// The master weights by parameter name, in the order polyshard's FlatParameters lays them out.
   std::vector<std::pair<std::string, std::vector<double>>> parameters() const {
-    const std::vector<double>& master = std::visit([](const auto& r) -> const std::vector<double>& { return r.p; },
-                                                   optimizer_);
-    std::vector<std::pair<std::string, std::vector<double>>> out;
-    for (const auto& e : flat_.entries())
-      out.emplace_back(e.name, std::vector<double>(master.begin() + e.offset, master.begin() + e.offset + e.numel()));
-    return out;
+    return by_name(std::visit([](const auto& r) -> const std::vector<double>& { return r.p; }, optimizer_));
+  }
+  /// Each element's largest |gradient| (reduced, after clipping) over the steps so far, by name.
+  std::vector<std::pair<std::string, std::vector<double>>> largest_abs_grads() const {
+    std::vector<double> values = largest_abs_grad_;
+    values.resize(static_cast<std::size_t>(flat_.numel()));  // zeros before the first step
+    return by_name(values);
+  }
+  /// The mean loss of `global` at master weights `masters` (by name, as parameters() gives them),
+  /// computed as step() computes it: the weights rounded to the compute dtype, the rest in double.
+  /// Leaves this trainer's own weights and state as they were.
+  template <class Named>
+  double loss_at(const Named& masters, const Batch& global) {
+    std::vector<double> master(static_cast<std::size_t>(flat_.numel()));
+    for (const auto& e : flat_.entries()) {
+      const auto it = masters.find(e.name);
+      if (it == masters.end() || it->second.size() != static_cast<std::size_t>(e.numel()))
+        throw std::invalid_argument("ReferenceTrainer::loss_at: no weights of the right size for " + e.name);
+      std::copy(it->second.begin(), it->second.end(), master.begin() + e.offset);
+    }
+    compute_with(master);
+    return model_.loss(global.inputs, global.targets).value().data()[0];
   }
   /// True when a scaled gradient exceeded the reduce dtype's range (the engine skips that step;
   /// this trainer does not, so a comparison past it means nothing).
   bool overflowed() const { return overflowed_; }
-  /// The largest gradient element seen (after clipping): the scale of the tolerances.
-  double largest_grad() const { return largest_grad_; }
   double last_grad_norm() const { return last_grad_norm_; }
 
  private:
+  /// The model's weights: the masters in the compute dtype.
+  void compute_with(const std::vector<double>& master) {
+    double* const weights = flat_.values().data();
+    for (std::size_t i = 0; i < master.size(); ++i) weights[i] = rounding_.compute(master[i]);
+  }
+  std::vector<std::pair<std::string, std::vector<double>>> by_name(const std::vector<double>& flat) const {
+    std::vector<std::pair<std::string, std::vector<double>>> out;
+    for (const auto& e : flat_.entries())
+      out.emplace_back(e.name, std::vector<double>(flat.begin() + e.offset, flat.begin() + e.offset + e.numel()));
+    return out;
+  }
   static std::vector<double>& weights_of(std::variant<ReferenceSgd, ReferenceAdam>& optimizer) {
     return std::visit([](auto& r) -> std::vector<double>& { return r.p; }, optimizer);
   }
@@ -180,7 +208,8 @@ class ReferenceTrainer {
   bool overflowed_ = false;
   bool delay_ = false;
   std::optional<std::pair<std::vector<double>, double>> pending_;  // a delayed gradient and its lr
-  double largest_grad_ = 0, last_grad_norm_ = 0;
+  double last_grad_norm_ = 0;
+  std::vector<double> largest_abs_grad_;  // per element, over the steps so far
 };
 
 }  // namespace polyshard::test
