@@ -8,10 +8,15 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
+#include <thread>
 
 #include "polyshard/engine/cuda/engine.hpp"
 #include "engine_fixture.hpp"
+#include "oracle_fixture.hpp"
+#include "polyshard/core/cuda/runtime.hpp"
+#include "support/gpu_devices.hpp"
 #include "support/reference_trainer.hpp"
 
 namespace polyshard::test {
@@ -54,7 +59,8 @@ test::RunResult train_on_gpu(int steps, typename Opt::config_type opt = test::mo
   NcclCommunicator comm = one_gpu();
   Gpt<CT, Cuda> model(test::tiny_gpt());
   Engine<S, Gpt<CT, Cuda>, NcclCommunicator, Opt> engine(model, comm, opt, config, 42);
-  for (int step = 0; step < steps; ++step) result.losses.push_back(train_one_step(engine, model, step, opt.lr, clip, together));
+  for (int step = 0; step < steps; ++step)
+    result.losses.push_back(train_one_step(engine, model, step, opt.lr, clip, together));
   if (final_scale) *final_scale = engine.loss_scaler().scale();
   result.parameters = engine.full_parameters();
   return result;
@@ -77,6 +83,54 @@ inline ReferenceRun reference_run(int steps, bool delayed) {
   reference.flush();
   out.parameters = reference.parameters();
   return out;
+}
+
+/// oracle::train_engine's twin on `world` GPUs, rank r on device r: padded_gpt() computing in S's
+/// compute type, its activations included, for oracle::kSteps steps of the oracle's batches.
+/// Empty where fewer than `world` devices are visible (test::have_devices).
+template <class S>
+std::optional<oracle::Trained> train_padded_on_gpus(int world, const SgdConfig& sgd, int frozen_step = -1) {
+  using CT = typename S::compute_type;
+  if (!test::have_devices(world)) return std::nullopt;
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  std::vector<oracle::RankMasters> ranks(static_cast<std::size_t>(world));
+  std::vector<std::string> errors(static_cast<std::size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        POLYSHARD_CUDA_CHECK(cudaSetDevice(r));
+        NcclCommunicator comm(r, world, id, r);
+        oracle::RankMasters& mine = ranks[static_cast<std::size_t>(r)];
+        Gpt<CT, Cuda> model(oracle::padded_gpt());
+        Engine<S, Gpt<CT, Cuda>, NcclCommunicator, Sgd<float>> engine(model, comm, sgd, {}, oracle::kSeed);
+        BatchSampler sampler(test::tiny_data(), 8, oracle::kBatch, 7);
+        const RowRange rows = rank_rows(oracle::kBatch, r, world);
+        const double weight = double(rows.end - rows.begin) / double(oracle::kBatch);
+        for (int step = 0; step < oracle::kSteps; ++step) {
+          mine.snapshots.push_back(oracle::snapshot_of(engine));
+          const Batch b = sampler.batch(step, r, world);
+          auto loss = engine.forward([&] { return model.loss(to_device(b.inputs), to_device(b.targets)); });
+          mine.losses.push_back(double(float(loss.value().to_vector()[0])) * weight);
+          engine.backward(loss, weight);
+          loss = {};
+          POLYSHARD_CHECK(engine.step(step == frozen_step ? 0.0 : sgd.lr, std::numeric_limits<double>::infinity()),
+                          "a step was skipped: the comparison assumes none is");
+        }
+        mine.snapshots.push_back(oracle::snapshot_of(engine));
+        oracle::record_layout(engine, mine);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r);
+    REQUIRE(errors[static_cast<std::size_t>(r)].empty());
+  }
+  return oracle::put_together(ranks);
 }
 
 inline void check_losses(const std::vector<double>& got, const std::vector<double>& want, double tolerance) {

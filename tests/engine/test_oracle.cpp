@@ -45,7 +45,8 @@ TEMPLATE_LIST_TEST_CASE("oracle: every fp32 strategy at world sizes 1 to 8 ends 
 namespace {
 
 template <class P>
-using Mixed = std::tuple<Strategy<NoShard, P>, Strategy<ShardGradients, P>, Strategy<ShardParameters<true>, WrapByType<Block>, P>,
+using Mixed = std::tuple<Strategy<NoShard, P>, Strategy<ShardGradients, P>,
+                         Strategy<ShardParameters<true>, WrapByType<Block>, P>,
                          Strategy<ShardGradients, OffloadOptimizer<Cpu>, P>>;
 using OracleMixed = decltype(std::tuple_cat(Mixed<Bf16Mixed>(), Mixed<Fp16Mixed>(), Mixed<PureBf16>()));
 

@@ -72,7 +72,8 @@ class ReferenceTrainer {
  public:
   /// The model of `config` initialised as polyshard initialises it from `seed` (each
   /// parameter's values a function of the seed, its name and index, drawn in float).
-  ReferenceTrainer(const GptConfig& config, std::uint64_t seed, ReferenceOptimizer optimizer, ReferenceRounding rounding)
+  ReferenceTrainer(const GptConfig& config, std::uint64_t seed, ReferenceOptimizer optimizer,
+                   ReferenceRounding rounding)
       : model_(config), flat_(model_), rounding_(rounding) {
     Gpt<float> drawn_model(config);
     FlatParameters<float> drawn(drawn_model);
@@ -84,7 +85,9 @@ class ReferenceTrainer {
         [&](const auto& c) {
           using C = std::decay_t<decltype(c)>;
           if constexpr (std::is_same_v<C, SgdConfig>) optimizer_ = ReferenceSgd{c, std::move(master), {}};
-          else optimizer_ = ReferenceAdam{static_cast<AdamConfig>(c), std::is_same_v<C, AdamWConfig>, std::move(master), {}, {}};
+          else
+            optimizer_ =
+                ReferenceAdam{static_cast<AdamConfig>(c), std::is_same_v<C, AdamWConfig>, std::move(master), {}, {}};
         },
         optimizer);
   }
