@@ -86,10 +86,12 @@ inline ReferenceRun reference_run(int steps, bool delayed) {
 }
 
 /// oracle::train_engine's twin on `world` GPUs, rank r on device r: padded_gpt() computing in S's
-/// compute type, its activations included, for oracle::kSteps steps of the oracle's batches.
+/// compute type, its activations included, for oracle::kSteps steps of the oracle's batches,
+/// `irregular` ones taken otherwise, as oracle::train_engine takes them.
 /// Empty where fewer than `world` devices are visible (test::have_devices).
 template <class S>
-std::optional<oracle::Trained> train_padded_on_gpus(int world, const SgdConfig& sgd, int frozen_step = -1) {
+std::optional<oracle::Trained> train_padded_on_gpus(int world, const SgdConfig& sgd,
+                                                    oracle::Irregular irregular = {}) {
   using CT = typename S::compute_type;
   if (!test::have_devices(world)) return std::nullopt;
   ncclUniqueId id;
@@ -113,12 +115,14 @@ std::optional<oracle::Trained> train_padded_on_gpus(int world, const SgdConfig& 
           const Batch b = sampler.batch(step, r, world);
           auto loss = engine.forward([&] { return model.loss(to_device(b.inputs), to_device(b.targets)); });
           mine.losses.push_back(double(float(loss.value().to_vector()[0])) * weight);
-          engine.backward(loss, weight);
+          engine.backward(loss, step == irregular.overflow ? weight * 1e30 : weight);
           loss = {};
-          POLYSHARD_CHECK(engine.step(step == frozen_step ? 0.0 : sgd.lr, std::numeric_limits<double>::infinity()),
-                          "a step was skipped: the comparison assumes none is");
+          mine.applied.push_back(
+              engine.step(step == irregular.zero_lr ? 0.0 : sgd.lr, std::numeric_limits<double>::infinity()));
+          POLYSHARD_CHECK(mine.applied.back() || step == irregular.overflow, "step ", step, " was skipped");
         }
         mine.snapshots.push_back(oracle::snapshot_of(engine));
+        mine.final_scale = engine.loss_scaler().scale();
         oracle::record_layout(engine, mine);
       } catch (const std::exception& e) {
         errors[static_cast<std::size_t>(r)] = e.what();

@@ -40,6 +40,15 @@ struct Trained {
   // Elements on which two ranks hold a copy of the same master (a replicated unit) that differs
   // in any bit: every rank applies the same reduced gradient, so every copy must be the same.
   std::size_t replica_mismatches = 0;
+  std::vector<bool> applied;        // [s]: whether step s was applied (Engine::step's verdict)
+  double final_scale = 1;           // the loss scale after the run
+};
+
+/// Steps a run takes differently from the others: the controls that must fail, and the runtime
+/// options the oracle follows too.
+struct Irregular {
+  int zero_lr = -1;   // this step at learning rate 0 (its momentum still gathered)
+  int overflow = -1;  // this step's backward seeded 1e30 times larger: fp16 gradients overflow, the step is skipped
 };
 
 /// One rank's share: its losses (weighted by its rows) and the master elements it holds.
@@ -47,6 +56,8 @@ struct RankMasters {
   using Snapshot = std::vector<std::pair<std::int64_t, std::vector<double>>>;  // per unit: (first element, values)
   std::vector<double> losses;
   std::vector<Snapshot> snapshots;  // before each step, then after the last
+  std::vector<bool> applied;
+  double final_scale = 1;
   std::vector<std::vector<std::tuple<std::string, std::int64_t, std::int64_t>>> layout;  // (name, offset, numel)
   std::vector<std::int64_t> unit_numel;
 };
@@ -81,6 +92,8 @@ inline Trained put_together(const std::vector<RankMasters>& ranks) {
   for (const RankMasters& r : ranks)
     for (int s = 0; s < kSteps; ++s) out.losses[static_cast<std::size_t>(s)] += r.losses[static_cast<std::size_t>(s)];
   out.unit_numel = ranks[0].unit_numel;
+  out.applied = ranks[0].applied;
+  out.final_scale = ranks[0].final_scale;
   const auto assemble = [&](std::size_t snap) {
     Named named;
     for (std::size_t unit = 0; unit < ranks[0].layout.size(); ++unit) {
@@ -113,10 +126,10 @@ inline Trained put_together(const std::vector<RankMasters>& ranks) {
 /// Trains padded_gpt() under S on `world` thread ranks for kSteps steps of the global batch, and
 /// puts the fp32 master weights together from every rank's unit states, before every step and
 /// after the last. Under ManualWrap each rank marks every block in its construction context.
-/// `frozen_step`: a step taken at learning rate 0, for the controls that must fail.
+/// `irregular`: the steps taken otherwise. Every other step must be applied.
 template <class S, class Opt>
 Trained train_engine(int world, typename Opt::config_type opt, double clip, StrategyConfig config = {},
-                     int frozen_step = -1) {
+                     Irregular irregular = {}) {
   std::vector<RankMasters> ranks(static_cast<std::size_t>(world));
   const bool delayed = config.delayed_parameter_update;
   run_ranks(world, [&](ThreadCommunicator& comm) {
@@ -135,13 +148,14 @@ Trained train_engine(int world, typename Opt::config_type opt, double clip, Stra
       const Batch b = sampler.batch(step, comm.rank(), world);
       Var<float> loss = engine.forward([&] { return model.loss(b.inputs, b.targets); });
       mine.losses.push_back(double(loss.value().data()[0]) * weight);
-      engine.backward(loss, weight);
+      engine.backward(loss, step == irregular.overflow ? weight * 1e30 : weight);
       loss = Var<float>();
-      POLYSHARD_CHECK(engine.step(step == frozen_step ? 0.0 : opt.lr, clip),
-                      "a step was skipped: the comparison assumes none is");
+      mine.applied.push_back(engine.step(step == irregular.zero_lr ? 0.0 : opt.lr, clip));
+      POLYSHARD_CHECK(mine.applied.back() || step == irregular.overflow, "step ", step, " was skipped");
     }
     engine.complete_delayed_update();  // StrategyConfig::delayed_parameter_update: the last step's
     mine.snapshots.push_back(snapshot_of(engine));
+    mine.final_scale = engine.loss_scaler().scale();
     record_layout(engine, mine);
   });
   return put_together(ranks);  // on the test thread
@@ -169,16 +183,20 @@ inline Named to_named(std::vector<std::pair<std::string, std::vector<double>>> v
 }
 
 /// `delayed`: each step's gradient applied at the next step (ZeRO-Offload's delayed parameter
-/// update), the last one after the run.
+/// update), the last one after the run. `skipped`: a step whose batch is drawn and not trained on,
+/// as an engine skips a step whose gradients overflowed.
 template <class P>
-Expected train_reference(test::ReferenceOptimizer opt, double lr, double clip, bool delayed = false) {
+Expected train_reference(test::ReferenceOptimizer opt, double lr, double clip, bool delayed = false,
+                         int skipped = -1) {
   ReferenceTrainer reference = reference_trainer<P>(opt);
   if (delayed) reference.delay_updates();
   BatchSampler sampler(test::tiny_data(), 8, kBatch, 7);
   Expected out;
   out.initial = to_named(reference.parameters());
   for (int step = 0; step < kSteps; ++step) {
-    out.losses.push_back(reference.step(sampler.batch(step, 0, 1), lr, clip));
+    const Batch batch = sampler.batch(step, 0, 1);
+    out.losses.push_back(step == skipped ? reference.loss_at(to_named(reference.parameters()), batch)
+                                         : reference.step(batch, lr, clip));
     out.masters_after.push_back(to_named(reference.parameters()));
     out.grads_through.push_back(to_named(reference.largest_abs_grads()));
   }

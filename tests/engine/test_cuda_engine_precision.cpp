@@ -20,7 +20,7 @@ TEMPLATE_TEST_CASE("16-bit compute with fp32 masters on the GPU ends on the emul
   const oracle::Trained run = *train_padded_on_gpus<TestType>(1, sgd);
   oracle::check_run<P>(run, expected, sgd, 1, sgd.lr, /*activations_16bit=*/true);
   oracle::check_sharp<P>(run, expected, sgd, 1, sgd.lr, /*activations_16bit=*/true);
-  const oracle::Trained stalled = *train_padded_on_gpus<TestType>(1, sgd, /*frozen_step=*/0);
+  const oracle::Trained stalled = *train_padded_on_gpus<TestType>(1, sgd, {.zero_lr = 0});
   CHECK(oracle::excesses<P>(stalled.masters, expected, oracle::kSteps, 1, sgd.lr, true).size() > 0);
 }
 

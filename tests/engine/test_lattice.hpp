@@ -41,15 +41,22 @@ TEMPLATE_LIST_TEST_CASE("lattice: the covering subset trains as one double-preci
   INFO(lattice::composition_name<K>());
   const SgdConfig sgd = test::momentum_sgd();
   constexpr double no_clip = std::numeric_limits<double>::infinity();
+  using Opt = Sgd<typename P::master_type>;
   const Expected expected = train_reference<P>(sgd, sgd.lr, no_clip);
   REQUIRE_FALSE(expected.overflowed);  // the engine would skip that step, the oracle does not
+  // The runtime options under hybrid sharding, as the oracle runs them: clipping at a norm below
+  // every step's (the global norm over every group's shards, each element counted once), and an
+  // fp16 overflow that skips the second step.
+  constexpr double kClip = 0.05;
+  const Expected clipped_expected = train_reference<P>(sgd, sgd.lr, kClip);
+  const Expected skipped_expected = train_reference<P>(sgd, sgd.lr, no_clip, false, /*skipped=*/1);
   test::TempDir nvme;                  // OffloadOptimizer<Nvme>: each rank's optimizer state in a file here
   for (int world = 1; world <= 8; ++world) {
     INFO("world size " << world);
     StrategyConfig config;
     if constexpr (S::sharding::hybrid) config.hybrid_group_size = hybrid_group_size(world);
     if constexpr (S::offload::to_nvme) config.nvme_path = nvme.path().string();
-    const Trained run = train_engine<S, Sgd<typename P::master_type>>(world, sgd, no_clip, config);
+    const Trained run = train_engine<S, Opt>(world, sgd, no_clip, config);
     // The root and the two blocks are units, except under WrapWhole: WrapBySize cuts too.
     CHECK(run.unit_numel.size() == (std::is_same_v<typename S::wrap, WrapWhole> ? 1u : 3u));
     for (const std::int64_t n : run.unit_numel)
@@ -61,5 +68,18 @@ TEMPLATE_LIST_TEST_CASE("lattice: the covering subset trains as one double-preci
     if constexpr (std::is_same_v<P, Fp32>)
       for (int s = 1; s < kSteps; ++s)
         CHECK(run.losses[std::size_t(s)] == Approx(expected.losses[std::size_t(s)]).epsilon(1e-6));
+    if constexpr (S::sharding::hybrid) {
+      const Trained clipped = train_engine<S, Opt>(world, sgd, kClip, config);
+      check_run<P>(clipped, clipped_expected, sgd, world, sgd.lr);
+      CHECK(excesses<P>(run.masters, clipped_expected, kSteps, world, sgd.lr).size() > 0);  // the clip bites
+      if constexpr (P::loss_scale::dynamic) {
+        const Trained skipped = train_engine<S, Opt>(world, sgd, no_clip, config, {.overflow = 1});
+        CHECK(skipped.applied == std::vector<bool>{true, false, true});
+        CHECK(skipped.masters_before[2] == skipped.masters_before[1]);  // the skipped step wrote nothing
+        check_run<P>(skipped, skipped_expected, sgd, world, sgd.lr);
+        // Hysteresis spares the scale at the first overflow; without it the scale halves.
+        CHECK(skipped.final_scale == (P::loss_scale::hysteresis > 1 ? run.final_scale : run.final_scale / 2));
+      }
+    }
   }
 }

@@ -69,7 +69,7 @@ TEMPLATE_LIST_TEST_CASE("oracle: mixed and 16-bit precision strategies end on th
     check_run<P>(run, expected, sgd, world, sgd.lr);
     check_sharp<P>(run, expected, sgd, world, sgd.lr);
     // The control run: its first step at learning rate 0, its momentum still gathered.
-    const Trained stalled = train_engine<TestType, Opt>(world, sgd, no_clip, {}, /*frozen_step=*/0);
+    const Trained stalled = train_engine<TestType, Opt>(world, sgd, no_clip, {}, {.zero_lr = 0});
     CHECK(excesses<P>(stalled.masters_before[1], expected, 1, world, sgd.lr).size() > 0);
     CHECK(excesses<P>(stalled.masters, expected, kSteps, world, sgd.lr).size() > 0);
   }
