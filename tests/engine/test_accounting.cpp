@@ -1,8 +1,11 @@
 // Bytes sent and model-state bytes equal the compile-time formulas, and those equal ZeRO's; the
-// bytes the backend measured moving equal its documented formula.
+// bytes the backend measured moving equal its documented formula. The formulas are given the
+// unit sizes worked out from the model's shapes (expected_layout.hpp), and the engine's layout
+// must equal them.
 #include <catch2/catch.hpp>
 
 #include "engine_fixture.hpp"
+#include "expected_layout.hpp"
 #include "io/temp_dir.hpp"
 
 using namespace polyshard;
@@ -17,11 +20,14 @@ TEMPLATE_LIST_TEST_CASE("bytes sent and model state equal the compile-time accou
   const int world = GENERATE(1, 2, 3, 4);
   CAPTURE(world);
   const auto r = train<TestType>(world, 2);
-  REQUIRE(r.padded % world == 0);
-  const double expected_bytes = bytes_sent_per_step<TestType>(r.padded, r.root_padded, world);
+  const std::vector<std::int64_t> units = test::padded_units<TestType>(test::gpt_shapes(test::tiny_gpt()), world);
+  const std::int64_t padded = test::sum(units);
+  CHECK(r.padded == padded);
+  CHECK(r.root_padded == units.front());
+  const double expected_bytes = bytes_sent_per_step<TestType>(padded, units.front(), world);
   CHECK(r.bytes_sent == Approx(expected_bytes).epsilon(1e-12).margin(1e-9));
   // SGD with momentum keeps one state value per parameter.
-  CHECK(double(r.model_state) == Approx(model_state_bytes<TestType>(r.padded, world, 1)).epsilon(1e-12));
+  CHECK(double(r.model_state) == Approx(model_state_bytes<TestType>(padded, world, 1)).epsilon(1e-12));
 
   // The traffic the in-process backend measured, summed over the ranks, against the prediction
   // summed likewise (docs/communication.md): every collective moves what the ring formula says
@@ -70,9 +76,13 @@ TEST_CASE("ZeRO-Infinity: no optimizer state in memory between steps, at most op
 
   // Between steps: parameters and gradients only, as the formula says, and ZeRO-3's traffic.
   const auto r = test::train<S>(world, 2, 6, test::momentum_sgd(), std::numeric_limits<double>::infinity(), config);
-  CHECK(double(r.model_state) == Approx(model_state_bytes<S>(r.padded, world, 1)).epsilon(1e-12));
-  CHECK(model_state_bytes<S>(r.padded, world, 1) == Approx(8.0 * double(r.padded) / world));
-  CHECK(r.bytes_sent == Approx(bytes_sent_per_step<S>(r.padded, r.root_padded, world)).epsilon(1e-12));
+  const std::vector<std::int64_t> units = test::padded_units<S>(test::gpt_shapes(test::tiny_gpt()), world);
+  const std::int64_t padded = test::sum(units);
+  REQUIRE(units.size() == 3);
+  CHECK(r.padded == padded);
+  CHECK(double(r.model_state) == Approx(model_state_bytes<S>(padded, world, 1)).epsilon(1e-12));
+  CHECK(model_state_bytes<S>(padded, world, 1) == Approx(8.0 * double(padded) / world));
+  CHECK(r.bytes_sent == Approx(bytes_sent_per_step<S>(padded, units.front(), world)).epsilon(1e-12));
 
   // During a step: each unit's Adam moments come back for its own step, never more than
   // `buffers` units' at once.
@@ -100,11 +110,13 @@ TEST_CASE("ZeRO-Infinity: no optimizer state in memory between steps, at most op
     s.peak = tracker.peak(MemoryCategory::OptimizerState);
     s.after = tracker.current(MemoryCategory::OptimizerState);
   });
+  const std::int64_t largest_unit = *std::max_element(units.begin(), units.end());
   for (const Seen& s : seen) {
-    const double largest_state = offloaded_state_bytes_in_step<S>(s.largest_unit, world, 1);
+    CHECK(s.largest_unit == largest_unit);
+    const double largest_state = offloaded_state_bytes_in_step<S>(largest_unit, world, 1);
     CHECK(s.after == 0);
     CHECK(double(s.peak) >= largest_state);  // the largest unit's moments, for its step
-    CHECK(double(s.peak) <= offloaded_state_bytes_in_step<S>(s.largest_unit, world, buffers));
+    CHECK(double(s.peak) <= offloaded_state_bytes_in_step<S>(largest_unit, world, buffers));
     if (buffers == 1) CHECK(double(s.peak) == largest_state);
   }
 }

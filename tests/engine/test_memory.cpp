@@ -7,6 +7,7 @@
 // on a model whose units pad at each.
 #include <catch2/catch.hpp>
 
+#include "expected_layout.hpp"
 #include "io/temp_dir.hpp"
 #include "oracle_fixture.hpp"
 #include "polyshard/policy/step_memory.hpp"
@@ -32,6 +33,28 @@ GptConfig four_blocks() {
   GptConfig c = test::oracle::padded_gpt();
   c.n_layer = 4;
   return c;
+}
+
+/// The engine's units of four_blocks() and their gradient buckets against expected_layout.hpp's,
+/// worked out from the shapes: a bucket holds whole parameters and bucket_cap_mb MiB of the
+/// reduce type, so a unit's gradients are one bucket under a cap above the unit's size and one
+/// bucket per parameter under one below every parameter's (the two caps these tests use).
+template <class S>
+void check_layout(const Held& h, int world, const StrategyConfig& config) {
+  const test::GptShapes shapes = test::gpt_shapes(four_blocks());
+  const std::vector<std::int64_t> padded = test::padded_units<S>(shapes, world);
+  REQUIRE(config.reduce_bucket_size == StrategyConfig{}.reduce_bucket_size);  // the cap is bucket_cap_mb's
+  const double cap = config.bucket_cap_mb * 1024 * 1024 / sizeof(typename S::precision::reduce_type);
+  std::vector<std::size_t> buckets;
+  for (const auto& params : test::unit_parameters<S>(shapes)) {
+    const std::int64_t n = test::sum(params);
+    const auto smallest = *std::min_element(params.begin(), params.end());
+    REQUIRE((cap >= double(n) || cap < double(smallest)));
+    buckets.push_back(cap >= double(n) ? 1 : params.size());
+  }
+  CHECK(h.units == padded);
+  CHECK(h.padded == test::sum(padded));
+  CHECK(h.buckets == buckets);
 }
 
 template <class S>
@@ -69,6 +92,10 @@ std::vector<Held> hold(int world, const StrategyConfig& config) {
     }
     comm.set_memory_tracker(detail::process_tracker());  // the communicator outlives this tracker
   });
+  for (int rank = 0; rank < world; ++rank) {
+    INFO("world size " << world << ", rank " << rank << ": the units laid out");
+    check_layout<S>(held[static_cast<std::size_t>(rank)], world, config);
+  }
   return held;
 }
 
