@@ -85,18 +85,13 @@ inline ReferenceRun reference_run(int steps, bool delayed) {
   return out;
 }
 
-/// oracle::train_engine's twin on `world` GPUs, rank r on device r: padded_gpt() computing in S's
-/// compute type, its activations included, for oracle::kSteps steps of the oracle's batches,
-/// `irregular` ones taken otherwise, as oracle::train_engine takes them.
-/// Empty where fewer than `world` devices are visible (test::have_devices).
-template <class S>
-std::optional<oracle::Trained> train_padded_on_gpus(int world, const SgdConfig& sgd,
-                                                    oracle::Irregular irregular = {}) {
-  using CT = typename S::compute_type;
-  if (!test::have_devices(world)) return std::nullopt;
+/// Runs body(rank, comm) on `world` threads, rank r on device r over an NCCL communicator of the
+/// world, and requires (on the calling thread) that every rank returned without an exception.
+/// Catch2's assertions are for the caller, after it returns: the bodies only compute.
+template <class F>
+void run_on_gpus(int world, F&& body) {
   ncclUniqueId id;
   REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
-  std::vector<oracle::RankMasters> ranks(static_cast<std::size_t>(world));
   std::vector<std::string> errors(static_cast<std::size_t>(world));
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
@@ -104,26 +99,7 @@ std::optional<oracle::Trained> train_padded_on_gpus(int world, const SgdConfig& 
       try {
         POLYSHARD_CUDA_CHECK(cudaSetDevice(r));
         NcclCommunicator comm(r, world, id, r);
-        oracle::RankMasters& mine = ranks[static_cast<std::size_t>(r)];
-        Gpt<CT, Cuda> model(oracle::padded_gpt());
-        Engine<S, Gpt<CT, Cuda>, NcclCommunicator, Sgd<float>> engine(model, comm, sgd, {}, oracle::kSeed);
-        BatchSampler sampler(test::tiny_data(), 8, oracle::kBatch, 7);
-        const RowRange rows = rank_rows(oracle::kBatch, r, world);
-        const double weight = double(rows.end - rows.begin) / double(oracle::kBatch);
-        for (int step = 0; step < oracle::kSteps; ++step) {
-          mine.snapshots.push_back(oracle::snapshot_of(engine));
-          const Batch b = sampler.batch(step, r, world);
-          auto loss = engine.forward([&] { return model.loss(to_device(b.inputs), to_device(b.targets)); });
-          mine.losses.push_back(double(float(loss.value().to_vector()[0])) * weight);
-          engine.backward(loss, step == irregular.overflow ? weight * 1e30 : weight);
-          loss = {};
-          mine.applied.push_back(
-              engine.step(step == irregular.zero_lr ? 0.0 : sgd.lr, std::numeric_limits<double>::infinity()));
-          POLYSHARD_CHECK(mine.applied.back() || step == irregular.overflow, "step ", step, " was skipped");
-        }
-        mine.snapshots.push_back(oracle::snapshot_of(engine));
-        mine.final_scale = engine.loss_scaler().scale();
-        oracle::record_layout(engine, mine);
+        body(r, comm);
       } catch (const std::exception& e) {
         errors[static_cast<std::size_t>(r)] = e.what();
       }
@@ -134,6 +110,40 @@ std::optional<oracle::Trained> train_padded_on_gpus(int world, const SgdConfig& 
     INFO("rank " << r);
     REQUIRE(errors[static_cast<std::size_t>(r)].empty());
   }
+}
+
+/// oracle::train_engine's twin on `world` GPUs, rank r on device r: padded_gpt() computing in S's
+/// compute type, its activations included, for oracle::kSteps steps of the oracle's batches,
+/// `irregular` ones taken otherwise, as oracle::train_engine takes them.
+/// Empty where fewer than `world` devices are visible (test::have_devices).
+template <class S>
+std::optional<oracle::Trained> train_padded_on_gpus(int world, const SgdConfig& sgd,
+                                                    oracle::Irregular irregular = {}) {
+  using CT = typename S::compute_type;
+  if (!test::have_devices(world)) return std::nullopt;
+  std::vector<oracle::RankMasters> ranks(static_cast<std::size_t>(world));
+  run_on_gpus(world, [&](int r, NcclCommunicator& comm) {
+    oracle::RankMasters& mine = ranks[static_cast<std::size_t>(r)];
+    Gpt<CT, Cuda> model(oracle::padded_gpt());
+    Engine<S, Gpt<CT, Cuda>, NcclCommunicator, Sgd<float>> engine(model, comm, sgd, {}, oracle::kSeed);
+    BatchSampler sampler(test::tiny_data(), 8, oracle::kBatch, 7);
+    const RowRange rows = rank_rows(oracle::kBatch, r, world);
+    const double weight = double(rows.end - rows.begin) / double(oracle::kBatch);
+    for (int step = 0; step < oracle::kSteps; ++step) {
+      mine.snapshots.push_back(oracle::snapshot_of(engine));
+      const Batch b = sampler.batch(step, r, world);
+      auto loss = engine.forward([&] { return model.loss(to_device(b.inputs), to_device(b.targets)); });
+      mine.losses.push_back(double(float(loss.value().to_vector()[0])) * weight);
+      engine.backward(loss, step == irregular.overflow ? weight * 1e30 : weight);
+      loss = {};
+      mine.applied.push_back(
+          engine.step(step == irregular.zero_lr ? 0.0 : sgd.lr, std::numeric_limits<double>::infinity()));
+      POLYSHARD_CHECK(mine.applied.back() || step == irregular.overflow, "step ", step, " was skipped");
+    }
+    mine.snapshots.push_back(oracle::snapshot_of(engine));
+    mine.final_scale = engine.loss_scaler().scale();
+    oracle::record_layout(engine, mine);
+  });
   return oracle::put_together(ranks);
 }
 
