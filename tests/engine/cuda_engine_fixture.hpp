@@ -123,26 +123,11 @@ std::optional<oracle::Trained> train_padded_on_gpus(int world, const SgdConfig& 
   if (!test::have_devices(world)) return std::nullopt;
   std::vector<oracle::RankMasters> ranks(static_cast<std::size_t>(world));
   run_on_gpus(world, [&](int r, NcclCommunicator& comm) {
-    oracle::RankMasters& mine = ranks[static_cast<std::size_t>(r)];
     Gpt<CT, Cuda> model(oracle::padded_gpt());
     Engine<S, Gpt<CT, Cuda>, NcclCommunicator, Sgd<float>> engine(model, comm, sgd, {}, oracle::kSeed);
-    BatchSampler sampler(test::tiny_data(), 8, oracle::kBatch, 7);
-    const RowRange rows = rank_rows(oracle::kBatch, r, world);
-    const double weight = double(rows.end - rows.begin) / double(oracle::kBatch);
-    for (int step = 0; step < oracle::kSteps; ++step) {
-      mine.snapshots.push_back(oracle::snapshot_of(engine));
-      const Batch b = sampler.batch(step, r, world);
-      auto loss = engine.forward([&] { return model.loss(to_device(b.inputs), to_device(b.targets)); });
-      mine.losses.push_back(double(float(loss.value().to_vector()[0])) * weight);
-      engine.backward(loss, step == irregular.overflow ? weight * 1e30 : weight);
-      loss = {};
-      mine.applied.push_back(
-          engine.step(step == irregular.zero_lr ? 0.0 : sgd.lr, std::numeric_limits<double>::infinity()));
-      POLYSHARD_CHECK(mine.applied.back() || step == irregular.overflow, "step ", step, " was skipped");
-    }
-    mine.snapshots.push_back(oracle::snapshot_of(engine));
-    mine.final_scale = engine.loss_scaler().scale();
-    oracle::record_layout(engine, mine);
+    oracle::take_oracle_steps(
+        engine, [&](const Batch& b) { return model.loss(to_device(b.inputs), to_device(b.targets)); }, r, world,
+        sgd.lr, std::numeric_limits<double>::infinity(), irregular, true, ranks[static_cast<std::size_t>(r)]);
   });
   return oracle::put_together(ranks);
 }

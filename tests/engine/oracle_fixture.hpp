@@ -123,6 +123,33 @@ inline Trained put_together(const std::vector<RankMasters>& ranks) {
   return out;
 }
 
+/// The oracle's kSteps steps of this rank's rows of the global batch, as every run held to the
+/// oracle takes them, recorded into `mine`: `loss_of(batch)` runs the model's loss on the batch
+/// (moved to the model's device); the masters are snapshotted before each step unless a delayed
+/// update may be writing them between steps (`between` false), and after the last; `irregular`
+/// steps are taken otherwise, and every other step must be applied.
+template <class E, class LossOf>
+void take_oracle_steps(E& engine, LossOf&& loss_of, int rank, int world, double lr, double clip, Irregular irregular,
+                       bool between, RankMasters& mine) {
+  BatchSampler sampler(test::tiny_data(), 8, kBatch, 7);
+  const RowRange rows = rank_rows(kBatch, rank, world);
+  const double weight = double(rows.end - rows.begin) / double(kBatch);
+  for (int step = 0; step < kSteps; ++step) {
+    if (between) mine.snapshots.push_back(snapshot_of(engine));
+    const Batch b = sampler.batch(step, rank, world);
+    auto loss = engine.forward([&] { return loss_of(b); });
+    mine.losses.push_back(double(float(loss.value().to_vector()[0])) * weight);
+    engine.backward(loss, step == irregular.overflow ? weight * 1e30 : weight);
+    loss = {};
+    mine.applied.push_back(engine.step(step == irregular.zero_lr ? 0.0 : lr, clip));
+    POLYSHARD_CHECK(mine.applied.back() || step == irregular.overflow, "step ", step, " was skipped");
+  }
+  engine.complete_delayed_update();  // StrategyConfig::delayed_parameter_update: the last step's
+  mine.snapshots.push_back(snapshot_of(engine));
+  mine.final_scale = engine.loss_scaler().scale();
+  record_layout(engine, mine);
+}
+
 /// Trains padded_gpt() under S on `world` thread ranks for kSteps steps of the global batch, and
 /// puts the fp32 master weights together from every rank's unit states, before every step and
 /// after the last. Under ManualWrap each rank marks every block in its construction context.
@@ -131,32 +158,16 @@ template <class S, class Opt>
 Trained train_engine(int world, typename Opt::config_type opt, double clip, StrategyConfig config = {},
                      Irregular irregular = {}) {
   std::vector<RankMasters> ranks(static_cast<std::size_t>(world));
-  const bool delayed = config.delayed_parameter_update;
   run_ranks(world, [&](ThreadCommunicator& comm) {
-    RankMasters& mine = ranks[static_cast<std::size_t>(comm.rank())];
     std::optional<ShardedConstruction> marks;
     if constexpr (S::wrap::manual) marks.emplace();
     Gpt<float> model(padded_gpt());
     if constexpr (S::wrap::manual)
       for (auto& block : model.transformer.h) wrap(block);
     Engine<S, Gpt<float>, ThreadCommunicator, Opt> engine(model, comm, opt, config, kSeed);
-    BatchSampler sampler(test::tiny_data(), 8, kBatch, 7);
-    const RowRange rows = rank_rows(kBatch, comm.rank(), world);
-    const double weight = double(rows.end - rows.begin) / double(kBatch);
-    for (int step = 0; step < kSteps; ++step) {
-      if (!delayed) mine.snapshots.push_back(snapshot_of(engine));  // a delayed update may be writing them
-      const Batch b = sampler.batch(step, comm.rank(), world);
-      Var<float> loss = engine.forward([&] { return model.loss(b.inputs, b.targets); });
-      mine.losses.push_back(double(loss.value().data()[0]) * weight);
-      engine.backward(loss, step == irregular.overflow ? weight * 1e30 : weight);
-      loss = Var<float>();
-      mine.applied.push_back(engine.step(step == irregular.zero_lr ? 0.0 : opt.lr, clip));
-      POLYSHARD_CHECK(mine.applied.back() || step == irregular.overflow, "step ", step, " was skipped");
-    }
-    engine.complete_delayed_update();  // StrategyConfig::delayed_parameter_update: the last step's
-    mine.snapshots.push_back(snapshot_of(engine));
-    mine.final_scale = engine.loss_scaler().scale();
-    record_layout(engine, mine);
+    take_oracle_steps(
+        engine, [&](const Batch& b) { return model.loss(b.inputs, b.targets); }, comm.rank(), world, opt.lr, clip,
+        irregular, !config.delayed_parameter_update, ranks[static_cast<std::size_t>(comm.rank())]);
   });
   return put_together(ranks);  // on the test thread
 }
@@ -195,8 +206,7 @@ Expected train_reference(test::ReferenceOptimizer opt, double lr, double clip, b
   out.initial = to_named(reference.parameters());
   for (int step = 0; step < kSteps; ++step) {
     const Batch batch = sampler.batch(step, 0, 1);
-    out.losses.push_back(step == skipped ? reference.loss_at(to_named(reference.parameters()), batch)
-                                         : reference.step(batch, lr, clip));
+    out.losses.push_back(step == skipped ? reference.loss(batch) : reference.step(batch, lr, clip));
     out.masters_after.push_back(to_named(reference.parameters()));
     out.grads_through.push_back(to_named(reference.largest_abs_grads()));
   }
@@ -290,9 +300,11 @@ std::vector<Excess> excesses(const Named& got, const Expected& expected, int ste
     REQUIRE(it->second.size() == values.size());
     const std::vector<double>& grads = expected.grads_through.at(s).at(name);
     const double tensor_grad = *std::max_element(grads.begin(), grads.end());
+    std::vector<const std::vector<double>*> path{&expected.initial.at(name)};  // the oracle's weights, step by step
+    for (std::size_t k = 0; k <= s; ++k) path.push_back(&expected.masters_after[k].at(name));
     for (std::size_t i = 0; i < values.size(); ++i) {
-      double weight = std::max(std::abs(expected.initial.at(name)[i]), std::abs(values[i]));
-      for (std::size_t k = 0; k <= s; ++k) weight = std::max(weight, std::abs(expected.masters_after[k].at(name)[i]));
+      double weight = std::abs(values[i]);
+      for (const std::vector<double>* w : path) weight = std::max(weight, std::abs((*w)[i]));
       const double tolerance = element_tolerance<P>(tensor_grad, weight, steps, world, lr, activations_16bit);
       const double difference = std::abs(it->second[i] - values[i]);
       if (!(difference <= tolerance)) {

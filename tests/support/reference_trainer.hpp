@@ -165,9 +165,10 @@ class ReferenceTrainer {
         throw std::invalid_argument("ReferenceTrainer::loss_at: no weights of the right size for " + e.name);
       std::copy(it->second.begin(), it->second.end(), master.begin() + e.offset);
     }
-    compute_with(master);
-    return model_.loss(global.inputs, global.targets).value().data()[0];
+    return loss_of(master, global);
   }
+  /// loss_at() this trainer's own master weights: the loss of a batch drawn and not trained on.
+  double loss(const Batch& global) { return loss_of(weights_of(optimizer_), global); }
   /// True when a scaled gradient exceeded the reduce dtype's range (the engine skips that step;
   /// this trainer does not, so a comparison past it means nothing).
   bool overflowed() const { return overflowed_; }
@@ -178,6 +179,10 @@ class ReferenceTrainer {
   void compute_with(const std::vector<double>& master) {
     double* const weights = flat_.values().data();
     for (std::size_t i = 0; i < master.size(); ++i) weights[i] = rounding_.compute(master[i]);
+  }
+  double loss_of(const std::vector<double>& master, const Batch& global) {
+    compute_with(master);
+    return model_.loss(global.inputs, global.targets).value().data()[0];
   }
   std::vector<std::pair<std::string, std::vector<double>>> by_name(const std::vector<double>& flat) const {
     std::vector<std::pair<std::string, std::vector<double>>> out;
