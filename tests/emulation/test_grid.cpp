@@ -498,7 +498,11 @@ TEST_CASE("grid: check_launch_shape holds each extent to an sm_90 GPU's limit", 
   CHECK_THAT(emu::check_launch_shape(shape_of(dim3(1, 65536, 1), dim3(32))), Contains("y is 65536; at most 65535"));
   CHECK_THAT(emu::check_launch_shape(shape_of(dim3(1, 1, 65536), dim3(32))), Contains("z is 65536; at most 65535"));
   CHECK_THAT(emu::check_launch_shape(shape_of(dim3(1), dim3(32), 48 * 1024 + 1)),
-             Contains("dynamic shared memory of 49153 bytes; at most 49152"));
+             Contains("dynamic shared memory of 49153 bytes; at most 49152 (48 KiB) without cudaFuncSetAttribute"));
+  // With the kernel's limit raised (cudaFuncSetAttribute; the launch reads it per device).
+  CHECK(emu::check_launch_shape(emu::LaunchShape{dim3(1), dim3(32), 100000, 100000}).empty());
+  CHECK_THAT(emu::check_launch_shape(emu::LaunchShape{dim3(1), dim3(32), 100001, 100000}),
+             Contains("dynamic shared memory of 100001 bytes; at most 100000 (the kernel's"));
 }
 
 TEST_CASE("grid: run_grid refuses a shape the GPU would refuse", "[emulation][grid]") {

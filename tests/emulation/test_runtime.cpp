@@ -503,6 +503,27 @@ TEST_CASE("cudaGetLastError returns a refused launch once", "[emulation][runtime
   CHECK(std::string(cudaGetErrorName(cudaErrorIllegalAddress)) == "cudaErrorIllegalAddress");
 }
 
+TEST_CASE("cudaFuncSetAttribute raises a kernel's dynamic shared memory on the current device only",
+          "[emulation][runtime]") {
+  static const int stand_in = 0;  // any address names a kernel here
+  const void* kernel = &stand_in;
+  REQUIRE(cudaSetDevice(1) == cudaSuccess);
+  CHECK(dynamic_shared_limit(kernel) == 48 * 1024);
+  CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 100000) == cudaSuccess);
+  CHECK(dynamic_shared_limit(kernel) == 100000);
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  CHECK(dynamic_shared_limit(kernel) == 48 * 1024);  // a GPU keeps the limit per device
+  CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024) == cudaSuccess);
+  CHECK(dynamic_shared_limit(kernel) == 227 * 1024);
+  CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024 + 1) ==
+        cudaErrorInvalidValue);
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+  CHECK(dynamic_shared_limit(kernel) == 227 * 1024);
+  CHECK(cudaFuncSetAttribute(nullptr, cudaFuncAttributeMaxDynamicSharedMemorySize, 1024) ==
+        cudaErrorInvalidDeviceFunction);
+  CHECK(cudaGetLastError() == cudaErrorInvalidDeviceFunction);
+}
+
 TEST_CASE("stream-ordered frees happen when the stream gets there", "[emulation][runtime]") {
   REQUIRE(cudaSetDevice(1) == cudaSuccess);
   TestStream stream;

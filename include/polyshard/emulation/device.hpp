@@ -446,7 +446,7 @@ void launch(dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t stream
                 "launch<kernel>(grid, block, shared, stream, args...): one argument per kernel parameter");
   using Indices = std::make_index_sequence<sizeof...(Args)>;
   const std::string_view name = kernel_name<Kernel>();
-  const LaunchShape shape{grid, block, shared_bytes};
+  const LaunchShape shape{grid, block, shared_bytes, dynamic_shared_limit(reinterpret_cast<const void*>(Kernel))};
   if (std::string why = check_launch_shape(shape); !why.empty()) {
     report_launch_error(cudaErrorInvalidConfiguration, "kernel " + std::string(name) + ": " + why);
     return;

@@ -673,12 +673,16 @@ std::string check_launch_shape(const LaunchShape& shape) {
   if (g.y > 65535u) return spaced("grid", g) + ": y is " + std::to_string(g.y) + "; at most 65535";
   if (g.z > 65535u) return spaced("grid", g) + ": z is " + std::to_string(g.z) + "; at most 65535";
   // An sm_90 block may have up to 227 KiB of dynamic shared memory, but only after
-  // cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize); without it the limit is
-  // 48 KiB. The project never raises it, so the emulation holds every launch to 48 KiB.
-  constexpr std::size_t default_shared = 48 * 1024;
-  if (shape.dynamic_shared_bytes > default_shared)
+  // cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize) raised the kernel's limit
+  // on that device; without it the limit is 48 KiB.
+  if (shape.dynamic_shared_bytes > shape.dynamic_shared_limit) {
+    constexpr std::size_t default_shared = 48 * 1024;
     return "dynamic shared memory of " + std::to_string(shape.dynamic_shared_bytes) + " bytes; at most " +
-           std::to_string(default_shared) + " (48 KiB) without cudaFuncSetAttribute";
+           std::to_string(shape.dynamic_shared_limit) +
+           (shape.dynamic_shared_limit == default_shared
+                ? " (48 KiB) without cudaFuncSetAttribute"
+                : " (the kernel's cudaFuncAttributeMaxDynamicSharedMemorySize on this device)");
+  }
   return {};
 }
 

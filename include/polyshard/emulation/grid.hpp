@@ -22,6 +22,9 @@ struct LaunchShape {
   dim3 grid;
   dim3 block;
   std::size_t dynamic_shared_bytes = 0;
+  /// The most the kernel may take: 48 KiB unless cudaFuncSetAttribute raised it (runtime.hpp's
+  /// dynamic_shared_limit).
+  std::size_t dynamic_shared_limit = 48 * 1024;
 };
 
 /// The launch limits a Hopper GPU checks (block size, grid extents, shared memory); empty when

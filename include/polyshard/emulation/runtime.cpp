@@ -648,12 +648,30 @@ cudaDeviceProp properties_of(int device) {
   return p;
 }
 
+/// cudaFuncAttributeMaxDynamicSharedMemorySize as set per (device, kernel).
+struct DynamicSharedLimits {
+  std::mutex m;
+  std::map<std::pair<int, const void*>, std::size_t> bytes;
+};
+
+DynamicSharedLimits& dynamic_shared_limits() {
+  static DynamicSharedLimits limits;
+  return limits;
+}
+
 }  // namespace
 
 // =============================================================================================
 // runtime.hpp
 
 int current_device() { return t_device; }
+
+std::size_t dynamic_shared_limit(const void* kernel) {
+  DynamicSharedLimits& limits = dynamic_shared_limits();
+  const std::lock_guard lock(limits.m);
+  const auto it = limits.bytes.find({t_device, kernel});
+  return it == limits.bytes.end() ? std::size_t{48 * 1024} : it->second;
+}
 
 int stream_device(cudaStream_t stream) {
   const auto s = find_stream(stream);
@@ -949,6 +967,28 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   if (!valid_device(device)) return result(cudaErrorInvalidDevice);
   *prop = properties_of(device);
   return cudaSuccess;
+}
+
+/// The attributes a kernel of this project may set: the dynamic shared memory it may take (up to
+/// the device's opt-in limit, 227 KiB), kept per device as a GPU keeps it; the carveout is a hint
+/// (accepted, without effect, as a GPU may).
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (!func) return result(cudaErrorInvalidDeviceFunction);
+  if (const cudaError_t rc = current_device_checked(); rc != cudaSuccess) return result(rc);
+  switch (attr) {
+    case cudaFuncAttributeMaxDynamicSharedMemorySize: {
+      if (value < 0 || std::size_t(value) > properties_of(t_device).sharedMemPerBlockOptin)
+        return result(cudaErrorInvalidValue);
+      DynamicSharedLimits& limits = dynamic_shared_limits();
+      const std::lock_guard lock(limits.m);
+      limits.bytes[{t_device, func}] = std::size_t(value);
+      return cudaSuccess;
+    }
+    case cudaFuncAttributePreferredSharedMemoryCarveout:
+      return value < -1 || value > 100 ? result(cudaErrorInvalidValue) : cudaSuccess;
+    default:
+      return result(cudaErrorInvalidValue);
+  }
 }
 
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {

@@ -34,6 +34,11 @@ struct DeviceFault {
 /// The device this host thread works on (cudaSetDevice / cudaGetDevice).
 int current_device();
 
+/// The dynamic shared memory `kernel` may take when launched on the current device: 48 KiB, or
+/// what cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) set
+/// there. A GPU keeps the attribute per function and device, and so does the emulation.
+std::size_t dynamic_shared_limit(const void* kernel);
+
 /// The device a stream belongs to (the legacy default stream 0 is the current device's).
 int stream_device(cudaStream_t stream);
 
