@@ -15,7 +15,14 @@
 #
 # With `train` as a third argument, only the GPU tests and the training runs (GPT-2 small, vocabulary
 # 50257, medium and small through the engine, each also from the POLYSHARD_COMPARE builds, then
-# PyTorch's): about 4 minutes on an H200.
+# PyTorch's; the fused MLP and loss each turned off run in the full mode only): about 4 minutes on
+# an H200.
+#
+# POLYSHARD_KERNEL (optional, any mode): a kernel-name pattern (a regular expression) and a test
+# filter of test_cuda_transformer, "PATTERN:FILTER": the kernel is timed alone by Nsight Compute
+# in GPT-2 small's steps (bench_train_cuda --quick: two layers), in this build and in each
+# POLYSHARD_COMPARE build, and the filtered tests run under compute-sanitizer (memcheck, racecheck,
+# initcheck): a changed kernel's time and hazards, right after the GPU tests.
 #
 # POLYSHARD_COMPARE (optional): folders, relative to the build tree, each holding a
 # bench_attention_cuda and a bench_train_cuda built from another commit (copied there before
@@ -48,6 +55,22 @@ fi
 step 300 gpu-tests.log ctest -L gpu -j3 --output-on-failure --timeout 240
 grep -E "tests passed|Failed|\*\*\*" "$out/gpu-tests.log" | head -20
 
+if [ -n "${POLYSHARD_KERNEL:-}" ]; then
+  pattern=${POLYSHARD_KERNEL%%:*} filter=${POLYSHARD_KERNEL#*:}
+  for build in . ${POLYSHARD_COMPARE:-}; do
+    bench=benchmarks/train/bench_train_cuda; [ "$build" != . ] && bench=$build/bench_train_cuda
+    name=$(basename "$(cd "$build" && pwd)")
+    step 60 "ncu-kernel-$name.log" ncu --metrics gpu__time_duration.sum -k "regex:$pattern" --launch-count 4 \
+      "$bench" --quick
+    grep -E "$pattern|gpu__time_duration" "$out/ncu-kernel-$name.log" | head -8
+  done
+  for tool in memcheck racecheck initcheck; do
+    step 60 "sanitizer-kernel-$tool.log" compute-sanitizer --tool "$tool" --error-exitcode 3 \
+      tests/tensor/test_cuda_transformer "$filter"
+    tail -n 2 "$out/sanitizer-kernel-$tool.log"
+  done
+fi
+
 [[ $only == all ]] && {
 step 90 attention-bench.log benchmarks/tensor/bench_attention_cuda --json "$out/bench_attention_cuda.json"
 PYTHONUNBUFFERED=1 step 120 attention-torch.log "$python" "$here/pytorch_attention.py" --json "$out/pytorch_attention.json"
@@ -67,9 +90,9 @@ done
 [[ $only == all ]] && POLYSHARD_FUSED_ATTENTION=0 step 90 train-materialized.log benchmarks/train/bench_train_cuda \
   "${steps[@]}" --json "$out/train_materialized.json"
 # The fused MLP and the loss's gradient in the forward, each turned off alone: what each is worth.
-POLYSHARD_FUSED_MLP=0 step 90 train-unfused-mlp.log benchmarks/train/bench_train_cuda "${steps[@]}" \
+[[ $only == all ]] && POLYSHARD_FUSED_MLP=0 step 90 train-unfused-mlp.log benchmarks/train/bench_train_cuda "${steps[@]}" \
   --json "$out/train_unfused_mlp.json"
-POLYSHARD_FUSED_LOSS=0 step 90 train-loss-in-backward.log benchmarks/train/bench_train_cuda "${steps[@]}" \
+[[ $only == all ]] && POLYSHARD_FUSED_LOSS=0 step 90 train-loss-in-backward.log benchmarks/train/bench_train_cuda "${steps[@]}" \
   --json "$out/train_loss_in_backward.json"
 step 90 train-vocab50257.log benchmarks/train/bench_train_cuda "${steps[@]}" --vocab 50257 --json "$out/train_vocab50257.json"
 step 120 train-medium.log benchmarks/train/bench_train_cuda "${steps[@]}" --medium --json "$out/train_medium.json"
@@ -86,9 +109,11 @@ peak=$("$python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["peak_t
 PYTHONUNBUFFERED=1 step 240 train-torch.log "$python" "$here/pytorch_gpt2.py" ${quick:+--steps 10} --peak-tflops "$peak" \
   --json "$out/pytorch_gpt2.json"
 tail -n 4 "$out/train-torch.log"
-PYTHONUNBUFFERED=1 step 240 train-torch-medium.log "$python" "$here/pytorch_gpt2.py" ${quick:+--steps 10} \
+# POLYSHARD_TORCH_MEDIUM=0 skips PyTorch's medium runs (a minute and a half) where this lease
+# already has them.
+[[ ${POLYSHARD_TORCH_MEDIUM:-1} != 0 ]] && PYTHONUNBUFFERED=1 step 240 train-torch-medium.log "$python" "$here/pytorch_gpt2.py" ${quick:+--steps 10} \
   --layers 24 --width 1024 --heads 16 --peak-tflops "$peak" --json "$out/pytorch_gpt2_medium.json"
-tail -n 4 "$out/train-torch-medium.log"
+[ -e "$out/train-torch-medium.log" ] && tail -n 4 "$out/train-torch-medium.log"
 
 [[ $only == all ]] || exit 0
 for tool in memcheck initcheck racecheck; do

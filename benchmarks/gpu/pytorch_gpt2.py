@@ -121,7 +121,8 @@ def main():
     for mode in args.modes.split(","):
         torch.cuda.reset_peak_memory_stats()
         rows.append(measure(mode, args))
-    print(f"GPT-2 small, batch {args.batch} x {args.seq} tokens, bf16 autocast, fp32 master, fused AdamW "
+    print(f"GPT-2 L{args.layers} C{args.width} H{args.heads} vocabulary {args.vocab}, batch {args.batch} x {args.seq} "
+          f"tokens, bf16 autocast, fp32 master, fused AdamW "
           f"({torch.cuda.get_device_name()}, torch {torch.__version__})")
     print(f"{'run':<18}{'step ms':>10}{'tokens/s':>12}{'MFU':>8}{'peak GiB':>10}")
     for r in rows:

@@ -659,6 +659,50 @@ TEMPLATE_TEST_CASE("cross_entropy forward, backward and fused match the CPU twin
   }
 }
 
+TEMPLATE_TEST_CASE("cross_entropy_rows_fused over more rows than SMs: each block's rows in turn, in place",
+                   "[cuda][tensor]", float, half, bfloat16) {
+  // The head's path (rows ld apart, the gradient in place of the logits) runs one block an SM,
+  // each staging its next row while it works on one: 300 rows are 2 or 3 a block on 132 SMs.
+  // v leaves a tail of fewer than a pack; the columns past v must keep the logits' bits.
+  using T = TestType;
+  const std::int64_t rows = 300, v = 1003, ld = 1008;
+  const std::size_t n = std::size_t(rows * ld);
+  const auto padded = test::random_values<T>(n, 37, 5.0);
+  const auto targets = random_ids(std::size_t(rows), std::int32_t(v), 38);
+  const float dloss_scale = 1.f / float(rows);
+  std::vector<float> compact(std::size_t(rows * v));
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < v; ++j) compact[std::size_t(r * v + j)] = float(padded[std::size_t(r * ld + j)]);
+  const Shape ls{rows, v}, rs{rows};
+  auto losses = Tensor<float>::empty(rs), lse = Tensor<float>::empty(rs);
+  const auto lf = host_tensor(ls, compact);
+  cross_entropy_forward(lf, cpu_ids(rs, targets), losses, lse);
+  auto dl = Tensor<float>::empty(ls);
+  cross_entropy_backward(lf, cpu_ids(rs, targets), lse, host_tensor(rs, std::vector<float>(std::size_t(rows), dloss_scale)),
+                         GradOut<float>{dl, false});
+
+  auto in_place = test::device_copy(padded);
+  const auto targets_dev = test::device_copy(targets);
+  auto losses_dev = test::poisoned_device<float>(std::size_t(rows)), lse_dev = test::poisoned_device<float>(std::size_t(rows));
+  pc::cross_entropy_rows_fused(in_place.data(), ld, targets_dev.data(), losses_dev.data(), lse_dev.data(), dloss_scale,
+                               grad_out(in_place.data(), false), rows, v, nullptr);
+  test::check_close("losses", losses_dev, losses.to_vector(), 4);
+  test::check_close("lse", lse_dev, lse.to_vector(), 4);
+  const auto got = in_place.to_host();
+  std::vector<T> grads(std::size_t(rows * v));
+  std::size_t padding_changed = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t j = 0; j < v; ++j) grads[std::size_t(r * v + j)] = got[std::size_t(r * ld + j)];
+    for (std::int64_t j = v; j < ld; ++j)
+      padding_changed += std::memcmp(&got[std::size_t(r * ld + j)], &padded[std::size_t(r * ld + j)], sizeof(T)) != 0;
+  }
+  const auto want = dl.to_vector();
+  const double err = test::relative_error(std::span<const T>(grads), std::span<const float>(want));
+  INFO("dlogits: relative error " << err);
+  CHECK(err <= test::gpu_tolerance<T>() * 2);
+  CHECK(padding_changed == 0);
+}
+
 TEST_CASE("cross_entropy: a target out of range gives a NaN loss and no onehot term", "[cuda][tensor]") {
   const std::int64_t rows = 3, v = 21;
   const std::vector<std::int32_t> targets = {4, -1, 21};

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "polyshard/core/cuda/async_copy.cuh"
 #include "polyshard/core/cuda/device_math.cuh"
 #include "polyshard/core/cuda/error.hpp"
 #include "polyshard/core/error.hpp"
@@ -1077,58 +1078,68 @@ __global__ void __launch_bounds__(wide_row_threads)
   }
 }
 
-/// Packs of a row a thread of cross_entropy_held_kernel holds: rows of up to held_packs *
-/// wide_row_threads packs (65,536 bf16 or half values, 32,768 floats) fit in the block's
-/// registers, 32 a thread.
-constexpr int held_packs = 8;
-
-/// cross_entropy_forward_kernel<D, true, false> for rows that fit in the block's registers: each
-/// thread keeps its packs of the row from the one read until it writes their gradient, so the
-/// logits cross memory once each way where the streaming kernel reads them twice. With the row
-/// at hand, the max comes first and each value takes two base-2 exponentials, (x - max) log2(e)
-/// for the sum and (x - lse) log2(e) for the gradient, where the online sum takes more and
-/// costlier ones: one block an SM runs here (the row takes the registers), so the arithmetic
-/// between the read and the write is what the block waits on. Non-finite values give what the
-/// streaming kernel gives: a NaN makes the row's lse NaN, an infinite max makes it that max.
-/// Rows start 16-byte aligned (ld a multiple of the pack), and dlogits sits where the logits do or
-/// at the same alignment; every element is read and written by one thread, and thread 0 reads the
-/// target logit before the block synchronises, so dlogits may be the logits.
+/// cross_entropy_forward_kernel<D, true, false> for rows of which two fit in a block's shared
+/// memory: each row crosses memory once each way, where the streaming kernel reads it twice.
+/// One block runs an SM (the two rows take its shared memory), and the grid is one block an SM,
+/// each taking rows in turn: while the block works on one row, the next streams into the other
+/// half of `staged` by cp.async, so that the read of one row overlaps the arithmetic and the
+/// write of the one before. The row's three passes (max, sum, gradient) read it from shared
+/// memory, which takes a pass of a 50,304-wide bf16 row in about 800 cycles; held in registers
+/// instead, the row left too few for the arithmetic, which spilled.
+///
+/// Each thread stages, and reads, exactly the packs at first + k stride, so its own wait makes
+/// them visible to it. It stages the next row after the block's first barrier of the row: every
+/// thread has then finished reading that half in the row before last.
+///
+/// With the row at hand, the max comes first and each value takes two base-2 exponentials,
+/// (x - max) log2(e) for the sum and (x - lse) log2(e) for the gradient, where the online sum
+/// takes more and costlier ones. Non-finite values give what the streaming kernel gives: a NaN
+/// makes the row's lse NaN, an infinite max makes it that max. Rows start 16-byte aligned (ld a
+/// multiple of the pack), and dlogits sits where the logits do or at the same alignment; every
+/// element is read and written by one thread, and thread 0 reads the target logit before the
+/// block synchronises, so dlogits may be the logits (a row is staged before any of it is written,
+/// and only its block writes it).
 template <class D>
 __global__ void __launch_bounds__(wide_row_threads, 1)
-    cross_entropy_held_kernel(const D* logits, std::int64_t ld, const int* targets, float* losses, float* lse_out,
-                              float dloss_scale, D* dlogits, std::int64_t rows, int v) {
+    cross_entropy_staged_kernel(const D* logits, std::int64_t ld, const int* targets, float* losses, float* lse_out,
+                                float dloss_scale, D* dlogits, std::int64_t rows, int v) {
   constexpr int P = Pack<D>::size;
   constexpr float log2e = 1.4426950408889634f;
   POLYSHARD_SHARED(float, red, [32]);
-  const int packed_end = v / P * P;  // whole packs; then fewer than P elements, one a thread
+  POLYSHARD_DYNAMIC_SHARED(D, staged);  // two rows' whole packs, packed_end values each
+  const int packed_end = v / P * P;     // whole packs; then fewer than P elements, one a thread
   const int first = static_cast<int>(threadIdx.x) * P, stride = static_cast<int>(blockDim.x) * P;
   const int tail = packed_end + static_cast<int>(threadIdx.x);
-  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const D* lr = logits + r * ld;  // (V,)
-    D* dr = dlogits + r * ld;       // (V,)
+  const auto stage = [&](std::int64_t r, D* half) {
+    const D* lr = logits + r * ld;
+    for (int i = first; i < packed_end; i += stride) copy_async<16>(half + i, lr + i, true);
+    copy_async_commit();
+  };
+  int half = 0;
+  if (blockIdx.x < rows) stage(blockIdx.x, staged);
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x, half ^= 1) {
+    const D* row = staged + std::ptrdiff_t(half) * packed_end;  // this row's packs
+    const D* lr = logits + r * ld;                              // (V,)
+    D* dr = dlogits + r * ld;                                   // (V,)
     const int target = targets[r];
     const bool valid = target >= 0 && target < v;
     const float x_target = threadIdx.x == 0 && valid ? to_float(lr[target]) : 0.f;
-    Pack<D> held[held_packs];
-#pragma unroll
-    for (int k = 0; k < held_packs; ++k)
-      if (first + k * stride < packed_end) held[k] = load_pack(lr + first + k * stride);
     const float x_tail = tail < v ? to_float(lr[tail]) : -INFINITY;
+    copy_async_wait<0>();
     float m = x_tail;  // NaNs are passed over here and reach the sum below
+    for (int i = first; i < packed_end; i += stride) {
+      const Pack<D> p = load_pack(row + i);
 #pragma unroll
-    for (int k = 0; k < held_packs; ++k)
-      if (first + k * stride < packed_end) {
-#pragma unroll
-        for (int e = 0; e < P; ++e) m = fmaxf(m, to_float(held[k].v[e]));
-      }
+      for (int e = 0; e < P; ++e) m = fmaxf(m, to_float(p.v[e]));
+    }
     const float row_max = block_max(m, red);
+    if (r + gridDim.x < rows) stage(r + gridDim.x, staged + std::ptrdiff_t(half ^ 1) * packed_end);
     float s = tail < v ? exp2f((x_tail - row_max) * log2e) : 0.f;
+    for (int i = first; i < packed_end; i += stride) {
+      const Pack<D> p = load_pack(row + i);
 #pragma unroll
-    for (int k = 0; k < held_packs; ++k)
-      if (first + k * stride < packed_end) {
-#pragma unroll
-        for (int e = 0; e < P; ++e) s += exp2f((to_float(held[k].v[e]) - row_max) * log2e);
-      }
+      for (int e = 0; e < P; ++e) s += exp2f((to_float(p.v[e]) - row_max) * log2e);
+    }
     const float total = block_sum(s, red);
     const bool infinite = row_max == INFINITY || row_max == -INFINITY;
     const float lse = infinite ? row_max : row_max + logf(total);  // as the online sum ends
@@ -1142,18 +1153,35 @@ __global__ void __launch_bounds__(wide_row_threads, 1)
       if (is_target) d -= dloss_scale;
       return from_float<D>(d);
     };
+    for (int i = first; i < packed_end; i += stride) {
+      const Pack<D> p = load_pack(row + i);
+      Pack<D> out;
 #pragma unroll
-    for (int k = 0; k < held_packs; ++k) {
-      const int i = first + k * stride;
-      if (i < packed_end) {
-        Pack<D> out;
-#pragma unroll
-        for (int e = 0; e < P; ++e) out.v[e] = grad(to_float(held[k].v[e]), i + e == t);
-        store_pack(dr + i, out);
-      }
+      for (int e = 0; e < P; ++e) out.v[e] = grad(to_float(p.v[e]), i + e == t);
+      store_pack(dr + i, out);
     }
     if (tail < v) dr[tail] = grad(x_tail, tail == t);
   }
+}
+
+/// The shared memory cross_entropy_staged_kernel takes for rows of v values: two rows' whole
+/// packs.
+template <class D>
+std::size_t staged_bytes(std::int64_t v) {
+  return 2 * std::size_t(v / Pack<D>::size * Pack<D>::size) * sizeof(D);
+}
+
+/// The launch of cross_entropy_staged_kernel on the current device: one block an SM (or one a
+/// row, for fewer rows), or a grid of 0 blocks where two rows do not fit in a block's shared
+/// memory beside its reduction buffer.
+template <class D>
+unsigned staged_grid(std::int64_t rows, std::int64_t v) {
+  int device = 0, sms = 0, shared = 0;
+  POLYSHARD_CUDA_CHECK(cudaGetDevice(&device));
+  POLYSHARD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  POLYSHARD_CUDA_CHECK(cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (staged_bytes<D>(v) + 32 * sizeof(float) > std::size_t(shared)) return 0;
+  return static_cast<unsigned>(std::min<std::int64_t>(rows, std::max(sms, 1)));
 }
 
 template <class D, bool Acc>
@@ -1200,10 +1228,11 @@ void launch_cross_entropy(const char* op, const T* logits, std::int64_t ld, cons
   } else if (dlogits.accumulate) {
     launch<cross_entropy_forward_kernel<D, true, true>>(grid, threads, 0, stream, l, ld, targets, losses, lse, dlosses,
                                                         dloss_scale, device_ptr(dlogits.data), rows, int(v));
-  } else if (dlosses == nullptr && ld % Pack<D>::size == 0 && all_aligned16(logits, dlogits.data) &&
-             v <= std::int64_t(held_packs) * Pack<D>::size * wide_row_threads) {
-    launch<cross_entropy_held_kernel<D>>(grid, wide_row_threads, 0, stream, l, ld, targets, losses, lse, dloss_scale,
-                                         device_ptr(dlogits.data), rows, int(v));
+  } else if (const unsigned staged_blocks = staged_grid<D>(rows, v);
+             dlosses == nullptr && ld % Pack<D>::size == 0 && all_aligned16(logits, dlogits.data) && staged_blocks > 0) {
+    allow_dynamic_shared<cross_entropy_staged_kernel<D>>(staged_bytes<D>(v));
+    launch<cross_entropy_staged_kernel<D>>(staged_blocks, wide_row_threads, staged_bytes<D>(v), stream, l, ld, targets,
+                                           losses, lse, dloss_scale, device_ptr(dlogits.data), rows, int(v));
   } else {
     launch<cross_entropy_forward_kernel<D, true, false>>(grid, threads, 0, stream, l, ld, targets, losses, lse,
                                                          dlosses, dloss_scale, device_ptr(dlogits.data), rows, int(v));
