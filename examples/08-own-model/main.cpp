@@ -7,7 +7,11 @@
 //   polyshard-own-model --export DIR    also writes DIR/model.safetensors and DIR/config.json (a
 //                                       save_pretrained directory LlamaForCausalLM loads) and
 //                                       DIR/check.safetensors (input ids, the logits this
-//                                       program computes and a greedy generation), for check_hf.py
+//                                       program computes and a greedy generation), for check_hf.py;
+//                                       and one batch's gradient under ZeRO-3 at world size 3
+//                                       (gradient_before/after.safetensors: the weights around one
+//                                       SGD step at learning rate 1, gradient_batch.safetensors: the
+//                                       batch and its loss), for check_numpy_oracle.py
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -82,6 +86,37 @@ std::vector<double> train(const LlamaConfig& config, const TextDataset& data, in
   return total;
 }
 
+/// One batch's gradient of the mean loss, as an oracle outside polyshard can check it: ZeRO-3 at
+/// world size 3 takes one SGD step at learning rate 1 from the initial weights, so each weight
+/// moves by minus its gradient of the global batch's mean loss. Writes the full weights before
+/// and after, and the batch with its loss.
+void export_gradient(const LlamaConfig& config, const TextDataset& data, const std::filesystem::path& dir) {
+  constexpr int world = 3;
+  std::vector<double> losses(world, 0.0);
+  run_ranks(world, [&](ThreadCommunicator& comm) {
+    Llama model(config);
+    Engine<ZeRO<3>, Llama, ThreadCommunicator, Sgd<float>> engine(model, comm, SgdConfig{.lr = 1.0}, {}, /*seed=*/7);
+    const BatchSampler sampler(data, config.max_position_embeddings, kBatch, /*seed=*/1);
+    const RowRange rows = rank_rows(kBatch, comm.rank(), world);
+    const double weight = double(rows.end - rows.begin) / double(kBatch);
+    save_full_weights(engine, dir / "gradient_before.safetensors");
+    const Batch b = sampler.batch(0, comm.rank(), world);
+    Var<float> loss = engine.forward([&] { return model.loss(b.inputs, b.targets); });
+    losses[static_cast<std::size_t>(comm.rank())] = loss.item() * weight;
+    engine.backward(loss, weight);
+    engine.step(1.0);
+    save_full_weights(engine, dir / "gradient_after.safetensors");
+  });
+  double total = 0;
+  for (const double l : losses) total += l;
+  const Batch whole = BatchSampler(data, config.max_position_embeddings, kBatch, /*seed=*/1).batch(0, 0, 1);
+  SafetensorsWriter()
+      .add("input_ids", whole.inputs)
+      .add("targets", whole.targets)
+      .add("loss", Tensor<double>::from({1}, std::vector<double>{total}))
+      .write(dir / "gradient_batch.safetensors");
+}
+
 /// config.json as Hugging Face's LlamaConfig reads it.
 void write_config(const LlamaConfig& c, const std::filesystem::path& path) {
   std::ofstream out(path);
@@ -153,6 +188,7 @@ int main(int argc, char** argv) {
     if (!export_dir.empty()) {
       std::filesystem::create_directories(export_dir);
       write_config(config, export_dir / "config.json");
+      export_gradient(config, data, export_dir);
     }
     const std::vector<double> reference = train<DDP>(config, data, 1, export_dir);
     std::printf("one process, DDP: loss %.4f at step 1, %.4f at step %d\n", reference.front(), reference.back(), kSteps);
@@ -172,7 +208,9 @@ int main(int argc, char** argv) {
        }()),
        ...);
     }(std::make_index_sequence<std::tuple_size_v<Presets>>{});
-    if (!export_dir.empty()) std::printf("wrote %s: config.json, model.safetensors, check.safetensors\n", export_dir.c_str());
+    if (!export_dir.empty())
+      std::printf("wrote %s: config.json, model.safetensors, check.safetensors, gradient_*.safetensors\n",
+                  export_dir.c_str());
     if (!ok) {
       std::printf("own model: a strategy did not end on the one-process losses\n");
       return 1;
