@@ -90,10 +90,10 @@ done
 [[ $only == all ]] && POLYSHARD_FUSED_ATTENTION=0 step 90 train-materialized.log benchmarks/train/bench_train_cuda \
   "${steps[@]}" --json "$out/train_materialized.json"
 # The fused MLP and the loss's gradient in the forward, each turned off alone: what each is worth.
-[[ $only == all ]] && POLYSHARD_FUSED_MLP=0 step 90 train-unfused-mlp.log benchmarks/train/bench_train_cuda "${steps[@]}" \
-  --json "$out/train_unfused_mlp.json"
-[[ $only == all ]] && POLYSHARD_FUSED_LOSS=0 step 90 train-loss-in-backward.log benchmarks/train/bench_train_cuda "${steps[@]}" \
-  --json "$out/train_loss_in_backward.json"
+[[ $only == all ]] && POLYSHARD_FUSED_MLP=0 step 90 train-unfused-mlp.log \
+  benchmarks/train/bench_train_cuda "${steps[@]}" --json "$out/train_unfused_mlp.json"
+[[ $only == all ]] && POLYSHARD_FUSED_LOSS=0 step 90 train-loss-in-backward.log \
+  benchmarks/train/bench_train_cuda "${steps[@]}" --json "$out/train_loss_in_backward.json"
 step 90 train-vocab50257.log benchmarks/train/bench_train_cuda "${steps[@]}" --vocab 50257 --json "$out/train_vocab50257.json"
 step 120 train-medium.log benchmarks/train/bench_train_cuda "${steps[@]}" --medium --json "$out/train_medium.json"
 step 90 train-engine.log benchmarks/train/bench_train_cuda "${steps[@]}" --engine --json "$out/train_engine.json"
@@ -111,8 +111,8 @@ PYTHONUNBUFFERED=1 step 240 train-torch.log "$python" "$here/pytorch_gpt2.py" ${
 tail -n 4 "$out/train-torch.log"
 # POLYSHARD_TORCH_MEDIUM=0 skips PyTorch's medium runs (a minute and a half) where this lease
 # already has them.
-[[ ${POLYSHARD_TORCH_MEDIUM:-1} != 0 ]] && PYTHONUNBUFFERED=1 step 240 train-torch-medium.log "$python" "$here/pytorch_gpt2.py" ${quick:+--steps 10} \
-  --layers 24 --width 1024 --heads 16 --peak-tflops "$peak" --json "$out/pytorch_gpt2_medium.json"
+[[ ${POLYSHARD_TORCH_MEDIUM:-1} != 0 ]] && PYTHONUNBUFFERED=1 step 240 train-torch-medium.log \
+  "$python" "$here/pytorch_gpt2.py" ${quick:+--steps 10} --layers 24 --width 1024 --heads 16 --peak-tflops "$peak" --json "$out/pytorch_gpt2_medium.json"
 [ -e "$out/train-torch-medium.log" ] && tail -n 4 "$out/train-torch-medium.log"
 
 [[ $only == all ]] || exit 0

@@ -678,12 +678,13 @@ TEMPLATE_TEST_CASE("cross_entropy_rows_fused over more rows than SMs: each block
   const auto lf = host_tensor(ls, compact);
   cross_entropy_forward(lf, cpu_ids(rs, targets), losses, lse);
   auto dl = Tensor<float>::empty(ls);
-  cross_entropy_backward(lf, cpu_ids(rs, targets), lse, host_tensor(rs, std::vector<float>(std::size_t(rows), dloss_scale)),
-                         GradOut<float>{dl, false});
+  const auto dlosses = host_tensor(rs, std::vector<float>(std::size_t(rows), dloss_scale));
+  cross_entropy_backward(lf, cpu_ids(rs, targets), lse, dlosses, GradOut<float>{dl, false});
 
   auto in_place = test::device_copy(padded);
   const auto targets_dev = test::device_copy(targets);
-  auto losses_dev = test::poisoned_device<float>(std::size_t(rows)), lse_dev = test::poisoned_device<float>(std::size_t(rows));
+  auto losses_dev = test::poisoned_device<float>(std::size_t(rows));
+  auto lse_dev = test::poisoned_device<float>(std::size_t(rows));
   pc::cross_entropy_rows_fused(in_place.data(), ld, targets_dev.data(), losses_dev.data(), lse_dev.data(), dloss_scale,
                                grad_out(in_place.data(), false), rows, v, nullptr);
   test::check_close("losses", losses_dev, losses.to_vector(), 4);

@@ -1229,7 +1229,8 @@ void launch_cross_entropy(const char* op, const T* logits, std::int64_t ld, cons
     launch<cross_entropy_forward_kernel<D, true, true>>(grid, threads, 0, stream, l, ld, targets, losses, lse, dlosses,
                                                         dloss_scale, device_ptr(dlogits.data), rows, int(v));
   } else if (const unsigned staged_blocks = staged_grid<D>(rows, v);
-             dlosses == nullptr && ld % Pack<D>::size == 0 && all_aligned16(logits, dlogits.data) && staged_blocks > 0) {
+             dlosses == nullptr && ld % Pack<D>::size == 0 && all_aligned16(logits, dlogits.data) &&
+             staged_blocks > 0) {
     allow_dynamic_shared<cross_entropy_staged_kernel<D>>(staged_bytes<D>(v));
     launch<cross_entropy_staged_kernel<D>>(staged_blocks, wide_row_threads, staged_bytes<D>(v), stream, l, ld, targets,
                                            losses, lse, dloss_scale, device_ptr(dlogits.data), rows, int(v));
