@@ -8,10 +8,18 @@
 using namespace polyshard;
 
 namespace {
-/// Two steps on global batches of 6 rows, each as `micro` micro-batches of 6 / micro rows, all
-/// but the last under no_sync (or each backward synchronising, when `use_no_sync` is false).
+/// How the micro-batches of a step are reduced.
+enum class Reduction {
+  last_backward,   // every backward but the last under no_sync
+  every_backward,  // no no_sync: each backward reduces
+  manual,          // every backward under no_sync, then Engine::reduce()
+  manual_twice,    // as manual, and reduce() once more with nothing pending
+};
+
+/// Two steps on global batches of 6 rows, each as `micro` micro-batches of 6 / micro rows,
+/// reduced as `how` says.
 template <class S>
-test::Parameters accumulate(int world, int micro, bool use_no_sync = true) {
+test::Parameters accumulate(int world, int micro, Reduction how = Reduction::last_backward) {
   test::Parameters out;
   run_ranks(world, [&](ThreadCommunicator& comm) {
     Gpt<float> model(test::tiny_gpt());
@@ -25,10 +33,15 @@ test::Parameters accumulate(int world, int micro, bool use_no_sync = true) {
         const std::int64_t begin = m * rows_per_micro + rows.begin, end = m * rows_per_micro + rows.end;
         const auto x = whole.inputs.slice(begin, end), y = whole.targets.slice(begin, end);
         std::optional<typename decltype(engine)::NoSync> no_sync;
-        if (use_no_sync && m + 1 < micro) no_sync.emplace(engine);
+        const bool last = m + 1 == micro;
+        if ((how == Reduction::last_backward && !last) || how == Reduction::manual ||
+            how == Reduction::manual_twice)
+          no_sync.emplace(engine);
         Var<float> loss = engine.forward([&] { return model.loss(x, y); });
         engine.backward(loss, double(end - begin) / 6.0);
       }
+      if (how == Reduction::manual || how == Reduction::manual_twice) engine.reduce();
+      if (how == Reduction::manual_twice) engine.reduce();
       engine.step(0.1);
     }
     auto params = engine.full_parameters();
@@ -54,8 +67,24 @@ TEMPLATE_LIST_TEST_CASE("synchronising backward calls before one step add their 
   const auto one_batch = accumulate<DDP>(1, 1);
   for (int world : {1, 3}) {
     CAPTURE(world);
-    CHECK(test::max_difference(accumulate<TestType>(world, 2, /*use_no_sync=*/false), one_batch) < 1e-6);
-    if (world == 1) CHECK(test::max_difference(accumulate<TestType>(world, 3, /*use_no_sync=*/false), one_batch) < 1e-6);
+    CHECK(test::max_difference(accumulate<TestType>(world, 2, Reduction::every_backward), one_batch) < 1e-6);
+    if (world == 1)
+      CHECK(test::max_difference(accumulate<TestType>(world, 3, Reduction::every_backward), one_batch) < 1e-6);
+  }
+}
+
+TEMPLATE_LIST_TEST_CASE("reduce() after backward passes under no_sync is the reduction of a backward outside it, "
+                        "bit for bit",
+                        "[engine]", Accumulating) {
+  // FairScale ShardedDataParallel's reduce(): the accumulated local gradients reduced on demand.
+  for (int world : {1, 3}) {
+    CAPTURE(world);
+    for (int micro : {1, 2}) {  // 3 rows a micro-batch: one a rank at world size 3
+      CAPTURE(micro);
+      const auto synced = accumulate<TestType>(world, micro);
+      CHECK(test::max_difference(accumulate<TestType>(world, micro, Reduction::manual), synced) == 0);
+      CHECK(test::max_difference(accumulate<TestType>(world, micro, Reduction::manual_twice), synced) == 0);
+    }
   }
 }
 

@@ -223,13 +223,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     if (sync_ && config_.overlap_comm && reduces_in_buckets)
       ready.emplace([this](Node<work_type, device>& leaf) { gradient_final(leaf); });
     const double seed = weight * scaler_.scale();
-    struct SettleOnError {  // a collective failed inside backward: nothing may stay in flight
-      Engine& e;
-      int uncaught = std::uncaught_exceptions();
-      ~SettleOnError() {
-        if (std::uncaught_exceptions() > uncaught) e.settle_in_flight();
-      }
-    } settle_on_error{*this};
+    SettleOnError settle_on_error{*this};
     if (loss.value().numel() == 1) {
       // In double: a loss scale fp16 cannot hold (65536 and up) still seeds the loss's gradient
       // (its op computes in float), rather than an infinite seed skipping every step.
@@ -257,6 +251,18 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     bool saved_;
   };
   NoSync no_sync() { return NoSync(*this); }
+
+  /// Reduces now the gradients that backward passes inside no_sync accumulated, as the next
+  /// backward outside no_sync would reduce them with its own (FairScale ShardedDataParallel's
+  /// reduce()), so that step() may follow: the same collectives over the same sums, bit for bit.
+  /// Nothing to do where no gradients are pending. A collective call: every rank calls it.
+  void reduce() {
+    POLYSHARD_CHECK(!in_backward_, "Engine::reduce: called during backward");
+    SettleOnError settle_on_error{*this};
+    for (std::size_t i = units_.size(); i-- > 0;)  // in backward's order: the last unit first
+      if (units_[i].local_grads) reduce_unit(i);
+    finish_reductions();
+  }
 
   /// Applies the optimizer to every unit with learning rate `lr`. Returns false when the step
   /// was skipped because the (scaled) gradients overflowed; the parameters are then untouched.
@@ -1013,36 +1019,50 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// no_sync), and free its gathered parameters.
   void post_backward(State& u) {
     const std::size_t index = static_cast<std::size_t>(&u - units_.data());
-    if (sync_) {
-      if constexpr (reduces_in_buckets) {
-        BucketProgress& progress = progress_[index];
-        for (std::size_t b = progress.armed() ? progress.next() : 0; b < buckets_[index].size(); ++b)
-          launch_bucket(index, b);
-        progress.disarm();
-        const std::size_t before = pending_.size();
-        Behaviour::end_reduction(u, pending_, unit_in_flight(index));
-        for (std::size_t i = before; i < pending_.size(); ++i) pending_[i].unit = index;
-      } else {
-        u.settle_grads(0, u.layout->padded);
-        const std::size_t issued = pending_.size();
-        CallSite site(reduction_site(u, buckets_[index].size()));
-        const auto bucket = static_cast<std::int64_t>(config_.bucket_cap_mb * 1024 * 1024 / sizeof(RT));
-        Behaviour::reduce(u, shard_comm(), pending_, bucket);
-        for (std::size_t i = issued; i < pending_.size(); ++i) pending_[i].unit = index;
-      }
-      // The reductions issued before this unit's own complete now, so that a unit's whole
-      // gradients (and the copies they are reduced from) live only while its own reductions
-      // overlap the next unit's backward: at most two units' at a time, not every unit's until
-      // backward ends. Without overlap_comm, this unit's complete too.
-      complete_reductions(config_.overlap_comm ? leading_not_of(index) : pending_.size());
-    } else {
-      u.local_grads = true;
-    }
+    if (sync_) reduce_unit(index);
+    else u.local_grads = true;
     Behaviour::release(u);
     if (landing_ && sync_) {
       ++landing_->backwards_done[index];
       land_ready_units();
     }
+  }
+
+  /// Settles every collective in flight when the scope ends by an exception (one failed inside
+  /// backward or reduce()): nothing may stay in flight over this engine's buffers.
+  struct SettleOnError {
+    Engine& e;
+    int uncaught = std::uncaught_exceptions();
+    ~SettleOnError() {
+      if (std::uncaught_exceptions() > uncaught) e.settle_in_flight();
+    }
+  };
+
+  /// Reduces what is left of unit `index`'s gradients: the buckets backward has not launched, or
+  /// the whole unit.
+  void reduce_unit(std::size_t index) {
+    State& u = units_[index];
+    if constexpr (reduces_in_buckets) {
+      BucketProgress& progress = progress_[index];
+      for (std::size_t b = progress.armed() ? progress.next() : 0; b < buckets_[index].size(); ++b)
+        launch_bucket(index, b);
+      progress.disarm();
+      const std::size_t before = pending_.size();
+      Behaviour::end_reduction(u, pending_, unit_in_flight(index));
+      for (std::size_t i = before; i < pending_.size(); ++i) pending_[i].unit = index;
+    } else {
+      u.settle_grads(0, u.layout->padded);
+      const std::size_t issued = pending_.size();
+      CallSite site(reduction_site(u, buckets_[index].size()));
+      const auto bucket = static_cast<std::int64_t>(config_.bucket_cap_mb * 1024 * 1024 / sizeof(RT));
+      Behaviour::reduce(u, shard_comm(), pending_, bucket);
+      for (std::size_t i = issued; i < pending_.size(); ++i) pending_[i].unit = index;
+    }
+    // The reductions issued before this unit's own complete now, so that a unit's whole
+    // gradients (and the copies they are reduced from) live only while its own reductions
+    // overlap the next unit's backward: at most two units' at a time, not every unit's until
+    // backward ends. Without overlap_comm, this unit's complete too.
+    complete_reductions(config_.overlap_comm ? leading_not_of(index) : pending_.size());
   }
 
   /// Whether a reduction of unit `index` is still in flight.
