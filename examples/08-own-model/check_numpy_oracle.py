@@ -10,8 +10,9 @@ mean loss) and the batch with its loss. Checked here:
 
 - the loss of the weights before the step, to 1e-6 relative;
 - in every tensor, the element of largest gradient and 8 drawn at random: each gradient within
-  1e-4 of the tensor's largest (plus 1e-7, the rounding of the step in float32) of its finite
-  difference (step 1e-4 in float64: an error of about 1e-9 of the loss's curvature);
+  1e-4 of the tensor's largest (plus 1e-7, the rounding of the step in float32) of its central
+  difference (step 1e-4 in float64, whose error, of the order of the step squared times the
+  loss's third derivative, is far below that);
 
 and controls that must fail: the same gradients against the finite differences of a model whose
 MLP swaps its gate and up projections (a module wired to the wrong weight), and the loss against
