@@ -43,6 +43,7 @@ struct RunResult {
   /// Per collective kind, (bytes moved, measured; bytes sent, the ring formula's prediction) in
   /// the last step: this rank's from train_rank, every rank's summed from train.
   std::map<CollectiveKind, std::pair<double, double>> traffic;
+  std::map<CollectiveKind, std::uint64_t> calls;  // per kind in the last step, counted as traffic is
   std::int64_t model_state = 0;   // parameters + gradients + optimizer state, after the last step
   std::int64_t padded = 0, root_padded = 0;
 };
@@ -79,9 +80,12 @@ RunResult train_rank(Comm& comm, int steps = 3, std::int64_t batch = 6, typename
     engine.step(opt.lr, clip);
   }
   result.bytes_sent = engine.bytes_sent();  // of the last step, before gathering parameters for the check
+  const CommStats traffic = engine.traffic();  // every communicator's: the hybrid groups' too
   for (const CollectiveKind k : {CollectiveKind::AllReduce, CollectiveKind::ReduceScatter, CollectiveKind::AllGather,
-                                 CollectiveKind::Broadcast, CollectiveKind::Reduce})
-    result.traffic[k] = {engine.communicator().stats().bytes_moved(k), engine.communicator().stats().bytes_sent(k)};
+                                 CollectiveKind::Broadcast, CollectiveKind::Reduce}) {
+    result.traffic[k] = {traffic.bytes_moved(k), traffic.bytes_sent(k)};
+    result.calls[k] = traffic.calls(k);
+  }
   result.model_state = tracker.current(MemoryCategory::Parameters) + tracker.current(MemoryCategory::Gradients) +
                        tracker.current(MemoryCategory::OptimizerState);
   result.parameters = engine.full_parameters();
@@ -106,6 +110,7 @@ RunResult train(int world, int steps = 3, std::int64_t batch = 6, typename Opt::
       bytes.first += results[r].traffic[kind].first;
       bytes.second += results[r].traffic[kind].second;
     }
+    for (auto& [kind, calls] : result.calls) calls += results[r].calls[kind];
   }
   return result;
 }

@@ -137,6 +137,50 @@ TEST_CASE("sharded parameters on 2 GPUs: the host waits for no gather in forward
   }
 }
 
+TEMPLATE_TEST_CASE("the device engine's traffic on 3 GPUs: what the emulated NCCL brought into each rank, none on a "
+                   "real NCCL",
+                   "[cuda][engine][ranks]", ZeRO2PerBlock, FsdpPerBlock) {
+  // Engine::traffic() over NCCL, per rank, against the ring formula the engine recorded as each
+  // collective was issued. The emulated NCCL computes each rank's result from every rank's
+  // buffer, so a rank's measured bytes are the other ranks' parts of its result
+  // (docs/communication.md): the ring's for a reduce-scatter and an all-gather, N / 2 times it
+  // for an all-reduce; and the call check all-gathers 312 bytes from each other rank ahead of
+  // each call. A real NCCL's transfers are invisible: nothing is measured there.
+  constexpr int world = 3;
+  if (!test::have_devices(world)) return;
+  const bool emulated = &polyshard::emulation::take_nccl_traffic != nullptr;
+  std::vector<CommStats> traffic(world);
+  std::vector<int> checks_calls(world);
+  run_on_gpus(world, [&](int r, NcclCommunicator& comm) {
+    Gpt<float, Cuda> model(tiny_gpt());
+    Engine<TestType, Gpt<float, Cuda>, NcclCommunicator, Sgd<float>> engine(model, comm, momentum_sgd(), {}, 42);
+    BatchSampler sampler(tiny_data(), 8, 6, 7);
+    for (int step = 0; step < 2; ++step) {
+      engine.reset_stats();
+      const Batch b = sampler.batch(step, r, world);
+      auto loss = engine.forward([&] { return model.loss(to_device(b.inputs), to_device(b.targets)); });
+      engine.backward(loss, 0.5);
+      loss = {};
+      engine.step(0.1);
+    }
+    // Every collective of the step has been waited for: its traffic is counted.
+    traffic[r] = engine.traffic();
+    checks_calls[r] = default_check_calls() ? 1 : 0;
+  });
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r << (emulated ? ", emulated" : ", real") << " NCCL");
+    const CommStats& t = traffic[r];
+    const double check = checks_calls[r] * (world - 1) * 312.0;
+    const auto want = [&](CollectiveKind kind, double factor) {
+      return emulated ? t.bytes_sent(kind) * factor + double(t.calls(kind)) * check : 0.0;
+    };
+    CHECK(t.bytes_moved(CollectiveKind::ReduceScatter) == Approx(want(CollectiveKind::ReduceScatter, 1)));
+    CHECK(t.bytes_moved(CollectiveKind::AllGather) == Approx(want(CollectiveKind::AllGather, 1)));
+    CHECK(t.bytes_moved(CollectiveKind::AllReduce) == Approx(want(CollectiveKind::AllReduce, world / 2.0)));
+    CHECK(t.calls(CollectiveKind::ReduceScatter) > 0);  // the gradients were reduce-scattered
+  }
+}
+
 TEST_CASE("ZeRO-Offload's delayed parameter update on one GPU for two steps: the run ThreadSanitizer watches",
           "[cuda][engine][offload][tsan]") {
   // The host thread updating the first step's masters while the second step's forward and

@@ -37,6 +37,19 @@ TEMPLATE_LIST_TEST_CASE("MPI: every strategy trains like one process", "[engine]
   const double expected = bytes_sent_per_step<TestType>(result.padded, result.root_padded, world().size());
   CHECK(result.bytes_sent == Approx(expected).epsilon(1e-12));
   CHECK(double(result.model_state) == Approx(model_state_bytes<TestType>(result.padded, world().size(), 1)));
+  // The bytes this backend handed to MPI's sends, summed over the processes, against the ring
+  // formula summed likewise plus the cross-rank check of each call, (N - 1) x call_check_bytes a
+  // process (docs/communication.md).
+  const int n = world().size();
+  for (const CollectiveKind kind : {CollectiveKind::AllReduce, CollectiveKind::ReduceScatter,
+                                    CollectiveKind::AllGather}) {
+    INFO("collective kind " << static_cast<int>(kind));
+    double sums[3] = {result.traffic.at(kind).first, result.traffic.at(kind).second,
+                      double(result.calls.at(kind))};
+    MPI_Allreduce(MPI_IN_PLACE, sums, 3, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    const double check_bytes = default_check_calls() ? double(MpiCommunicator::call_check_bytes) : 0.0;
+    CHECK(sums[0] == Approx(sums[1] + sums[2] * (n - 1) * check_bytes).margin(1e-9));
+  }
 }
 
 TEST_CASE("MPI: the sharded stages agree with the in-process backend bit for bit", "[engine][mpi]") {

@@ -85,6 +85,23 @@ TEST_CASE("hybrid sharding: shard within groups, replicate across them, train li
     CHECK(h3.bytes_sent == Approx(bytes_sent_per_step<Hybrid3>(h3.padded, h3.root_padded, world, false, group)));
     // Model state is that of the inner strategy on a group.
     CHECK(double(h3.model_state) == Approx(model_state_bytes<Hybrid3>(h3.padded, group, 1)));
+    // The traffic the in-process backend measured as it copied, over the shard groups and the
+    // replicas alike (Engine::traffic()), summed over the ranks: each kind what the ring formula
+    // predicts, and all of it the hybrid formula's, so that no communicator goes uncounted.
+    const std::pair<const test::RunResult*, double> hybrids[] = {
+        {&h2, bytes_sent_per_step<Hybrid2>(h2.padded, h2.root_padded, world, false, group)},
+        {&h3, bytes_sent_per_step<Hybrid3>(h3.padded, h3.root_padded, world, false, group)},
+        {&h1, bytes_sent_per_step<Hybrid1>(h1.padded, h1.root_padded, world, false, group)}};
+    for (const auto& [h, per_rank] : hybrids) {
+      double moved = 0;
+      for (const auto& [kind, bytes] : h->traffic) {
+        INFO("collective kind " << static_cast<int>(kind));
+        CHECK(bytes.first == Approx(bytes.second).margin(1e-9));
+        moved += bytes.first;
+      }
+      CHECK(moved == Approx(world * per_rank).margin(1e-9));
+      if (world / group > 1) CHECK(h->traffic.at(CollectiveKind::AllReduce).first > 0);  // the replicas'
+    }
   }
   StrategyConfig bad;
   bad.hybrid_group_size = 3;

@@ -31,6 +31,17 @@ class CommStats {
     return *this;
   }
 
+  /// Adds every counter of `other`: the traffic of several communicators as one (the engine's
+  /// over its shard group and its replicas, under hybrid sharding).
+  CommStats& operator+=(const CommStats& other) {
+    for (std::size_t i = 0; i < collective_kind_count; ++i) {
+      calls_[i].fetch_add(other.calls_[i].load(), std::memory_order_relaxed);
+      bytes_[i].fetch_add(other.bytes_[i].load(), std::memory_order_relaxed);
+      moved_[i].fetch_add(other.moved_[i].load(), std::memory_order_relaxed);
+    }
+    return *this;
+  }
+
   /// Counts one call of `kind` that sends `bytes` (from ring_bytes_sent()).
   void record(CollectiveKind kind, double bytes) {
     const auto i = static_cast<std::size_t>(kind);

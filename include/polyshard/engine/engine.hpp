@@ -17,6 +17,7 @@
 
 #include "polyshard/autograd/checkpoint.hpp"
 #include "polyshard/comm/call_site.hpp"
+#include "polyshard/comm/comm_stats.hpp"
 #include "polyshard/comm/host_values.hpp"
 #include "polyshard/core/device_handoff.hpp"
 #include "polyshard/core/serial_worker.hpp"
@@ -481,25 +482,24 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// them). A checkpointed unit keeps its output only.
   const std::vector<std::int64_t>& activation_bytes() const { return activation_bytes_; }
 
+  /// This rank's calls, bytes sent (the ring formula's prediction) and bytes moved (measured by
+  /// the backend) per collective kind, summed over every communicator the engine uses: the
+  /// world's, or under hybrid sharding the shard group's and the replicas'.
+  CommStats traffic() const {
+    CommStats total = comm_.stats();
+    if (group_) {
+      total += group_->stats();
+      total += replicas_->stats();
+    }
+    return total;
+  }
   /// Bytes this rank sent in collectives of `kind` over every communicator the engine uses.
-  double bytes_sent(CollectiveKind kind) const {
-    double total = comm_.stats().bytes_sent(kind);
-    if (group_) total += group_->stats().bytes_sent(kind) + replicas_->stats().bytes_sent(kind);
-    return total;
-  }
+  double bytes_sent(CollectiveKind kind) const { return traffic().bytes_sent(kind); }
   /// Bytes this rank sent over every communicator the engine uses.
-  double bytes_sent() const {
-    double total = comm_.stats().total_bytes_sent();
-    if (group_) total += group_->stats().total_bytes_sent() + replicas_->stats().total_bytes_sent();
-    return total;
-  }
+  double bytes_sent() const { return traffic().total_bytes_sent(); }
   /// Bytes this rank's backend moved, measured (CommStats::bytes_moved), over every
   /// communicator the engine uses; bytes_sent() is the ring formula's prediction.
-  double bytes_moved() const {
-    double total = comm_.stats().total_bytes_moved();
-    if (group_) total += group_->stats().total_bytes_moved() + replicas_->stats().total_bytes_moved();
-    return total;
-  }
+  double bytes_moved() const { return traffic().total_bytes_moved(); }
   /// Resets the byte counters of every communicator the engine uses.
   void reset_stats() {
     comm_.stats().reset();
