@@ -598,12 +598,16 @@ class NcclCommunicator {
 
   /// The byte counters. Measured bytes (bytes_moved) are counted only on the emulated NCCL, for
   /// the collectives waited for so far; on a real NCCL they stay 0 and bytes_sent, the ring
-  /// formula, is the prediction.
+  /// formula, is the prediction. Both forms collect the traffic first, so that a communicator
+  /// read through a const path (an engine's hybrid groups) is as current as any other.
   CommStats& stats() {
     state_->collect_traffic();
     return state_->stats;
   }
-  const CommStats& stats() const { return state_->stats; }
+  const CommStats& stats() const {
+    state_->collect_traffic();
+    return state_->stats;
+  }
   /// Collectives whose handle this rank's host has waited for, blocking or not (the blocking
   /// forms count one each): what a step costs the host in synchronisations with the GPU.
   std::uint64_t host_waits() const { return state_->host_waits.load(std::memory_order_relaxed); }
