@@ -323,6 +323,16 @@ class ThreadCommunicator {
     }
     void release(int peer) { of(peer).readers.fetch_sub(1, std::memory_order_release); }
 
+    /// Copies `bytes` between this rank's memory and `peer`'s, holding the peer's buffers while
+    /// it copies, and counts as moved the bytes it handed to the copy: the measured traffic is
+    /// what was copied, not a figure written beside it.
+    void copy_with(int peer, void* to, const void* from, std::size_t bytes) {
+      acquire(peer);
+      if (bytes) std::memcpy(to, from, bytes);
+      release(peer);
+      moved(bytes);
+    }
+
     /// Runs one collective; if it throws, first withdraws this rank's buffers: marks them gone
     /// and waits until no peer is inside a step that reads them (steps never block, so this is
     /// short), so that the caller may free them as soon as the exception reaches it.
@@ -414,10 +424,7 @@ class ThreadCommunicator {
         wait_for(left(), detail::comm::progress_of(seq, static_cast<std::uint64_t>(2 + t)));
         const int c = detail::comm::wrap(rank - 1 - t, N);
         const T* from = static_cast<const T*>(of(left()).dst) + chunks.begin(c);
-        acquire(left());
-        if (chunks.size(c)) std::memcpy(data + chunks.begin(c), from, chunks.size(c) * sizeof(T));
-        release(left());
-        moved(chunks.size(c) * sizeof(T));
+        copy_with(left(), data + chunks.begin(c), from, chunks.size(c) * sizeof(T));
         publish(static_cast<std::uint64_t>(3 + t));
       }
       // The right neighbour reads this buffer until its last step.
@@ -450,10 +457,7 @@ class ThreadCommunicator {
       for (int t = 0; t <= N - 2; ++t) {
         wait_for(left(), detail::comm::progress_of(seq, static_cast<std::uint64_t>(1 + t)));
         const std::uint64_t b = m * static_cast<std::uint64_t>(detail::comm::wrap(rank - 1 - t, N));
-        acquire(left());
-        if (m) std::memcpy(out.data() + b, static_cast<const T*>(of(left()).dst) + b, m * sizeof(T));
-        release(left());
-        moved(m * sizeof(T));
+        copy_with(left(), out.data() + b, static_cast<const T*>(of(left()).dst) + b, m * sizeof(T));
         publish(static_cast<std::uint64_t>(2 + t));
       }
       wait_for(right(), detail::comm::progress_of(seq, static_cast<std::uint64_t>(N)));
@@ -464,12 +468,7 @@ class ThreadCommunicator {
       enter(call<T>(CollectiveKind::Broadcast, buf.size(), root), buf.data(), buf.data());
       if (n() == 1) return;
       validated();
-      if (rank != root) {
-        acquire(root);
-        if (!buf.empty()) std::memcpy(buf.data(), of(root).dst, buf.size_bytes());
-        release(root);
-        moved(buf.size_bytes());
-      }
+      if (rank != root) copy_with(root, buf.data(), of(root).dst, buf.size_bytes());
       publish(2);
       wait_all(detail::comm::progress_of(seq, 2));
     }
