@@ -79,8 +79,10 @@ RunResult train_rank(Comm& comm, int steps = 3, std::int64_t batch = 6, typename
     loss = Var<float>();
     engine.step(opt.lr, clip);
   }
-  result.bytes_sent = engine.bytes_sent();  // of the last step, before gathering parameters for the check
-  const CommStats traffic = engine.traffic();  // every communicator's: the hybrid groups' too
+  // Of the last step, before gathering parameters for the check; every communicator's, the
+  // hybrid groups' too.
+  const CommStats traffic = engine.traffic();
+  result.bytes_sent = traffic.total_bytes_sent();
   for (const CollectiveKind k : {CollectiveKind::AllReduce, CollectiveKind::ReduceScatter, CollectiveKind::AllGather,
                                  CollectiveKind::Broadcast, CollectiveKind::Reduce}) {
     result.traffic[k] = {traffic.bytes_moved(k), traffic.bytes_sent(k)};

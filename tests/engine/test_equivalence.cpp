@@ -81,16 +81,18 @@ TEST_CASE("hybrid sharding: shard within groups, replicate across them, train li
     CHECK(max_difference(h3.parameters, reference.parameters) < 1e-6);
     CHECK(max_difference(h1.parameters, reference.parameters) < 1e-6);
     // Traffic: the inner strategy within a group, plus an all-reduce of each shard across groups.
-    CHECK(h2.bytes_sent == Approx(bytes_sent_per_step<Hybrid2>(h2.padded, h2.root_padded, world, false, group)));
-    CHECK(h3.bytes_sent == Approx(bytes_sent_per_step<Hybrid3>(h3.padded, h3.root_padded, world, false, group)));
+    const double h2_per_rank = bytes_sent_per_step<Hybrid2>(h2.padded, h2.root_padded, world, false, group);
+    const double h3_per_rank = bytes_sent_per_step<Hybrid3>(h3.padded, h3.root_padded, world, false, group);
+    CHECK(h2.bytes_sent == Approx(h2_per_rank));
+    CHECK(h3.bytes_sent == Approx(h3_per_rank));
     // Model state is that of the inner strategy on a group.
     CHECK(double(h3.model_state) == Approx(model_state_bytes<Hybrid3>(h3.padded, group, 1)));
     // The traffic the in-process backend measured as it copied, over the shard groups and the
     // replicas alike (Engine::traffic()), summed over the ranks: each kind what the ring formula
     // predicts, and all of it the hybrid formula's, so that no communicator goes uncounted.
     const std::pair<const test::RunResult*, double> hybrids[] = {
-        {&h2, bytes_sent_per_step<Hybrid2>(h2.padded, h2.root_padded, world, false, group)},
-        {&h3, bytes_sent_per_step<Hybrid3>(h3.padded, h3.root_padded, world, false, group)},
+        {&h2, h2_per_rank},
+        {&h3, h3_per_rank},
         {&h1, bytes_sent_per_step<Hybrid1>(h1.padded, h1.root_padded, world, false, group)}};
     for (const auto& [h, per_rank] : hybrids) {
       double moved = 0;
