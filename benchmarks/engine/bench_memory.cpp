@@ -78,6 +78,10 @@ template <class S>
 void row(bench::Table& table, const char* name, int world, const GptConfig& cfg, std::int64_t batch,
          StrategyConfig config = {}) {
   if constexpr (S::offload::to_nvme) config.optimizer_buffer_count = 1;  // one unit's state in memory at a time
+  if constexpr (S::offload::to_nvme && S::offload::offloads_parameters) {
+    config.params_buffer_count = 1;  // and one unit's parameter shard read in at a time
+    config.max_in_cpu = 0;           // every shard in the file
+  }
   const std::vector<RankMemory> ranks = measure<S>(world, cfg, batch, config);
   // The largest difference between measurement and prediction over every rank and category.
   double peak_error = 0, held_error = 0;
@@ -123,6 +127,8 @@ int main(int argc, char** argv) {
     nvme.nvme_path = std::filesystem::temp_directory_path().string();
     row<Strategy<ShardParameters<true>, OffloadOptimizer<Nvme>, PerBlock>>(table, "zero_infinity", world, cfg, batch,
                                                                            nvme);
+    row<Strategy<ShardParameters<true>, OffloadParameters<Nvme>, PerBlock>>(table, "zero_infinity_parameters", world,
+                                                                            cfg, batch, nvme);
 #endif
   }
   table.print();

@@ -109,6 +109,12 @@ int main(int argc, char** argv) {
     nvme.nvme_path = std::filesystem::temp_directory_path().string();
     row<Strategy<ShardParameters<true>, OffloadOptimizer<Nvme>, PerBlock>>(table, "zero_infinity", world, cfg, batch,
                                                                            steps, ddp_step, nvme);
+    // And the parameter shards and masters there too, every one in the file (max_in_cpu 0), with
+    // DeepSpeed's five parameter buffers.
+    StrategyConfig parameters = nvme;
+    parameters.max_in_cpu = 0;
+    row<Strategy<ShardParameters<true>, OffloadParameters<Nvme>, PerBlock>>(table, "zero_infinity_parameters", world,
+                                                                            cfg, batch, steps, ddp_step, parameters);
 #endif
   }
   table.print();

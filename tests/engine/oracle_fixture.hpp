@@ -62,14 +62,23 @@ struct RankMasters {
   std::vector<std::int64_t> unit_numel;
 };
 
-/// The master elements each unit of `engine` holds on this rank, as RankMasters keeps them.
+/// The master elements each unit of `engine` holds on this rank, as RankMasters keeps them: read
+/// from the unit states, or where the masters live in a file between steps (NVMe parameter
+/// offload) through access_optimizer, which brings them in.
 template <class E>
-RankMasters::Snapshot snapshot_of(const E& engine) {
+RankMasters::Snapshot snapshot_of(E& engine) {
   RankMasters::Snapshot units;
-  for (const auto& u : engine.unit_states()) {
-    const auto values = u.master.to_vector();
+  for (std::size_t i = 0; i < engine.unit_states().size(); ++i) {
+    const auto& u = engine.unit_states()[i];
     const std::int64_t first = u.master.numel() == u.layout->padded ? 0 : u.shard_begin();
-    units.emplace_back(first, std::vector<double>(values.begin(), values.end()));
+    std::vector<double> values;
+    if constexpr (E::masters_resident) {
+      const auto host = u.master.to_vector();
+      values.assign(host.begin(), host.end());
+    } else {
+      engine.access_optimizer(i, [&](auto&, auto params) { values.assign(params.begin(), params.end()); });
+    }
+    units.emplace_back(first, std::move(values));
   }
   return units;
 }

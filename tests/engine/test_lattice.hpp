@@ -56,6 +56,7 @@ TEMPLATE_LIST_TEST_CASE("lattice: the covering subset trains as one double-preci
     StrategyConfig config;
     if constexpr (S::sharding::hybrid) config.hybrid_group_size = hybrid_group_size(world);
     if constexpr (S::offload::to_nvme) config.nvme_path = nvme.path().string();
+    if constexpr (S::offload::to_nvme && S::offload::offloads_parameters) config.max_in_cpu = 0;  // all in the file
     const Trained run = train_engine<S, Opt>(world, sgd, no_clip, config);
     // The root and the two blocks are units, except under WrapWhole: WrapBySize cuts too.
     CHECK(run.unit_numel.size() == (std::is_same_v<typename S::wrap, WrapWhole> ? 1u : 3u));

@@ -110,8 +110,16 @@ using Presets = std::tuple<Strategy<NoShard, P>, Strategy<ShardOptimizerState, P
                            Strategy<ShardParameters<true>, OffloadOptimizer<Nvme>, WrapByType<Block>, P>
 #endif
                            >;
+// The parameter shards on NVMe, where the masters are the shards (fp32) and where they are not.
+#ifdef POLYSHARD_HAVE_LIBURING
+using ParametersOnNvme = std::tuple<Strategy<ShardParameters<true>, OffloadParameters<Nvme>, WrapByType<Block>>,
+                                    Strategy<ShardParameters<true>, OffloadParameters<Nvme>, WrapByType<Block>, Bf16Mixed>>;
+#else
+using ParametersOnNvme = std::tuple<>;
+#endif
 using Measured = decltype(std::tuple_cat(Presets<Fp32>(), Presets<Bf16Mixed>(), Presets<PureBf16>(),
-                                         std::tuple<Strategy<ShardParameters<true>, Fp16Mixed, WrapByType<Block>>>()));
+                                         std::tuple<Strategy<ShardParameters<true>, Fp16Mixed, WrapByType<Block>>>(),
+                                         ParametersOnNvme()));
 
 }  // namespace
 
@@ -124,6 +132,10 @@ TEMPLATE_LIST_TEST_CASE("memory: what a rank holds between steps and at most wit
   if constexpr (S::offload::to_nvme) {
     config.nvme_path = nvme.path().string();
     config.optimizer_buffer_count = 1;  // one unit's state in memory at a time, an exact peak
+  }
+  if constexpr (S::offload::to_nvme && S::offload::offloads_parameters) {
+    config.params_buffer_count = 1;  // one unit's shard read in at a time, an exact peak
+    config.max_in_cpu = 0;           // every shard in the file
   }
   for (int world = 1; world <= 8; ++world) {
     const std::vector<Held> held = hold<S>(world, config);

@@ -193,3 +193,157 @@ TEST_CASE("ZeRO-Infinity: unusable NVMe options are clear errors", "[engine][nvm
   CHECK_THROWS_WITH((train<ZeROInfinity, AdamW<float>>(1, 1, 6, adamw, no_clip, block)), Catch::Contains("block_size"));
   CHECK(files_in(dir.path()) == 0);
 }
+
+// ZeRO-Infinity with the parameter shards on NVMe too (OffloadParameters<Nvme>): the shards and
+// the fp32 masters live in the file with the optimizer state, read in for each gather and step.
+namespace {
+
+using InfinityParametersPerBlock = with_t<ZeROInfinityParameters, WrapByType<Block>>;
+
+StrategyConfig parameter_config(const TempDir& dir, int params_buffers, std::int64_t max_in_cpu) {
+  StrategyConfig c = nvme_config(dir, 4096, 2, 1, false);
+  c.params_buffer_count = params_buffers;
+  c.max_in_cpu = max_in_cpu;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO-Infinity with the parameter shards on NVMe trains bit for bit like ZeRO-3, and like one process",
+          "[engine][nvme]") {
+  // One buffer and every shard in the file; two buffers with the first units' shards kept in
+  // memory by max_in_cpu; DeepSpeed's defaults, which keep this small model's shards in memory.
+  const auto [buffers, max_in_cpu] =
+      GENERATE(std::pair<int, std::int64_t>{1, 0}, std::pair<int, std::int64_t>{2, 300},
+               std::pair<int, std::int64_t>{5, 1'000'000'000});
+  const int world = GENERATE(1, 3);
+  CAPTURE(buffers, max_in_cpu, world);
+  TempDir dir;
+  const StrategyConfig config = parameter_config(dir, buffers, max_in_cpu);
+
+  const AdamWConfig adamw{.lr = 1e-2};
+  const auto memory = train<ZeRO3PerBlock, AdamW<float>>(world, 3, 6, adamw);
+  const auto nvme = train<InfinityParametersPerBlock, AdamW<float>>(world, 3, 6, adamw, no_clip, config);
+  CHECK(max_difference(nvme.parameters, memory.parameters) == 0.0);
+  CHECK(nvme.losses == memory.losses);
+  // Training moved the parameters, so shards read back stale or wrong would have shown.
+  CHECK(max_difference(memory.parameters, train<ZeRO<3>, AdamW<float>>(world, 0, 6, adamw).parameters) > 1e-3);
+
+  // bf16 compute with fp32 masters: the masters move with the moments, the bf16 shards apart.
+  using Bf16Memory = with_t<ZeRO3PerBlock, Bf16Mixed>;
+  using Bf16Nvme = with_t<InfinityParametersPerBlock, Bf16Mixed>;
+  CHECK(max_difference(train<Bf16Nvme, AdamW<float>>(world, 3, 6, adamw, no_clip, config).parameters,
+                       train<Bf16Memory, AdamW<float>>(world, 3, 6, adamw).parameters) == 0.0);
+
+  // Against one process with every parameter in memory (DDP at world size 1), which shares no
+  // offload code: SGD with momentum is linear in the gradients, so the ranks' split of the sums
+  // changes only their rounding.
+  const auto sgd = test::momentum_sgd();
+  const auto one = train<DDP>(1, 3, 6, sgd);
+  const auto sharded = train<InfinityParametersPerBlock>(world, 3, 6, sgd, no_clip, config);
+  CHECK(max_difference(sharded.parameters, one.parameters) < 1e-5);
+  CHECK(files_in(dir.path()) == 0);  // every file unlinked with its engine
+}
+
+TEST_CASE("ZeRO-Infinity with the parameter shards on NVMe: between steps only max_in_cpu's shards are in memory, "
+          "and writes through access_optimizer reach the next gather",
+          "[engine][nvme]") {
+  constexpr int world = 2;
+  TempDir dir;
+  const AdamWConfig adamw{.lr = 1e-2};
+  struct Seen {
+    std::vector<std::int64_t> units;
+    std::int64_t parameters_built = -1, parameters_between_steps = -1, optimizer_between_steps = -1;
+    std::vector<bool> materialized;  // each unit's shard between steps
+    std::vector<bool> in_file;
+    std::size_t files_while_training = 0;
+    std::vector<std::pair<std::string, std::vector<float>>> after_write;
+  };
+  const auto run = [&]<class S>(S, std::int64_t max_in_cpu) {
+    std::vector<Seen> seen(world);
+    const StrategyConfig config = parameter_config(dir, 1, max_in_cpu);
+    run_ranks(world, [&](ThreadCommunicator& comm) {
+      Seen& s = seen[static_cast<std::size_t>(comm.rank())];
+      MemoryTracker tracker;
+      TrackerScope scope(tracker);
+      Gpt<float> model(test::tiny_gpt());
+      Engine<S, Gpt<float>, ThreadCommunicator, AdamW<float>> engine(model, comm, adamw, config, 42);
+      s.parameters_built = tracker.current(MemoryCategory::Parameters);
+      for (const auto& u : engine.units().units) s.units.push_back(u.padded);
+      BatchSampler sampler(test::tiny_data(), 8, 6, 7);
+      for (int step = 0; step < 2; ++step) {
+        const Batch b = sampler.batch(step, comm.rank(), world);
+        Var<float> loss = engine.forward([&] { return model.loss(b.inputs, b.targets); });
+        engine.backward(loss, double(b.inputs.size(0)) / 6.0);
+        loss = Var<float>();
+        engine.step(adamw.lr);
+      }
+      s.parameters_between_steps = tracker.current(MemoryCategory::Parameters);
+      s.optimizer_between_steps = tracker.current(MemoryCategory::OptimizerState);
+      for (const auto& u : engine.unit_states()) s.materialized.push_back(u.param_shard.storage()->materialized());
+      comm.barrier();  // every rank's file exists: count them between two barriers
+      s.files_while_training = files_in(dir.path());
+      comm.barrier();
+      // A restore of unit 1's masters, then the refresh a checkpoint load ends with: the next
+      // gather reads the new values from the file.
+      engine.access_optimizer(1, [&](auto&, auto params) { std::fill(params.begin(), params.end(), 0.5f); });
+      engine.refresh_parameters_from_master();
+      s.after_write = engine.full_parameters();
+    });
+    return seen;
+  };
+  const auto check = [&]<class S>(S strategy, std::int64_t max_in_cpu) {
+    using CT = typename S::compute_type;
+    CAPTURE(S::precision::name, max_in_cpu);
+    const std::vector<Seen> seen = run(strategy, max_in_cpu);
+    for (const Seen& s : seen) {
+      const std::int64_t kept = nvme_parameters_in_memory(s.units, world, max_in_cpu);
+      if (max_in_cpu > 0) {  // the root's shard, not every unit's
+        CHECK(kept == s.units[0] / world);
+        CHECK(kept < s.units[1] / world + s.units[0] / world);
+      }
+      CHECK(s.parameters_built == kept * std::int64_t(sizeof(CT)));
+      CHECK(s.parameters_between_steps == kept * std::int64_t(sizeof(CT)));
+      CHECK(s.optimizer_between_steps == 0);  // the masters are in the file too
+      CHECK(double(s.parameters_between_steps) ==
+            resident_memory<S>(std::span<const std::int64_t>(s.units), world, 2, parameter_config(dir, 1, max_in_cpu))
+                .parameters);
+      std::int64_t sum = 0;
+      for (std::size_t i = 0; i < s.units.size(); ++i) {
+        sum += s.units[i] / world;
+        CHECK(s.materialized[i] == (sum <= kept));
+      }
+      CHECK(s.files_while_training == std::size_t(world));
+      // Unit 1 is the first block: its parameters all read 0.5 now, the others did not.
+      std::size_t changed = 0;
+      for (const auto& [name, values] : s.after_write) {
+        const bool all_half = std::all_of(values.begin(), values.end(), [](float x) { return x == 0.5f; });
+        if (name.starts_with("transformer.h.0.")) CHECK(all_half);
+        changed += all_half ? 1 : 0;
+      }
+      CHECK(changed > 0);
+      CHECK(changed < s.after_write.size());
+      CHECK(seen[0].after_write == s.after_write);
+    }
+  };
+  check(InfinityParametersPerBlock{}, 0);
+  check(with_t<InfinityParametersPerBlock, Bf16Mixed>{}, 0);
+  // The root's shard (unit 0) fits; the first block's does not: the root alone stays.
+  check(InfinityParametersPerBlock{}, 150);
+  CHECK(files_in(dir.path()) == 0);
+}
+
+TEST_CASE("ZeRO-Infinity with the parameter shards on NVMe: unusable buffer settings are clear errors",
+          "[engine][nvme]") {
+  TempDir dir;
+  const AdamWConfig adamw{.lr = 1e-2};
+  StrategyConfig small = parameter_config(dir, 1, 0);
+  small.params_buffer_size = 10;
+  CHECK_THROWS_WITH((train<InfinityParametersPerBlock, AdamW<float>>(1, 1, 6, adamw, no_clip, small)),
+                    Catch::Contains("has ") && Catch::Contains("elements, more than params_buffer_size (10)"));
+  CHECK_THROWS_WITH((train<InfinityParametersPerBlock, AdamW<float>>(1, 1, 6, adamw, no_clip, parameter_config(dir, 0, 0))),
+                    Catch::Contains("params_buffer_count") && Catch::Contains("at least 1, got 0"));
+  CHECK_THROWS_WITH((train<InfinityParametersPerBlock, AdamW<float>>(1, 1, 6, adamw, no_clip, parameter_config(dir, 1, -1))),
+                    Catch::Contains("max_in_cpu") && Catch::Contains("got -1"));
+  CHECK(files_in(dir.path()) == 0);
+}

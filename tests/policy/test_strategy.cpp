@@ -256,6 +256,7 @@ TEST_CASE("StrategyConfig carries the reference documents' defaults", "[policy]"
   CHECK(c.optimizer_buffer_count == 4);
   CHECK(c.params_buffer_count == 5);
   CHECK(c.params_buffer_size == 100'000'000);
+  CHECK(c.max_in_cpu == 1'000'000'000);
   CHECK(c.sub_group_size == 1'000'000'000'000);
   CHECK(c.state_dict_to_cpu);                       // FSDP state_dict_to_cpu
 }
@@ -272,9 +273,6 @@ TEST_CASE("StrategyConfig fields no strategy reads are refused away from their d
     }
     return std::string("(accepted)");
   };
-  CHECK_THAT(refused([](StrategyConfig& c) { c.params_buffer_count = 2; }),
-             Catch::Contains("params_buffer_count (2)") && Catch::Contains("parameter offload to NVMe"));
-  CHECK_THAT(refused([](StrategyConfig& c) { c.params_buffer_size = 7; }), Catch::Contains("params_buffer_size (7)"));
   CHECK_THAT(refused([](StrategyConfig& c) { c.sub_group_size = 7; }), Catch::Contains("sub_group_size (7)"));
   CHECK_THAT(refused([](StrategyConfig& c) { c.state_dict_to_cpu = false; }),
              Catch::Contains("state_dict_to_cpu = false"));
@@ -311,6 +309,18 @@ TEST_CASE("StrategyConfig fields a composition does not read are refused for it,
     CHECK(refused(ZeROInfinity{}, nvme_setting) == "(accepted)");
   }
   CHECK_THAT(refused(ZeRO<3>{}, nvme_path), Catch::Contains("nvme_path '/scratch'"));
+  // The parameter-offload settings: read by OffloadParameters<Nvme> alone.
+  const std::vector<std::function<void(StrategyConfig&)>> parameter_settings{
+      [](StrategyConfig& c) { c.params_buffer_count = 2; }, [](StrategyConfig& c) { c.params_buffer_size = 7; },
+      [](StrategyConfig& c) { c.max_in_cpu = 0; }};
+  for (const auto& setting : parameter_settings) {
+    CHECK_THAT(refused(ZeRO<3>{}, setting), Catch::Contains("read only under OffloadParameters<Nvme>"));
+    CHECK_THAT(refused(ZeROInfinity{}, setting), Catch::Contains("OffloadOptimizer<Nvme>"));
+    CHECK(refused(ZeROInfinityParameters{}, setting) == "(accepted)");
+  }
+  CHECK_THAT(refused(ZeRO<3>{}, parameter_settings[0]), Catch::Contains("params_buffer_count (2)"));
+  CHECK_THAT(refused(ZeRO<3>{}, parameter_settings[1]), Catch::Contains("params_buffer_size (7)"));
+  CHECK_THAT(refused(ZeRO<3>{}, parameter_settings[2]), Catch::Contains("max_in_cpu (0)"));
   CHECK_THAT(refused(DDP{}, group), Catch::Contains("hybrid_group_size = 2") && Catch::Contains("NoShard"));
   CHECK(refused(Strategy<HybridShard<ShardParameters<true>>>{}, group) == "(accepted)");
   CHECK(refused(DDP{}, [](StrategyConfig&) {}) == "(accepted)");
@@ -386,6 +396,10 @@ TEST_CASE("model_state_bytes gives ZeRO's bytes per rank", "[policy][accounting]
   // Mixed precision: the fp32 master copy stays, (2 + 2 + 4) * 1200 / 4, half of stage 3's 4800.
   STATIC_REQUIRE(model_state_bytes<with_t<ZeROInfinity, Bf16Mixed>>(1200, 4) == 2'400.0);
   STATIC_REQUIRE(model_state_bytes<ZeROInfinity>(1200, 3, 0) == model_state_bytes<ZeRO<3>>(1200, 3, 0));
+  // The parameter shards and masters on NVMe too: the gradients stay, 4 * 1200 / 4 in fp32 and
+  // 2 * 1200 / 4 in bf16.
+  STATIC_REQUIRE(model_state_bytes<ZeROInfinityParameters>(1200, 4) == 1'200.0);
+  STATIC_REQUIRE(model_state_bytes<with_t<ZeROInfinityParameters, Bf16Mixed>>(1200, 4) == 600.0);
 }
 
 TEST_CASE("offloaded_state_bytes_in_step bounds the state NVMe offload brings back during a step",

@@ -103,9 +103,9 @@ constexpr std::string_view composition_error() {
   if (Off::offloads_parameters && !S::parameters) return "offloading parameters needs ShardParameters";
   if (Off::offloads_optimizer && !S::optimizer) return "offloading the optimizer needs a sharded optimizer";
   if (Off::to_nvme && !S::parameters) return "offloading to NVMe needs ShardParameters";
-  if (Off::to_nvme && Off::offloads_parameters)
-    return "OffloadParameters<Nvme>: parameter shards on NVMe are not supported by the engine yet";
-  if (Off::to_nvme && !kHaveLiburing) return "OffloadOptimizer<Nvme> (ZeRO-Infinity) needs liburing";
+  if (Off::to_nvme && !kHaveLiburing)
+    return Off::offloads_parameters ? "OffloadParameters<Nvme> (ZeRO-Infinity) needs liburing"
+                                    : "OffloadOptimizer<Nvme> (ZeRO-Infinity) needs liburing";
   return {};
 }
 

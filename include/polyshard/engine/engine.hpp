@@ -168,7 +168,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       optimizers_.emplace_back(optimizer, static_cast<std::size_t>(Behaviour::optimizer_params(u).numel()));
     }
     plan_buckets();
-    placement_.place(optimizers_, config, comm.rank());  // NVMe: the state moves to nvme_path
+    placement_.place(units_, optimizers_, config, comm.rank());  // NVMe: the state moves to nvme_path
     visit_buffers(model, [&](const std::string& name, const auto& b) {
       buffers_.push_back({name, [value = b.value()](Comm& c) { broadcast_buffer(c, value); }});
     });
@@ -388,7 +388,9 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       if constexpr (sharding::shards_parameters) {
         whole = Tensor<CT, device>::empty({u.layout->padded}, MemoryCategory::Communication);
         CallSite site("full_parameters(), gathering " + unit_name(u));
-        shard_comm().all_gather(std::span<const CT>(u.param_shard_on_device().span()), whole.span());
+        placement_.with_parameters(static_cast<std::size_t>(&u - units_.data()), [&] {
+          shard_comm().all_gather(std::span<const CT>(u.param_shard_on_device().span()), whole.span());
+        });
       }
       const std::vector<CT> host = whole.to_vector();
       for (const auto& e : u.layout->entries) {
@@ -455,6 +457,10 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// False when the offload policy keeps optimizer state outside memory between steps (NVMe):
   /// state() tensors are then valid only inside access_optimizer.
   static constexpr bool optimizer_state_resident = !S::offload::to_nvme;
+  /// False when the master weights and parameter shards live outside memory between steps
+  /// (OffloadParameters<Nvme>): unit_states()' masters and shards then have elements only inside
+  /// access_optimizer.
+  static constexpr bool masters_resident = !(S::offload::to_nvme && S::offload::offloads_parameters);
   /// Where unit `unit`'s optimizer span starts in the unit's flat buffer: 0 when the rank
   /// updates the whole unit, the start of its shard otherwise.
   std::int64_t optimizer_offset(std::size_t unit) const {
@@ -466,7 +472,9 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// where the policy all-gathers updated shards.
   void refresh_parameters_from_master() {
     complete_delayed_update();
-    for (State& u : units_) write_back_unit(u, "the refresh of " + unit_name(u) + " from its master weights");
+    for (std::size_t i = 0; i < units_.size(); ++i)  // NVMe: the shard and masters of each in turn
+      placement_.with_resident(
+          i, [&] { write_back_unit(units_[i], "the refresh of " + unit_name(units_[i]) + " from its master weights"); });
   }
   Comm& communicator() { return comm_; }
   /// Records compute and communication spans into `trace` (null: none) from now on.
@@ -619,12 +627,14 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     for (std::size_t i = 0; i < units_.size(); ++i) {
       State& u = units_[i];
       if (!plan.updated_early) {
-        placement_.fetch(i);  // NVMe: unit i's state read back, unit i+1's on its way
+        placement_.fetch(i);  // NVMe: unit i's state (and shard) read back, unit i+1's on its way
         update_unit(i, plan.lr);
-        placement_.store(i);  // NVMe: written back behind the next unit's step
       }
-      Trace::Span span(trace_, "write back unit " + std::to_string(i), "communication", 1);
-      write_back_unit(u, step_site("the parameter update of " + unit_name(u)));
+      {
+        Trace::Span span(trace_, "write back unit " + std::to_string(i), "communication", 1);
+        write_back_unit(u, step_site("the parameter update of " + unit_name(u)));
+      }
+      if (!plan.updated_early) placement_.store(i);  // NVMe: written back behind the next unit's step
     }
     placement_.settle();
     zero_grad();
@@ -810,7 +820,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
         Trace::Span span(trace_, "wait for prefetched unit " + std::to_string(index), "communication", 1);
         order_after(at->handle);
         prefetched_.erase(at);
-        Behaviour::finish_gather(u);
+        finish_gather(index);
         return;
       }
     }
@@ -818,12 +828,24 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     Trace::Span span(trace_, "gather unit " + std::to_string(index), "communication", 1);
     CallSite site(gather_site(u));
     if constexpr (sharding::shards_parameters) {
-      CommHandle handle = Behaviour::start_gather(u, shard_comm());
+      CommHandle handle = start_gather(index);
       order_after(handle);
-      Behaviour::finish_gather(u);
+      finish_gather(index);
     } else {
       Behaviour::gather(u, shard_comm());
     }
+  }
+
+  /// Issues unit `index`'s all-gather, its parameter shard in memory until finish_gather.
+  CommHandle start_gather(std::size_t index) {
+    placement_.acquire_parameters(index);  // NVMe: the shard read in
+    return Behaviour::start_gather(units_[index], shard_comm());
+  }
+  /// Once unit `index`'s all-gather completed (or the device was ordered after it): its view
+  /// current, and its shard no longer needed in memory.
+  void finish_gather(std::size_t index) {
+    Behaviour::finish_gather(units_[index]);
+    placement_.release_parameters(index);  // NVMe: dropped; the file holds the same values
   }
 
   /// Orders what the engine does next after the collective behind `handle`: on a device, the
@@ -880,9 +902,10 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
         if (units_[next].gathered || in_flight) continue;
         const std::int64_t size = units_[next].layout->padded;
         if (!prefetched_.empty() && ahead + size > budget) return;
+        if (!placement_.may_read_parameters_ahead(next)) return;  // NVMe: every buffer holds a shard
         Trace::Span span(trace_, "prefetch unit " + std::to_string(next), "communication", 1);
         CallSite site(gather_site(units_[next]));  // the same collective as the gather it replaces
-        prefetched_.push_back(Prefetched{next, Behaviour::start_gather(units_[next], shard_comm())});
+        prefetched_.push_back(Prefetched{next, start_gather(next)});
         ahead += size;
       }
     }
@@ -896,10 +919,10 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     if constexpr (sharding::shards_parameters) {
       while (!prefetched_.empty()) {
         order_after(prefetched_.front().handle);
-        State& u = units_[prefetched_.front().unit];
+        const std::size_t index = prefetched_.front().unit;
         prefetched_.pop_front();
-        Behaviour::finish_gather(u);
-        Behaviour::release(u);
+        finish_gather(index);
+        Behaviour::release(units_[index]);
       }
     }
     wait_on_host_for_ordered();

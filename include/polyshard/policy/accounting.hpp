@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <concepts>
+#include <span>
 #include <type_traits>
 
 #include "polyshard/core/device.hpp"
@@ -27,7 +28,8 @@ namespace polyshard {
 /// Under OffloadOptimizer<Nvme> (ZeRO-Infinity) the state values are in the NVMe file between
 /// steps and only a separate master copy stays: 8/N bytes per parameter for mixed-precision
 /// Adam, (4 + 4)/N in fp32. During a step, up to optimizer_buffer_count units' state comes
-/// back (offloaded_state_bytes_in_step).
+/// back (offloaded_state_bytes_in_step). Under OffloadParameters<Nvme> the parameter shards and
+/// the master copies are in the file too: only the gradients stay, 2/N (max_in_cpu = 0).
 template <StrategyType S>
 constexpr double model_state_bytes(std::int64_t params, int world_size, int states_per_param = 2) {
   using sharding = typename S::sharding;
@@ -36,10 +38,11 @@ constexpr double model_state_bytes(std::int64_t params, int world_size, int stat
   using RT = typename S::reduce_type;
   using MT = typename S::master_type;
   const double p = static_cast<double>(params), n = static_cast<double>(world_size);
-  const double parameters = sizeof(CT) * p / (sharding::shards_parameters ? n : 1.0);
+  constexpr bool parameters_in_file = offload::to_nvme && offload::offloads_parameters;
+  const double parameters = parameters_in_file ? 0.0 : sizeof(CT) * p / (sharding::shards_parameters ? n : 1.0);
   const double gradients = sizeof(RT) * p / (sharding::shards_gradients ? n : 1.0);
   const double resident_states = offload::to_nvme ? 0 : states_per_param;
-  const double copies = resident_states + (std::is_same_v<MT, CT> ? 0 : 1);
+  const double copies = resident_states + (std::is_same_v<MT, CT> || parameters_in_file ? 0 : 1);
   const double optimizer = sizeof(MT) * copies * p / (sharding::shards_optimizer_state ? n : 1.0);
   return parameters + gradients + optimizer;
 }
@@ -68,7 +71,11 @@ struct ResidentMemory {
 ///                                            / N if optimizer state is sharded; the masters are
 ///                   the parameters themselves when master and compute dtypes agree and the
 ///                   optimizer steps where the parameters (or, sharded, their shards) live;
-///                   under OffloadOptimizer<Nvme> the states are in the file between steps
+///                   under OffloadOptimizer<Nvme> the states are in the file between steps,
+///                   under OffloadParameters<Nvme> the masters too, and the parameter shards
+///                   but those max_in_cpu keeps: here, as if the model were one unit, all of
+///                   them when the rank's P / N fit max_in_cpu and none otherwise (the overload
+///                   taking the units counts unit by unit, as the engine keeps them)
 ///   working copies  on the host with a 16-bit compute dtype, the float copies the modules
 ///                   compute with: 4 P of parameters unless they are sharded (gathered copies
 ///                   are freed with their unit), 4 P of gradients unless they are sharded.
@@ -93,18 +100,49 @@ constexpr ResidentMemory resident_memory(std::int64_t params, int world_size, in
                                                                  ? steps_elsewhere == shards_elsewhere
                                                                  : !steps_elsewhere);
   ResidentMemory m;
+  constexpr bool parameters_in_file = offload::to_nvme && offload::offloads_parameters;
   m.parameters = sizeof(CT) * p / (sharding::shards_parameters ? n : 1.0);
+  if (parameters_in_file && p / n > static_cast<double>(config.max_in_cpu)) m.parameters = 0;
   m.gradients = sizeof(RT) * p / (sharding::shards_gradients ? n : 1.0);
   if (!sharding::shards_gradients && !work_copies && !std::is_same_v<RT, CT>) m.gradients += sizeof(CT) * p;
   // A device's optimizer offloaded to the host steps on a host copy of its reduced gradients.
   if (steps_elsewhere) m.gradients += sizeof(RT) * p / (sharding::shards_optimizer_state ? n : 1.0);
   const double states = offload::to_nvme ? 0 : states_per_param;
-  m.optimizer_state = sizeof(MT) * (states + (masters_alias ? 0 : 1)) * p / (sharding::shards_optimizer_state ? n : 1.0);
+  const double masters = masters_alias || parameters_in_file ? 0 : 1;  // a copy of their own, in memory
+  m.optimizer_state = sizeof(MT) * (states + masters) * p / (sharding::shards_optimizer_state ? n : 1.0);
   if (offload::to_nvme) m.other = static_cast<double>(config.queue_depth) * static_cast<double>(config.block_size);
   if (work_copies) {
     if (!sharding::shards_parameters) m.working_copies += sizeof(float) * p;
     if (!sharding::shards_gradients) m.working_copies += sizeof(float) * p;
   }
+  return m;
+}
+
+/// The parameter elements (per rank: shard elements) whose shards OffloadParameters<Nvme> keeps
+/// in host memory: the first units' in unit order while their sum stays within max_in_cpu.
+/// `units` are the padded unit sizes (UnitPlan), `world_size` the ranks that shard them.
+inline std::int64_t nvme_parameters_in_memory(std::span<const std::int64_t> units, int world_size,
+                                              std::int64_t max_in_cpu) {
+  std::int64_t kept = 0;
+  for (std::int64_t u : units) {
+    if (kept + u / world_size > max_in_cpu) break;
+    kept += u / world_size;
+  }
+  return kept;
+}
+
+/// resident_memory with the unit sizes (padded, root first): under OffloadParameters<Nvme>, the
+/// parameter shards max_in_cpu keeps in memory counted unit by unit (nvme_parameters_in_memory);
+/// for every other strategy, resident_memory of their sum.
+template <StrategyType S, Device D = Cpu>
+ResidentMemory resident_memory(std::span<const std::int64_t> units, int world_size, int states_per_param = 2,
+                               const StrategyConfig& config = {}) {
+  std::int64_t total = 0;
+  for (std::int64_t u : units) total += u;
+  ResidentMemory m = resident_memory<S, D>(total, world_size, states_per_param, config);
+  if constexpr (S::offload::to_nvme && S::offload::offloads_parameters)
+    m.parameters = static_cast<double>(sizeof(typename S::compute_type)) *
+                   static_cast<double>(nvme_parameters_in_memory(units, world_size, config.max_in_cpu));
   return m;
 }
 

@@ -91,8 +91,12 @@ struct StrategyConfig {
   int queue_depth = 8;
   bool pin_memory = false;
   int optimizer_buffer_count = 4;
+  // Parameter shards on NVMe (OffloadParameters<Nvme>, DeepSpeed's offload_param): at most
+  // params_buffer_count units' shards in memory at once, each at most params_buffer_size
+  // elements; the first units' shards, up to max_in_cpu elements in all, stay in host memory.
   int params_buffer_count = 5;
   std::int64_t params_buffer_size = 100'000'000;
+  std::int64_t max_in_cpu = 1'000'000'000;
   std::int64_t sub_group_size = 1'000'000'000'000;
 
   // Checkpoints (FSDP).
@@ -105,12 +109,9 @@ struct StrategyConfig {
 /// Engine's constructor calls it.
 inline void refuse_unread_fields(const StrategyConfig& c) {
   const StrategyConfig d;
-  POLYSHARD_CHECK(c.params_buffer_count == d.params_buffer_count && c.params_buffer_size == d.params_buffer_size &&
-                      c.sub_group_size == d.sub_group_size,
-                  "StrategyConfig::params_buffer_count (", c.params_buffer_count, "), params_buffer_size (",
-                  c.params_buffer_size, ") and sub_group_size (", c.sub_group_size, ") belong to DeepSpeed's "
-                  "parameter offload to NVMe, which polyshard does not have (OffloadParameters<Nvme> does not "
-                  "compile): leave them at their defaults (5, 100000000, 1000000000000)");
+  POLYSHARD_CHECK(c.sub_group_size == d.sub_group_size, "StrategyConfig::sub_group_size (", c.sub_group_size,
+                  ") is not read: polyshard steps a unit's optimizer shard at once; leave it at its default "
+                  "(1000000000000)");
   POLYSHARD_CHECK(c.state_dict_to_cpu, "StrategyConfig::state_dict_to_cpu = false: full state dicts and "
                   "checkpoints are always gathered into host memory (save_full_weights, save_checkpoint); leave it true");
 }
@@ -145,6 +146,15 @@ void refuse_fields_not_read_by(const StrategyConfig& c) {
                     ") are read only under an offload to NVMe, and this strategy's offload is ", offload,
                     ": leave them at their defaults ('", d.nvme_path, "', ", d.block_size, ", ", d.queue_depth, ", ",
                     d.optimizer_buffer_count, ")");
+  }
+  if constexpr (!S::offload::to_nvme || !S::offload::offloads_parameters) {
+    POLYSHARD_CHECK(c.params_buffer_count == d.params_buffer_count && c.params_buffer_size == d.params_buffer_size &&
+                        c.max_in_cpu == d.max_in_cpu,
+                    "StrategyConfig::params_buffer_count (", c.params_buffer_count, "), params_buffer_size (",
+                    c.params_buffer_size, ") and max_in_cpu (", c.max_in_cpu, ") are read only under ",
+                    "OffloadParameters<Nvme> (parameter shards on NVMe), and this strategy's offload is ", offload,
+                    ": leave them at their defaults (", d.params_buffer_count, ", ", d.params_buffer_size, ", ",
+                    d.max_in_cpu, ")");
   }
   if constexpr (!S::offload::offloads_optimizer || S::offload::to_nvme) {
     POLYSHARD_CHECK(!c.delayed_parameter_update, "StrategyConfig::delayed_parameter_update is read only under ",

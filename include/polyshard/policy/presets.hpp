@@ -47,4 +47,8 @@ using ZeROOffload = Strategy<ShardGradients, OffloadOptimizer<Cpu>>;
 /// ZeRO-Infinity: stage 3 (layer by layer, as ZeRO<3>) with the optimizer state on NVMe.
 using ZeROInfinity = Strategy<ShardParameters<true>, OffloadOptimizer<Nvme>, WrapRepeated<>>;
 
+/// ZeRO-Infinity with the parameter shards on NVMe as well (offload_param and offload_optimizer
+/// with device nvme: Lightning's deepspeed_stage_3_offload_nvme).
+using ZeROInfinityParameters = Strategy<ShardParameters<true>, OffloadParameters<Nvme>, WrapRepeated<>>;
+
 }  // namespace polyshard

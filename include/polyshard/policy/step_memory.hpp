@@ -99,9 +99,31 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
   const auto p = [&](std::size_t i) { return static_cast<double>(units[i]); };
   const std::size_t last = units.size() - 1;  // units 1..last run inside the root, in this order
 
-  std::int64_t total = 0;
-  for (std::int64_t u : units) total += u;
-  Walk walk(resident_memory<S, Cpu>(total, world_size, states_per_param, config));
+  Walk walk(resident_memory<S, Cpu>(units, world_size, states_per_param, config));
+
+  // Under OffloadParameters<Nvme>, the units whose shards are in the file: each is read in for
+  // its gathers and dropped once gathered, params_buffer_count of them in memory at most but for
+  // a gather that needs one more; a prefetch waits for a free buffer.
+  constexpr bool shards_in_file = S::offload::to_nvme && S::offload::offloads_parameters;
+  std::vector<bool> in_file(units.size(), false);
+  if constexpr (shards_in_file) {
+    const std::int64_t kept = nvme_parameters_in_memory(units, world_size, config.max_in_cpu);
+    std::int64_t sum = 0;
+    for (std::size_t i = 0; i < units.size(); ++i) {
+      sum += units[i] / world_size;
+      in_file[i] = sum > kept;
+    }
+  }
+  const auto shard_bytes = [&](std::size_t i) { return in_file[i] ? c * p(i) / n : 0.0; };
+  int shards_read = 0;  // shards in memory for gathers under way
+  const auto read_shard = [&](std::size_t i) {
+    walk.add(Walk::parameters, shard_bytes(i));
+    if (in_file[i]) ++shards_read;
+  };
+  const auto drop_shard = [&](std::size_t i) {
+    walk.sub(Walk::parameters, shard_bytes(i));
+    if (in_file[i]) --shards_read;
+  };
 
   // Gathering (ShardParameters only: the other policies keep every unit whole).
   std::vector<bool> gathered(units.size(), false), prefetched(units.size(), false);
@@ -120,9 +142,11 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
       prefetched[i] = false;
       ahead -= p(i);
     } else {
+      read_shard(i);
       walk.add(Walk::parameters, c * p(i));
     }
     finish_gather(i);
+    drop_shard(i);
   };
   // Units after i (direction +1 in forward, -1 in backward) not yet gathered, while those ahead
   // fit the budget; the first one whatever its size.
@@ -133,6 +157,8 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
       const auto k = static_cast<std::size_t>(j);
       if (gathered[k] || prefetched[k]) continue;
       if (ahead > 0 && ahead + p(k) > budget) return;
+      if (in_file[k] && shards_read >= config.params_buffer_count) return;
+      read_shard(k);
       walk.add(Walk::parameters, c * p(k));
       prefetched[k] = true;
       ahead += p(k);
@@ -208,7 +234,25 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
       for (std::size_t j = i; j <= std::min(last, i + buffers - 1); ++j) window += p(j) / n;
       most = std::max(most, window);
     }
-    walk.add(Walk::optimizer_state, sizeof(MT) * static_cast<double>(states_per_param) * most);
+    // The masters go with the state when the shards are in the file, unless they are the shards.
+    const double masters = shards_in_file && !std::is_same_v<MT, CT> ? 1.0 : 0.0;
+    walk.add(Walk::optimizer_state, sizeof(MT) * (static_cast<double>(states_per_param) + masters) * most);
+  }
+  if constexpr (shards_in_file) {
+    // The step reads each unit's shard in (and the next one's ahead), params_buffer_count of
+    // the units in the file at most: a window of that many consecutive ones.
+    std::vector<double> file_shards;
+    for (std::size_t i = 0; i <= last; ++i)
+      if (in_file[i]) file_shards.push_back(shard_bytes(i));
+    const auto buffers = static_cast<std::size_t>(std::max(config.params_buffer_count, 1));
+    double most = 0;
+    for (std::size_t i = 0; i < file_shards.size(); ++i) {
+      double window = 0;
+      for (std::size_t j = i; j < std::min(file_shards.size(), i + buffers); ++j) window += file_shards[j];
+      most = std::max(most, window);
+    }
+    walk.add(Walk::parameters, most);
+    walk.sub(Walk::parameters, most);
   }
 
   StepPeakMemory m;

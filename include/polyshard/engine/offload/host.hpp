@@ -20,13 +20,20 @@ struct OffloadPlacement<Offload> {
   static constexpr const char* optimizer_state = "host";
   static constexpr const char* parameters = "host";
 
-  template <class Opt>
-  void place(std::vector<Opt>&, const StrategyConfig&, int) {}
+  template <class State, class Opt>
+  void place(std::vector<State>&, std::vector<Opt>&, const StrategyConfig&, int) {}
   void fetch(std::size_t) {}
   void store(std::size_t) {}
   void settle() {}
   template <class F>
   decltype(auto) with_resident(std::size_t, F&& fn) {
+    return std::forward<F>(fn)();
+  }
+  void acquire_parameters(std::size_t) {}
+  void release_parameters(std::size_t) {}
+  bool may_read_parameters_ahead(std::size_t) const { return true; }
+  template <class F>
+  decltype(auto) with_parameters(std::size_t, F&& fn) {
     return std::forward<F>(fn)();
   }
 };

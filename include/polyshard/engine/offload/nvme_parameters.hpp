@@ -1,17 +1,183 @@
-// OffloadParameters<Nvme> (DeepSpeed's offload_param device nvme): parameter shards on NVMe are
-// not built; the engine refuses the policy rather than keep the shards in memory unannounced.
+// OffloadParameters<Nvme> (ZeRO-Infinity with DeepSpeed's offload_param and offload_optimizer on
+// nvme): each unit's parameter shard, its fp32 master copy and its optimizer state live in a
+// file under nvme_path between uses.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "polyshard/core/error.hpp"
+#include "polyshard/core/host_allocator.hpp"
+#include "polyshard/engine/offload/nvme_optimizer_state.hpp"
 #include "polyshard/engine/offload/placement.hpp"
+#include "polyshard/policy/config.hpp"
 
 namespace polyshard {
+
+#if defined(POLYSHARD_HAVE_LIBURING)
+
+/// One file per rank, `polyshard-offload-rank<r>-pid<p>-<n>.swp` under StrategyConfig::nvme_path,
+/// with two swaps in it (engine/offload/nvme_swap.hpp):
+///   parameter shards  read in for each gather of their unit (forward, and backward again) and
+///                     dropped once the gather has read them; brought in for the unit's optimizer
+///                     step and written back after it. At most params_buffer_count units' shards
+///                     are in memory at once, each at most params_buffer_size elements (a larger
+///                     one is refused when the engine is built). The first units, in unit order,
+///                     whose shards add up to at most max_in_cpu elements stay in host memory
+///                     instead, read by nothing but their gathers, as under OffloadParameters<Cpu>.
+///   optimizer state   with the separate master copy of the weights (mixed precision; in fp32 the
+///                     masters are the shards themselves), as OffloadOptimizer<Nvme> keeps state:
+///                     in memory from the read before the unit's step to the end of the write after
+///                     it, optimizer_buffer_count units at most.
+/// So host memory holds, between steps, the shards max_in_cpu keeps and the file's staging
+/// buffers; during forward and backward, params_buffer_count shards more at most; during the
+/// step, as many shards and optimizer_buffer_count units' state and masters.
+template <class Offload>
+  requires(Offload::to_nvme && Offload::offloads_parameters)
+class OffloadPlacement<Offload> {
+ public:
+  static constexpr const char* optimizer_state = "nvme";
+  static constexpr const char* parameters = "nvme";
+
+  /// Lays out every unit's parameter shard (unless max_in_cpu keeps it), master copy and optimizer
+  /// state in a new file under config.nvme_path, writes them there and frees them. Throws
+  /// polyshard::Error naming the option when nvme_path, block_size, queue_depth,
+  /// optimizer_buffer_count, params_buffer_count, params_buffer_size or max_in_cpu is unusable.
+  template <class State, class Opt>
+  void place(std::vector<State>& units, std::vector<Opt>& optimizers, const StrategyConfig& config, int rank) {
+    detail::check_optimizer_buffer_count(config, "OffloadParameters<Nvme>");
+    POLYSHARD_CHECK(config.params_buffer_count >= 1, "OffloadParameters<Nvme>: params_buffer_count (units whose ",
+                    "parameter shards may be in memory at once) must be at least 1, got ", config.params_buffer_count);
+    POLYSHARD_CHECK(config.max_in_cpu >= 0, "OffloadParameters<Nvme>: max_in_cpu (parameter elements kept in host ",
+                    "memory) must not be negative, got ", config.max_in_cpu);
+    params_ = NvmeSwap("parameter shard", units.size(), config.params_buffer_count);
+    state_ = NvmeSwap("optimizer state", units.size(), config.optimizer_buffer_count);
+    std::int64_t end = 0, in_cpu = 0;
+    bool keeping = true;  // the units before the first that max_in_cpu cannot hold stay in memory
+    std::vector<const void*> seen;
+    for (std::size_t i = 0; i < units.size(); ++i) {
+      const std::int64_t n = units[i].param_shard.numel();
+      POLYSHARD_CHECK(n <= config.params_buffer_size, "OffloadParameters<Nvme>: the parameter shard of ",
+                      units[i].layout->display_name(), " has ", n, " elements, more than params_buffer_size (",
+                      config.params_buffer_size, "), what one of the params_buffer_count buffers holds: raise ",
+                      "params_buffer_size, or wrap the model in smaller units");
+      keeping = keeping && in_cpu + n <= config.max_in_cpu;
+      if (keeping) {
+        in_cpu += n;
+        seen.push_back(units[i].param_shard.storage().get());  // nor with the optimizer state, as a master
+        continue;
+      }
+      params_.add(i, units[i].param_shard.storage(), end, seen);
+    }
+    for (std::size_t i = 0; i < units.size(); ++i) state_.add(i, units[i].master.storage(), end, seen);
+    detail::add_optimizer_state(state_, optimizers, end, seen);
+    detail::create_nvme_file(file_, config, "polyshard-offload-rank" + std::to_string(rank), end);
+    params_.place(*file_);
+    state_.place(*file_);
+    // The freed blocks would stay cached in host memory, which offloading is meant to free.
+    CachingHostAllocator::instance().release_cached();
+  }
+
+  /// Unit `unit`'s parameter shard, masters and state in memory, and the next unit's on their way.
+  void fetch(std::size_t unit) {
+    params_.acquire_and_read_ahead(unit, unit + 1);
+    state_.acquire_and_read_ahead(unit, unit + 1);
+  }
+  /// Starts writing unit `unit`'s updated shard, masters and state back.
+  void store(std::size_t unit) {
+    params_.store(unit);
+    state_.store(unit);
+  }
+  /// Waits for every read and write and frees what they moved; throws the first I/O failure.
+  void settle() {
+    std::exception_ptr first;
+    for (NvmeSwap* swap : {&params_, &state_}) {
+      try {
+        swap->settle();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
+  }
+
+  /// Calls fn() with unit `unit`'s shard, masters and state in memory, then writes them back and
+  /// frees them. If fn throws, the file stays as it was.
+  template <class F>
+  std::invoke_result_t<F&> with_resident(std::size_t unit, F&& fn) {
+    using R = std::invoke_result_t<F&>;
+    try {
+      params_.acquire(unit);
+      state_.acquire(unit);
+      if constexpr (std::is_void_v<R>) {
+        fn();
+        store(unit);
+        settle();
+      } else {
+        R result = fn();
+        store(unit);
+        settle();
+        return std::forward<R>(result);
+      }
+    } catch (...) {
+      params_.settle_quietly();
+      state_.settle_quietly();
+      throw;
+    }
+  }
+
+  /// Unit `unit`'s parameter shard in memory for a gather, until release_parameters(unit).
+  void acquire_parameters(std::size_t unit) { params_.acquire(unit); }
+  /// The gather has read the shard: its memory is freed (the file holds the same values).
+  void release_parameters(std::size_t unit) { params_.drop(unit); }
+  /// Whether a prefetch may read unit `unit`'s shard now: a buffer is free, or it needs none.
+  bool may_read_parameters_ahead(std::size_t unit) const { return !params_.holds(unit) || params_.has_room(); }
+
+  /// fn() with unit `unit`'s parameter shard in memory, for reading; freed after.
+  template <class F>
+  decltype(auto) with_parameters(std::size_t unit, F&& fn) {
+    acquire_parameters(unit);
+    try {
+      if constexpr (std::is_void_v<std::invoke_result_t<F&>>) {
+        fn();
+        release_parameters(unit);
+      } else {
+        auto result = fn();
+        release_parameters(unit);
+        return result;
+      }
+    } catch (...) {
+      params_.settle_quietly();
+      throw;
+    }
+  }
+
+  /// Whether unit `unit`'s parameter shard lives in the file (not kept in memory by max_in_cpu).
+  bool parameters_in_file(std::size_t unit) const { return params_.holds(unit); }
+  /// The file, for tests and diagnostics (empty before place()).
+  const std::optional<UringFile>& file() const { return file_; }
+
+ private:
+  NvmeSwap params_, state_;
+  std::optional<UringFile> file_;  // last: destroyed first, finishing I/O into the storages
+};
+
+#else
 
 template <class Offload>
   requires(Offload::to_nvme && Offload::offloads_parameters)
 struct OffloadPlacement<Offload> {
   static_assert(sizeof(Offload) == 0,
-                "OffloadParameters<Nvme>: parameter shards on NVMe are not supported by the engine yet; "
-                "OffloadOptimizer<Nvme> (ZeRO-Infinity's optimizer state on NVMe) is");
+                "OffloadParameters<Nvme> (ZeRO-Infinity) needs liburing, which this build did not find: install it "
+                "(Debian: liburing-dev) and configure again");
 };
+
+#endif
 
 }  // namespace polyshard
