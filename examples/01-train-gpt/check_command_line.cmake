@@ -91,8 +91,7 @@ expect(loss-scale-setting-without-loss-scaling EXIT 2 ARGS ${tiny} --precision b
        SAYS "StrategyConfig::hysteresis" "scales no loss")
 expect(loss-scale-window-below-one EXIT 2 ARGS --loss-scale-window 0 SAYS "polyshard-train: --loss-scale-window" "at least 1")
 
-# Lightning's strategy names run the composition its DeepSpeed or FairScale settings make; the
-# one whose meaning polyshard does not have is refused, naming what differs.
+# Lightning's strategy names run the composition its DeepSpeed or FairScale settings make.
 set(one_step --layers 1 --embd 32 --heads 2 --seq 16 --batch 4 --steps 1 --log-every 100)
 foreach(pair "deepspeed_stage_1=ShardOptimizerState, NoOffload"
              "deepspeed_stage_2=ShardGradients, NoOffload"
@@ -106,8 +105,10 @@ foreach(pair "deepspeed_stage_1=ShardOptimizerState, NoOffload"
   list(GET pair 1 composition)
   expect(lightning-name-${name} EXIT 0 ARGS ${one_step} --strategy ${name} SAYS "strategy ${name} (${composition}, Fp32)")
 endforeach()
-expect(lightning-name-deepspeed_stage_3_offload_nvme EXIT 2 ARGS ${one_step} --strategy deepspeed_stage_3_offload_nvme
-       SAYS "deepspeed_stage_3_offload_nvme keeps the parameters on NVMe" "--strategy zero_infinity")
+file(MAKE_DIRECTORY ${WORK_DIR}/lightning-nvme)
+expect(lightning-name-deepspeed_stage_3_offload_nvme EXIT 0 ARGS ${one_step} --strategy deepspeed_stage_3_offload_nvme
+       --nvme-path ${WORK_DIR}/lightning-nvme
+       SAYS "strategy deepspeed_stage_3_offload_nvme (ShardParameters, OffloadParameters<Nvme>, Fp32)")
 
 # The optimizer-offload families beside ZeRO-Offload's: ZeRO-1 and ZeRO-3 with the optimizer on the
 # host. On the host engine the offload moves nothing, so each trains exactly as its family
@@ -205,6 +206,12 @@ file(WRITE ${WORK_DIR}/deepspeed-offload3.json
      [=[{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}}]=])
 expect(deepspeed-config-stage-3-offload EXIT 0 ARGS ${one_step} --deepspeed-config ${WORK_DIR}/deepspeed-offload3.json
        SAYS "strategy zero3_offload (ShardParameters, OffloadParameters<Cpu>, Fp32)")
+# Both offloads on NVMe: the parameter shards go to the file too, with their buffer settings.
+file(MAKE_DIRECTORY ${WORK_DIR}/deepspeed-nvme)
+file(WRITE ${WORK_DIR}/deepspeed-nvme.json
+     "{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"${WORK_DIR}/deepspeed-nvme\", \"buffer_count\": 2}, \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"${WORK_DIR}/deepspeed-nvme\", \"buffer_count\": 1, \"buffer_size\": 1e8, \"max_in_cpu\": 0}}}")
+expect(deepspeed-config-stage-3-nvme EXIT 0 ARGS ${one_step} --deepspeed-config ${WORK_DIR}/deepspeed-nvme.json
+       SAYS "strategy zero_infinity_parameters (ShardParameters, OffloadParameters<Nvme>, Fp32)")
 foreach(pair "1=zero1_offload (ShardOptimizerState" "3=zero3_offload_optimizer (ShardParameters")
   string(REPLACE "=" ";" pair "${pair}")
   list(GET pair 0 stage)
@@ -220,7 +227,7 @@ foreach(case
     "wrong-type|{\"fp16\": {\"enabled\": \"yes\"}}|fp16.enabled: expects true or false"
     "fractional-stage|{\"zero_optimization\": {\"stage\": 2.5}}|zero_optimization.stage: expects an integer"
     "not-json|{\"fp16\": |not JSON"
-    "nvme-parameters|{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"nvme\"}}}|offload_param.device: nvme"
+    "nvme-parameters|{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"nvme\"}}}|offload_param.device: nvme without offload_optimizer nvme"
     "param-offload-below-stage-3|{\"zero_optimization\": {\"stage\": 2, \"offload_param\": {\"device\": \"cpu\"}}}|needs stage 3"
     "fp16-and-bf16|{\"fp16\": {\"enabled\": true}, \"bf16\": {\"enabled\": true}}|both are true"
     "scheduler|{\"scheduler\": {\"type\": \"WarmupLR\"}}|scheduler: polyshard-train cannot honour"

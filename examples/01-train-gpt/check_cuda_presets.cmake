@@ -22,6 +22,8 @@ foreach(strategy IN LISTS strategies)
   set(where "")
   if(strategy STREQUAL "zero_infinity")  # the NVMe settings are refused where nothing reads them
     set(where --nvme-path ${WORK_DIR}/nvme)
+  elseif(strategy STREQUAL "zero_infinity_parameters")  # every parameter shard in the file
+    set(where --nvme-path ${WORK_DIR}/nvme --max-in-cpu 0 --params-buffer-count 2)
   endif()
   train(${name}_host --device cpu --strategy ${strategy} ${where})
   train(${name}_cuda --device cuda --strategy ${strategy} ${where})

@@ -167,9 +167,9 @@ inline bool parse(int argc, char** argv, Options& o) {
   strategy
       ->add_option("--strategy", o.strategy,
                    "ddp, sharded_ddp, fsdp, fsdp_grad_op, zero1, zero2, zero3, zero1_offload, zero_offload, "
-                   "zero3_offload_optimizer, zero3_offload, zero_infinity or hybrid; or Lightning's "
-                   "deepspeed_stage_1, deepspeed_stage_2, deepspeed_stage_2_offload, deepspeed_stage_3, "
-                   "deepspeed_stage_3_offload or ddp_sharded")
+                   "zero3_offload_optimizer, zero3_offload, zero_infinity, zero_infinity_parameters or hybrid; "
+                   "or Lightning's deepspeed_stage_1, deepspeed_stage_2, deepspeed_stage_2_offload, "
+                   "deepspeed_stage_3, deepspeed_stage_3_offload, deepspeed_stage_3_offload_nvme or ddp_sharded")
       ->type_name("NAME");
   strategy->add_option("--world-size", o.world_size, "ranks as threads (under mpirun: the MPI world)")
       ->type_name("N")
@@ -190,7 +190,8 @@ inline bool parse(int argc, char** argv, Options& o) {
       ->default_str("");
   strategy
       ->add_option("--nvme-path", o.settings.nvme_path,
-                   "zero_infinity: directory on a local NVMe drive for the optimizer state")
+                   "zero_infinity: directory on a local NVMe drive for the optimizer state (and, under "
+                   "zero_infinity_parameters, the parameter shards)")
       ->type_name("DIR");
 
   // StrategyConfig's fields under their reference names; the engine refuses, naming the field, a
@@ -229,6 +230,8 @@ inline bool parse(int argc, char** argv, Options& o) {
       ->transform(detail::number_at_least<int>(1));
   settings->add_option("--params-buffer-size", c.params_buffer_size, "NVMe parameters: elements a buffer holds")
       ->type_name("N")->transform(at_least(1));
+  settings->add_option("--max-in-cpu", c.max_in_cpu, "NVMe parameters: elements kept in host memory instead")
+      ->type_name("N");
   settings->add_option("--sub-group-size", c.sub_group_size, "elements the optimizer steps at once")->type_name("N")
       ->transform(at_least(1));
   settings->add_option("--state-dict-to-cpu", c.state_dict_to_cpu, "full state dicts gathered to host memory")

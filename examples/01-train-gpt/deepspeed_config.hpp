@@ -255,9 +255,7 @@ class DeepSpeedConfigReader {
          }},
         {"max_in_cpu", [&](const json& x, const std::string& k) {
            if (!parameters) fail(k, "belongs to offload_param, not offload_optimizer");
-           refuse_unless(integer(x, k, 0).value_or(1'000'000'000) == 1'000'000'000, k,
-                         "it bounds parameters kept in host memory under NVMe parameter offload, which polyshard "
-                         "does not have; leave DeepSpeed's default 1000000000");
+           set("--max-in-cpu", o_.settings.max_in_cpu, integer(x, k, 0));
          }},
         {"fast_init", [&](const json& x, const std::string& k) {
            refuse_unless(boolean(x, k).value_or(false) == false, k, "no fast initialisation path; leave it false");
@@ -339,9 +337,10 @@ class DeepSpeedConfigReader {
                               " and offload_param " + param;
     std::string family;
     if (param != "none" && stage != 3) fail("zero_optimization.offload_param", "needs stage 3, as in DeepSpeed");
-    if (param == "nvme")
-      fail("zero_optimization.offload_param.device",
-           "nvme: polyshard keeps only the optimizer state on NVMe (offload_optimizer nvme), not the parameters");
+    if (param == "nvme" && opt != "nvme")
+      fail("zero_optimization.offload_param.device", "nvme without offload_optimizer nvme: polyshard's parameter "
+                                                     "offload to NVMe puts the masters and optimizer state there "
+                                                     "too; set offload_optimizer.device to nvme");
     if (opt == "nvme" && stage != 3) fail("zero_optimization.offload_optimizer.device", "nvme needs stage 3");
     if (stage == 0 && opt == "none") family = "ddp";
     else if (stage == 1 && opt == "none") family = "zero1";
@@ -352,6 +351,7 @@ class DeepSpeedConfigReader {
     else if (stage == 3 && opt == "cpu" && param == "none") family = "zero3_offload_optimizer";
     else if (stage == 3 && opt == "cpu" && param == "cpu") family = "zero3_offload";
     else if (stage == 3 && opt == "nvme" && param == "none") family = "zero_infinity";
+    else if (stage == 3 && opt == "nvme" && param == "nvme") family = "zero_infinity_parameters";
     else if (stage == 3 && opt == "none" && param == "cpu")
       fail("zero_optimization.offload_param", "cpu without offload_optimizer cpu: polyshard's parameter offload "
                                               "also offloads the optimizer; set offload_optimizer.device to cpu");

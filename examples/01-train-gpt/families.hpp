@@ -28,7 +28,8 @@ enum class Family {
   zero3_offload_optimizer,
   zero3_offload,
   hybrid,
-  zero_infinity
+  zero_infinity,
+  zero_infinity_parameters
 };
 
 /// --precision: fp32, bf16-mixed, fp16-mixed.
@@ -55,6 +56,7 @@ void with_family(const Options& o, Fn&& f) {
   else if (s == "zero3_offload") f.template operator()<Family::zero3_offload>();
   else if (s == "hybrid") f.template operator()<Family::hybrid>();
   else if (s == "zero_infinity") f.template operator()<Family::zero_infinity>();
+  else if (s == "zero_infinity_parameters") f.template operator()<Family::zero_infinity_parameters>();
   // Lightning's registered names, each the family its DeepSpeed or FairScale settings make ("fsdp"
   // above is one too: FairScale's full sharding).
   else if (s == "deepspeed_stage_1") f.template operator()<Family::zero1>();
@@ -62,11 +64,7 @@ void with_family(const Options& o, Fn&& f) {
   else if (s == "deepspeed_stage_2_offload") f.template operator()<Family::zero_offload>();
   else if (s == "deepspeed_stage_3") f.template operator()<Family::zero3>();
   else if (s == "deepspeed_stage_3_offload") f.template operator()<Family::zero3_offload>();
-  else if (s == "deepspeed_stage_3_offload_nvme")
-    polyshard::detail::throw_error(
-        "polyshard-train: --strategy deepspeed_stage_3_offload_nvme keeps the parameters on NVMe as well as the "
-        "optimizer state; polyshard keeps only the optimizer state there (--strategy zero_infinity, with "
-        "--nvme-path), so it refuses this name rather than run something else under it");
+  else if (s == "deepspeed_stage_3_offload_nvme") f.template operator()<Family::zero_infinity_parameters>();
   else polyshard::detail::throw_error("polyshard-train: unknown --strategy '", s, "' (see --help)");
 }
 

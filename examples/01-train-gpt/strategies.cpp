@@ -37,5 +37,6 @@ POLYSHARD_TRAIN_INSTANCE(zero3_offload_optimizer)
 POLYSHARD_TRAIN_INSTANCE(zero3_offload)
 POLYSHARD_TRAIN_INSTANCE(hybrid)
 POLYSHARD_TRAIN_INSTANCE(zero_infinity)
+POLYSHARD_TRAIN_INSTANCE(zero_infinity_parameters)
 
 }  // namespace train

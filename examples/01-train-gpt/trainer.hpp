@@ -357,6 +357,10 @@ template <> struct FamilyPolicies<Family::zero_infinity> {
   using sharding = ShardParameters<true>;
   using offload = OffloadOptimizer<Nvme>;
 };
+template <> struct FamilyPolicies<Family::zero_infinity_parameters> {
+  using sharding = ShardParameters<true>;
+  using offload = OffloadParameters<Nvme>;
+};
 
 /// The precision policy of each --precision.
 template <Precision P>
