@@ -209,7 +209,11 @@ expect(deepspeed-config-stage-3-offload EXIT 0 ARGS ${one_step} --deepspeed-conf
 # Both offloads on NVMe: the parameter shards go to the file too, with their buffer settings.
 file(MAKE_DIRECTORY ${WORK_DIR}/deepspeed-nvme)
 file(WRITE ${WORK_DIR}/deepspeed-nvme.json
-     "{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"${WORK_DIR}/deepspeed-nvme\", \"buffer_count\": 2}, \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"${WORK_DIR}/deepspeed-nvme\", \"buffer_count\": 1, \"buffer_size\": 1e8, \"max_in_cpu\": 0}}}")
+     "{\"zero_optimization\": {\"stage\": 3, "
+     "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"${WORK_DIR}/deepspeed-nvme\", "
+     "\"buffer_count\": 2}, "
+     "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"${WORK_DIR}/deepspeed-nvme\", \"buffer_count\": 1, "
+     "\"buffer_size\": 1e8, \"max_in_cpu\": 0}}}")
 expect(deepspeed-config-stage-3-nvme EXIT 0 ARGS ${one_step} --deepspeed-config ${WORK_DIR}/deepspeed-nvme.json
        SAYS "strategy zero_infinity_parameters (ShardParameters, OffloadParameters<Nvme>, Fp32)")
 foreach(pair "1=zero1_offload (ShardOptimizerState" "3=zero3_offload_optimizer (ShardParameters")
@@ -227,7 +231,7 @@ foreach(case
     "wrong-type|{\"fp16\": {\"enabled\": \"yes\"}}|fp16.enabled: expects true or false"
     "fractional-stage|{\"zero_optimization\": {\"stage\": 2.5}}|zero_optimization.stage: expects an integer"
     "not-json|{\"fp16\": |not JSON"
-    "nvme-parameters|{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"nvme\"}}}|offload_param.device: nvme without offload_optimizer nvme"
+    "nvme-parameters|{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"nvme\"}}}|without offload_optimizer nvme"
     "param-offload-below-stage-3|{\"zero_optimization\": {\"stage\": 2, \"offload_param\": {\"device\": \"cpu\"}}}|needs stage 3"
     "fp16-and-bf16|{\"fp16\": {\"enabled\": true}, \"bf16\": {\"enabled\": true}}|both are true"
     "scheduler|{\"scheduler\": {\"type\": \"WarmupLR\"}}|scheduler: polyshard-train cannot honour"

@@ -43,12 +43,14 @@ endif()
 train(parameters_first --world-size 2 --steps 3 ${parameters_on_nvme} --save ${WORK_DIR}/resume-nvme-parameters-ckpt)
 train(parameters_second --strategy zero3 --world-size 2 --steps 6 --resume ${WORK_DIR}/resume-nvme-parameters-ckpt)
 if(NOT parameters_second STREQUAL expected)
-  message(FATAL_ERROR "zero3 resumed from a zero_infinity_parameters checkpoint: ${parameters_second}, expected ${expected}")
+  message(FATAL_ERROR "zero3 resumed from a zero_infinity_parameters checkpoint: ${parameters_second}, "
+                      "expected ${expected}")
 endif()
 # And the other way: a ZeRO-3 checkpoint loaded into the files resumes as ZeRO-3 would.
 train(parameters_resumed --world-size 2 --steps 6 ${parameters_on_nvme} --resume ${WORK_DIR}/resume-ckpt)
 if(NOT parameters_resumed STREQUAL expected)
-  message(FATAL_ERROR "zero_infinity_parameters resumed from a zero3 checkpoint: ${parameters_resumed}, expected ${expected}")
+  message(FATAL_ERROR "zero_infinity_parameters resumed from a zero3 checkpoint: ${parameters_resumed}, "
+                      "expected ${expected}")
 endif()
 
 # Another strategy and world size: the same data, losses within rounding (to 1e-4).

@@ -112,8 +112,8 @@ using Presets = std::tuple<Strategy<NoShard, P>, Strategy<ShardOptimizerState, P
                            >;
 // The parameter shards on NVMe, where the masters are the shards (fp32) and where they are not.
 #ifdef POLYSHARD_HAVE_LIBURING
-using ParametersOnNvme = std::tuple<Strategy<ShardParameters<true>, OffloadParameters<Nvme>, WrapByType<Block>>,
-                                    Strategy<ShardParameters<true>, OffloadParameters<Nvme>, WrapByType<Block>, Bf16Mixed>>;
+using OnNvme = Strategy<ShardParameters<true>, OffloadParameters<Nvme>, WrapByType<Block>>;
+using ParametersOnNvme = std::tuple<OnNvme, with_t<OnNvme, Bf16Mixed>>;
 #else
 using ParametersOnNvme = std::tuple<>;
 #endif

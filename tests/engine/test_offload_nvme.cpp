@@ -29,6 +29,19 @@ std::size_t files_in(const std::filesystem::path& dir) {
   return static_cast<std::size_t>(std::distance(std::filesystem::directory_iterator(dir), {}));
 }
 
+/// Two steps of tiny_gpt() on this rank's rows of a global batch of 6.
+template <class E>
+void two_steps(E& engine, Gpt<float>& model, ThreadCommunicator& comm, double lr) {
+  BatchSampler sampler(test::tiny_data(), 8, 6, 7);
+  for (int step = 0; step < 2; ++step) {
+    const Batch b = sampler.batch(step, comm.rank(), comm.size());
+    Var<float> loss = engine.forward([&] { return model.loss(b.inputs, b.targets); });
+    engine.backward(loss, double(b.inputs.size(0)) / 6.0);
+    loss = Var<float>();
+    engine.step(lr);
+  }
+}
+
 /// Every unit's optimizer state on this rank, read through access_optimizer.
 template <class E>
 std::vector<std::vector<float>> optimizer_states(E& engine) {
@@ -110,14 +123,7 @@ TEST_CASE("ZeRO-Infinity: the state is in the file between steps, and access_opt
       Engine<S, Gpt<float>, ThreadCommunicator, AdamW<float>> engine(model, comm, adamw, c, 42);
       constexpr bool nvme = S::offload::to_nvme;
       if (nvme) s.state_bytes_built = tracker.current(MemoryCategory::OptimizerState);
-      BatchSampler sampler(test::tiny_data(), 8, 6, 7);
-      for (int step = 0; step < 2; ++step) {
-        const Batch b = sampler.batch(step, comm.rank(), world);
-        Var<float> loss = engine.forward([&] { return model.loss(b.inputs, b.targets); });
-        engine.backward(loss, double(b.inputs.size(0)) / 6.0);
-        loss = Var<float>();
-        engine.step(adamw.lr);
-      }
+      two_steps(engine, model, comm, adamw.lr);
       states = optimizer_states(engine);
       if constexpr (nvme) {
         s.state_bytes_between_steps = tracker.current(MemoryCategory::OptimizerState);
@@ -270,14 +276,7 @@ TEST_CASE("ZeRO-Infinity with the parameter shards on NVMe: between steps only m
       Engine<S, Gpt<float>, ThreadCommunicator, AdamW<float>> engine(model, comm, adamw, config, 42);
       s.parameters_built = tracker.current(MemoryCategory::Parameters);
       for (const auto& u : engine.units().units) s.units.push_back(u.padded);
-      BatchSampler sampler(test::tiny_data(), 8, 6, 7);
-      for (int step = 0; step < 2; ++step) {
-        const Batch b = sampler.batch(step, comm.rank(), world);
-        Var<float> loss = engine.forward([&] { return model.loss(b.inputs, b.targets); });
-        engine.backward(loss, double(b.inputs.size(0)) / 6.0);
-        loss = Var<float>();
-        engine.step(adamw.lr);
-      }
+      two_steps(engine, model, comm, adamw.lr);
       s.parameters_between_steps = tracker.current(MemoryCategory::Parameters);
       s.optimizer_between_steps = tracker.current(MemoryCategory::OptimizerState);
       for (const auto& u : engine.unit_states()) s.materialized.push_back(u.param_shard.storage()->materialized());
@@ -341,9 +340,11 @@ TEST_CASE("ZeRO-Infinity with the parameter shards on NVMe: unusable buffer sett
   small.params_buffer_size = 10;
   CHECK_THROWS_WITH((train<InfinityParametersPerBlock, AdamW<float>>(1, 1, 6, adamw, no_clip, small)),
                     Catch::Contains("has ") && Catch::Contains("elements, more than params_buffer_size (10)"));
-  CHECK_THROWS_WITH((train<InfinityParametersPerBlock, AdamW<float>>(1, 1, 6, adamw, no_clip, parameter_config(dir, 0, 0))),
+  const auto train_with = [&](const StrategyConfig& c) {
+    return train<InfinityParametersPerBlock, AdamW<float>>(1, 1, 6, adamw, no_clip, c);
+  };
+  CHECK_THROWS_WITH(train_with(parameter_config(dir, 0, 0)),
                     Catch::Contains("params_buffer_count") && Catch::Contains("at least 1, got 0"));
-  CHECK_THROWS_WITH((train<InfinityParametersPerBlock, AdamW<float>>(1, 1, 6, adamw, no_clip, parameter_config(dir, 1, -1))),
-                    Catch::Contains("max_in_cpu") && Catch::Contains("got -1"));
+  CHECK_THROWS_WITH(train_with(parameter_config(dir, 1, -1)), Catch::Contains("max_in_cpu") && Catch::Contains("got -1"));
   CHECK(files_in(dir.path()) == 0);
 }

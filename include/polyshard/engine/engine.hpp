@@ -473,8 +473,9 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   void refresh_parameters_from_master() {
     complete_delayed_update();
     for (std::size_t i = 0; i < units_.size(); ++i)  // NVMe: the shard and masters of each in turn
-      placement_.with_resident(
-          i, [&] { write_back_unit(units_[i], "the refresh of " + unit_name(units_[i]) + " from its master weights"); });
+      placement_.with_resident(i, [&] {
+        write_back_unit(units_[i], "the refresh of " + unit_name(units_[i]) + " from its master weights");
+      });
   }
   Comm& communicator() { return comm_; }
   /// Records compute and communication spans into `trace` (null: none) from now on.

@@ -16,7 +16,7 @@ namespace polyshard {
 
 template <class Offload>
   requires(!Offload::to_nvme)
-struct OffloadPlacement<Offload> {
+struct OffloadPlacement<Offload> : ParametersInMemory {
   static constexpr const char* optimizer_state = "host";
   static constexpr const char* parameters = "host";
 
@@ -27,13 +27,6 @@ struct OffloadPlacement<Offload> {
   void settle() {}
   template <class F>
   decltype(auto) with_resident(std::size_t, F&& fn) {
-    return std::forward<F>(fn)();
-  }
-  void acquire_parameters(std::size_t) {}
-  void release_parameters(std::size_t) {}
-  bool may_read_parameters_ahead(std::size_t) const { return true; }
-  template <class F>
-  decltype(auto) with_parameters(std::size_t, F&& fn) {
     return std::forward<F>(fn)();
   }
 };

@@ -61,7 +61,7 @@ inline void check_optimizer_buffer_count(const StrategyConfig& config, const cha
 /// parameter shards.
 template <class Offload>
   requires(Offload::to_nvme && !Offload::offloads_parameters)
-class OffloadPlacement<Offload> {
+class OffloadPlacement<Offload> : public ParametersInMemory {
  public:
   static constexpr const char* optimizer_state = "nvme";
   static constexpr const char* parameters = "host";
@@ -93,32 +93,14 @@ class OffloadPlacement<Offload> {
   /// throws, the state in the file stays as it was.
   template <class F>
   std::invoke_result_t<F&> with_resident(std::size_t unit, F&& fn) {
-    using R = std::invoke_result_t<F&>;
     state_.acquire(unit);
-    try {
-      if constexpr (std::is_void_v<R>) {
-        fn();
-        store(unit);
-        settle();
-      } else {
-        R result = fn();
-        store(unit);
-        settle();
-        return std::forward<R>(result);
-      }
-    } catch (...) {
-      state_.settle_quietly();
-      throw;
-    }
-  }
-
-  // The parameter shards stay in memory.
-  void acquire_parameters(std::size_t) {}
-  void release_parameters(std::size_t) {}
-  bool may_read_parameters_ahead(std::size_t) const { return true; }
-  template <class F>
-  decltype(auto) with_parameters(std::size_t, F&& fn) {
-    return std::forward<F>(fn)();
+    return detail::then_put_back(
+        fn,
+        [&] {
+          store(unit);
+          settle();
+        },
+        [&] { state_.settle_quietly(); });
   }
 
   /// The file, for tests and diagnostics (empty before place()).

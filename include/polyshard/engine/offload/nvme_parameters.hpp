@@ -111,25 +111,24 @@ class OffloadPlacement<Offload> {
   /// frees them. If fn throws, the file stays as it was.
   template <class F>
   std::invoke_result_t<F&> with_resident(std::size_t unit, F&& fn) {
-    using R = std::invoke_result_t<F&>;
+    const auto abandon = [&] {
+      params_.settle_quietly();
+      state_.settle_quietly();
+    };
     try {
       params_.acquire(unit);
       state_.acquire(unit);
-      if constexpr (std::is_void_v<R>) {
-        fn();
-        store(unit);
-        settle();
-      } else {
-        R result = fn();
-        store(unit);
-        settle();
-        return std::forward<R>(result);
-      }
     } catch (...) {
-      params_.settle_quietly();
-      state_.settle_quietly();
+      abandon();
       throw;
     }
+    return detail::then_put_back(
+        fn,
+        [&] {
+          store(unit);
+          settle();
+        },
+        abandon);
   }
 
   /// Unit `unit`'s parameter shard in memory for a gather, until release_parameters(unit).
@@ -141,21 +140,9 @@ class OffloadPlacement<Offload> {
 
   /// fn() with unit `unit`'s parameter shard in memory, for reading; freed after.
   template <class F>
-  decltype(auto) with_parameters(std::size_t unit, F&& fn) {
+  std::invoke_result_t<F&> with_parameters(std::size_t unit, F&& fn) {
     acquire_parameters(unit);
-    try {
-      if constexpr (std::is_void_v<std::invoke_result_t<F&>>) {
-        fn();
-        release_parameters(unit);
-      } else {
-        auto result = fn();
-        release_parameters(unit);
-        return result;
-      }
-    } catch (...) {
-      params_.settle_quietly();
-      throw;
-    }
+    return detail::then_put_back(fn, [&] { release_parameters(unit); }, [&] { params_.settle_quietly(); });
   }
 
   /// Whether unit `unit`'s parameter shard lives in the file (not kept in memory by max_in_cpu).

@@ -67,7 +67,8 @@ class SwappedStorage {
 class NvmeSwap {
  public:
   NvmeSwap() = default;
-  NvmeSwap(std::string what, std::size_t units, int buffers) : what_(std::move(what)), units_(units), buffers_(buffers) {}
+  NvmeSwap(std::string what, std::size_t units, int buffers)
+      : what_(std::move(what)), units_(units), buffers_(buffers) {}
 
   /// Lays `storage` out at offset `end` for unit `unit` and moves `end` past it. An empty
   /// storage, or one already laid out by this swap or another that shares `seen`, is skipped.
@@ -129,13 +130,7 @@ class NvmeSwap {
     UnitSwap& u = units_[unit];
     if (u.storages.empty() || u.where == Where::file) return;
     if (u.where == Where::writing) writing_.erase(std::find(writing_.begin(), writing_.end(), unit));
-    try {
-      wait(u);
-    } catch (...) {
-      release(u);
-      throw;
-    }
-    release(u);
+    wait_then_release(u);
   }
 
   /// Waits for every read and write and frees every unit's storages. A unit brought in but
@@ -214,7 +209,8 @@ class NvmeSwap {
   void retire_finished_writes() {
     while (!writing_.empty()) {
       UnitSwap& u = units_[writing_.front()];
-      if (!std::all_of(u.tickets.begin(), u.tickets.end(), [&](UringFile::Ticket t) { return file_->ready(t); })) return;
+      const auto ready = [&](UringFile::Ticket t) { return file_->ready(t); };
+      if (!std::all_of(u.tickets.begin(), u.tickets.end(), ready)) return;
       retire(writing_.front());
     }
   }
@@ -222,7 +218,11 @@ class NvmeSwap {
   /// A written-back unit's memory freed; throws if its write failed.
   void retire(std::size_t unit) {
     writing_.erase(std::find(writing_.begin(), writing_.end(), unit));
-    UnitSwap& u = units_[unit];
+    wait_then_release(units_[unit]);
+  }
+
+  /// Waits for `u`'s reads or writes, then frees its memory, also when one failed (then throws).
+  void wait_then_release(UnitSwap& u) {
     try {
       wait(u);
     } catch (...) {

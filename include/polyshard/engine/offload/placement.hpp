@@ -3,6 +3,10 @@
 // kind of policy (engine/offload/*.hpp).
 #pragma once
 
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+
 #include "polyshard/policy/offload.hpp"
 
 namespace polyshard {
@@ -22,6 +26,39 @@ namespace polyshard {
 ///   may_read_parameters_ahead(unit)  whether a gather issued ahead of its unit (a prefetch) may
 ///                    bring the unit's shard in now;
 ///   with_parameters(unit, fn)  fn() with the unit's parameter shard resident, for reading.
+/// The parameter members of a placement whose parameter shards stay in memory: nothing to bring in.
+struct ParametersInMemory {
+  void acquire_parameters(std::size_t) {}
+  void release_parameters(std::size_t) {}
+  bool may_read_parameters_ahead(std::size_t) const { return true; }
+  template <class F>
+  decltype(auto) with_parameters(std::size_t, F&& fn) {
+    return std::forward<F>(fn)();
+  }
+};
+
+namespace detail {
+/// fn()'s result, with put_back() run after it (what fn used written back); if either throws,
+/// abandon() runs before the exception goes on (what was brought in freed, unwritten).
+template <class F, class PutBack, class Abandon>
+std::invoke_result_t<F&> then_put_back(F& fn, PutBack&& put_back, Abandon&& abandon) {
+  using R = std::invoke_result_t<F&>;
+  try {
+    if constexpr (std::is_void_v<R>) {
+      fn();
+      put_back();
+    } else {
+      R result = fn();
+      put_back();
+      return std::forward<R>(result);
+    }
+  } catch (...) {
+    abandon();
+    throw;
+  }
+}
+}  // namespace detail
+
 template <class Offload>
 struct OffloadPlacement {
   static_assert(sizeof(Offload) == 0,
