@@ -472,8 +472,8 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// where the policy all-gathers updated shards.
   void refresh_parameters_from_master() {
     complete_delayed_update();
-    for (std::size_t i = 0; i < units_.size(); ++i)  // NVMe: the shard and masters of each in turn
-      placement_.with_resident(i, [&] {
+    for (std::size_t i = 0; i < units_.size(); ++i)  // NVMe parameters: the shard and masters of each in turn
+      placement_.with_masters(i, [&] {
         write_back_unit(units_[i], "the refresh of " + unit_name(units_[i]) + " from its master weights");
       });
   }

@@ -118,16 +118,21 @@ constexpr ResidentMemory resident_memory(std::int64_t params, int world_size, in
   return m;
 }
 
-/// The parameter elements (per rank: shard elements) whose shards OffloadParameters<Nvme> keeps
-/// in host memory: the first units' in unit order while their sum stays within max_in_cpu.
-/// `units` are the padded unit sizes (UnitPlan), `world_size` the ranks that shard them.
+/// How many units OffloadParameters<Nvme> keeps in host memory: the first ones, in unit order,
+/// up to the first whose shard would take their sum past max_in_cpu elements. `units` are the
+/// padded unit sizes (UnitPlan), `world_size` the ranks that shard them.
+inline std::size_t nvme_units_in_memory(std::span<const std::int64_t> units, int world_size, std::int64_t max_in_cpu) {
+  std::int64_t kept = 0;
+  std::size_t i = 0;
+  for (; i < units.size() && kept + units[i] / world_size <= max_in_cpu; ++i) kept += units[i] / world_size;
+  return i;
+}
+
+/// The parameter elements (per rank: shard elements) of the units nvme_units_in_memory keeps.
 inline std::int64_t nvme_parameters_in_memory(std::span<const std::int64_t> units, int world_size,
                                               std::int64_t max_in_cpu) {
   std::int64_t kept = 0;
-  for (std::int64_t u : units) {
-    if (kept + u / world_size > max_in_cpu) break;
-    kept += u / world_size;
-  }
+  for (std::size_t i = 0; i < nvme_units_in_memory(units, world_size, max_in_cpu); ++i) kept += units[i] / world_size;
   return kept;
 }
 

@@ -25,6 +25,19 @@ struct StepPeakMemory {
 };
 
 namespace detail {
+/// The largest sum of `width` (at least 1) consecutive values, fewer at the end: what NVMe
+/// offload's buffers hold at most when each unit in turn comes back with the next ones.
+inline double largest_window_sum(const std::vector<double>& values, int width) {
+  const auto w = static_cast<std::size_t>(std::max(width, 1));
+  double most = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    double window = 0;
+    for (std::size_t j = i; j < std::min(values.size(), i + w); ++j) window += values[j];
+    most = std::max(most, window);
+  }
+  return most;
+}
+
 /// Live bytes per category while the walk below replays a step, and the most seen.
 class StepMemoryWalk {
  public:
@@ -106,14 +119,9 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
   // a gather that needs one more; a prefetch waits for a free buffer.
   constexpr bool shards_in_file = S::offload::to_nvme && S::offload::offloads_parameters;
   std::vector<bool> in_file(units.size(), false);
-  if constexpr (shards_in_file) {
-    const std::int64_t kept = nvme_parameters_in_memory(units, world_size, config.max_in_cpu);
-    std::int64_t sum = 0;
-    for (std::size_t i = 0; i < units.size(); ++i) {
-      sum += units[i] / world_size;
-      in_file[i] = sum > kept;
-    }
-  }
+  if constexpr (shards_in_file)
+    for (std::size_t i = nvme_units_in_memory(units, world_size, config.max_in_cpu); i < units.size(); ++i)
+      in_file[i] = true;
   const auto shard_bytes = [&](std::size_t i) { return in_file[i] ? c * p(i) / n : 0.0; };
   int shards_read = 0;  // shards in memory for gathers under way
   const auto read_shard = [&](std::size_t i) {
@@ -227,13 +235,9 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
       walk.sub(Walk::communication, c * p(i) / n);
     }
   if constexpr (S::offload::to_nvme) {
-    const auto buffers = static_cast<std::size_t>(std::max(config.optimizer_buffer_count, 1));
-    double most = 0;
-    for (std::size_t i = 0; i <= last; ++i) {
-      double window = 0;
-      for (std::size_t j = i; j <= std::min(last, i + buffers - 1); ++j) window += p(j) / n;
-      most = std::max(most, window);
-    }
+    std::vector<double> shards;
+    for (std::size_t i = 0; i <= last; ++i) shards.push_back(p(i) / n);
+    const double most = detail::largest_window_sum(shards, config.optimizer_buffer_count);
     // The masters go with the state when the shards are in the file, unless they are the shards.
     const double masters = shards_in_file && !std::is_same_v<MT, CT> ? 1.0 : 0.0;
     walk.add(Walk::optimizer_state, sizeof(MT) * (static_cast<double>(states_per_param) + masters) * most);
@@ -244,13 +248,7 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
     std::vector<double> file_shards;
     for (std::size_t i = 0; i <= last; ++i)
       if (in_file[i]) file_shards.push_back(shard_bytes(i));
-    const auto buffers = static_cast<std::size_t>(std::max(config.params_buffer_count, 1));
-    double most = 0;
-    for (std::size_t i = 0; i < file_shards.size(); ++i) {
-      double window = 0;
-      for (std::size_t j = i; j < std::min(file_shards.size(), i + buffers); ++j) window += file_shards[j];
-      most = std::max(most, window);
-    }
+    const double most = detail::largest_window_sum(file_shards, config.params_buffer_count);
     walk.add(Walk::parameters, most);
     walk.sub(Walk::parameters, most);
   }

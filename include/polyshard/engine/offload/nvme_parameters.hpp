@@ -16,6 +16,7 @@
 #include "polyshard/core/host_allocator.hpp"
 #include "polyshard/engine/offload/nvme_optimizer_state.hpp"
 #include "polyshard/engine/offload/placement.hpp"
+#include "polyshard/policy/accounting.hpp"
 #include "polyshard/policy/config.hpp"
 
 namespace polyshard {
@@ -58,8 +59,10 @@ class OffloadPlacement<Offload> {
                     "memory) must not be negative, got ", config.max_in_cpu);
     params_ = NvmeSwap("parameter shard", units.size(), config.params_buffer_count);
     state_ = NvmeSwap("optimizer state", units.size(), config.optimizer_buffer_count);
-    std::int64_t end = 0, in_cpu = 0;
-    bool keeping = true;  // the units before the first that max_in_cpu cannot hold stay in memory
+    std::vector<std::int64_t> padded;
+    for (const State& u : units) padded.push_back(u.layout->padded);
+    const std::size_t in_memory = units.empty() ? 0 : nvme_units_in_memory(padded, units[0].world, config.max_in_cpu);
+    std::int64_t end = 0;
     std::vector<const void*> seen;
     for (std::size_t i = 0; i < units.size(); ++i) {
       const std::int64_t n = units[i].param_shard.numel();
@@ -67,13 +70,8 @@ class OffloadPlacement<Offload> {
                       units[i].layout->display_name(), " has ", n, " elements, more than params_buffer_size (",
                       config.params_buffer_size, "), what one of the params_buffer_count buffers holds: raise ",
                       "params_buffer_size, or wrap the model in smaller units");
-      keeping = keeping && in_cpu + n <= config.max_in_cpu;
-      if (keeping) {
-        in_cpu += n;
-        seen.push_back(units[i].param_shard.storage().get());  // nor with the optimizer state, as a master
-        continue;
-      }
-      params_.add(i, units[i].param_shard.storage(), end, seen);
+      if (i < in_memory) seen.push_back(units[i].param_shard.storage().get());  // nor with the state, as a master
+      else params_.add(i, units[i].param_shard.storage(), end, seen);
     }
     for (std::size_t i = 0; i < units.size(); ++i) state_.add(i, units[i].master.storage(), end, seen);
     detail::add_optimizer_state(state_, optimizers, end, seen);
@@ -129,6 +127,13 @@ class OffloadPlacement<Offload> {
           settle();
         },
         abandon);
+  }
+
+  /// fn() with unit `unit`'s master weights and parameter shard in memory, then written back:
+  /// the shard and the state swap's masters, so with_resident.
+  template <class F>
+  std::invoke_result_t<F&> with_masters(std::size_t unit, F&& fn) {
+    return with_resident(unit, std::forward<F>(fn));
   }
 
   /// Unit `unit`'s parameter shard in memory for a gather, until release_parameters(unit).

@@ -25,9 +25,16 @@ namespace polyshard {
 ///                    shard outside the step (a gather): resident from the first to the second;
 ///   may_read_parameters_ahead(unit)  whether a gather issued ahead of its unit (a prefetch) may
 ///                    bring the unit's shard in now;
-///   with_parameters(unit, fn)  fn() with the unit's parameter shard resident, for reading.
-/// The parameter members of a placement whose parameter shards stay in memory: nothing to bring in.
+///   with_parameters(unit, fn)  fn() with the unit's parameter shard resident, for reading;
+///   with_masters(unit, fn)  fn() with the unit's master weights and parameter shard resident,
+///                    both written back after (a refresh of the shard from the masters).
+/// The parameter members of a placement whose parameter shards and master weights stay in memory:
+/// nothing to bring in.
 struct ParametersInMemory {
+  template <class F>
+  decltype(auto) with_masters(std::size_t, F&& fn) {
+    return std::forward<F>(fn)();
+  }
   void acquire_parameters(std::size_t) {}
   void release_parameters(std::size_t) {}
   bool may_read_parameters_ahead(std::size_t) const { return true; }
