@@ -13,6 +13,9 @@
 # OUT_DIR/results.tar after every step (a run cut short keeps what it finished; the device tool
 # brings back a few files only).
 #
+# With `speed` as a third argument: the GPU tests, the attention benchmarks and the training runs
+# of `train` (no sanitizers, no per-kernel breakdown): what a change to a kernel is measured by.
+#
 # With `train` as a third argument, only the GPU tests and the training runs (GPT-2 small, vocabulary
 # 50257, medium and small through the engine, each also from the POLYSHARD_COMPARE builds, then
 # PyTorch's; the fused MLP and loss each turned off run in the full mode only): about 4 minutes on
@@ -23,6 +26,10 @@
 # in GPT-2 small's steps (bench_train_cuda --quick: two layers), in this build and in each
 # POLYSHARD_COMPARE build, and the filtered tests run under compute-sanitizer (memcheck, racecheck,
 # initcheck): a changed kernel's time and hazards, right after the GPU tests.
+#
+# POLYSHARD_CPU_BENCH (optional, any mode): an absolute path to a folder holding bench_overlap
+# built on the development machine (a host program: gpu-pack takes GPU programs only); it runs
+# last, on the GPU machine's cores, where the communication threads have cores of their own.
 #
 # POLYSHARD_COMPARE (optional): folders, relative to the build tree, each holding a
 # bench_attention_cuda and a bench_train_cuda built from another commit (copied there before
@@ -71,7 +78,7 @@ if [ -n "${POLYSHARD_KERNEL:-}" ]; then
   done
 fi
 
-[[ $only == all ]] && {
+[[ $only == all || $only == speed ]] && {
 step 90 attention-bench.log benchmarks/tensor/bench_attention_cuda --json "$out/bench_attention_cuda.json"
 PYTHONUNBUFFERED=1 step 120 attention-torch.log "$python" "$here/pytorch_attention.py" --json "$out/pytorch_attention.json"
 tail -n 8 "$out/attention-bench.log" "$out/attention-torch.log"
@@ -81,7 +88,7 @@ steps=(); [ -n "$quick" ] && steps=(--steps 10)
 step 90 train-fused.log benchmarks/train/bench_train_cuda "${steps[@]}" --json "$out/train_fused.json"
 for other in ${POLYSHARD_COMPARE:-}; do
   name=$(basename "$other")
-  [[ $only == all ]] &&
+  [[ $only == all || $only == speed ]] &&
     step 60 "compare-$name-attention.log" "$other/bench_attention_cuda" --json "$out/compare_${name}_attention.json" &&
     tail -n 6 "$out/compare-$name-attention.log"
   step 90 "compare-$name-train.log" "$other/bench_train_cuda" "${steps[@]}" --json "$out/compare_${name}_train.json"
@@ -114,6 +121,28 @@ tail -n 4 "$out/train-torch.log"
 [[ ${POLYSHARD_TORCH_MEDIUM:-1} != 0 ]] && PYTHONUNBUFFERED=1 step 240 train-torch-medium.log \
   "$python" "$here/pytorch_gpt2.py" ${quick:+--steps 10} --layers 24 --width 1024 --heads 16 --peak-tflops "$peak" --json "$out/pytorch_gpt2_medium.json"
 [ -e "$out/train-torch-medium.log" ] && tail -n 4 "$out/train-torch-medium.log"
+
+# Offload on one GPU, in speed mode: GPT-2 small's shape (vocabulary 50257), batch 8 x 1024,
+# bf16, AdamW, through polyshard-train: ZeRO-2 without offload, then ZeRO-Offload with pageable
+# (staged) and page-locked host buffers, and with the delayed parameter update; each with its
+# per-step metrics (JSON lines).
+if [[ $only == speed && -x bin/polyshard-train ]]; then
+  gpt2=(--device cuda --layers 12 --heads 12 --embd 768 --seq 1024 --vocab 50257 --batch 8 --steps 12
+        --precision bf16-mixed --optimizer adamw --log-every 4)
+  runs=("zero2" "zero_offload --pin-memory false" "zero_offload --pin-memory true"
+        "zero_offload --pin-memory true --delayed-parameter-update true")
+  for i in "${!runs[@]}"; do
+    # shellcheck disable=SC2086
+    step 90 "offload-$i.log" bin/polyshard-train "${gpt2[@]}" --strategy ${runs[$i]} --metrics "$out/offload_$i.jsonl"
+    echo "-- ${runs[$i]}"; tail -n 2 "$out/offload-$i.log"
+  done
+fi
+
+if [ -n "${POLYSHARD_CPU_BENCH:-}" ] && [ -x "$POLYSHARD_CPU_BENCH/bench_overlap" ]; then
+  nproc > "$out/cpus.txt"
+  step 150 overlap.log "$POLYSHARD_CPU_BENCH/bench_overlap" --json "$out/bench_overlap.json"
+  tail -n 18 "$out/overlap.log"
+fi
 
 [[ $only == all ]] || exit 0
 for tool in memcheck initcheck racecheck; do
