@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -173,6 +174,23 @@ __device__ __forceinline__ A block_max(A v, A* shared) {
   __syncthreads();
   v = lane < warps ? shared[lane] : A(-INFINITY);
   return warp_max(v);
+}
+
+/// 2^x by the special-function unit alone (PTX ex2.approx.ftz.f32: relative error about 2^-22,
+/// results below 2^-126 flushed to zero). exp2f without fast-math wraps the same instruction in
+/// a range check and two multiplies that keep subnormal results, which softmax probabilities
+/// never need; in an attention kernel's inner loop those three instructions an element cost
+/// more than the exponential. -inf gives 0. The emulated device computes it in float and flushes
+/// the same way.
+__device__ __forceinline__ float exp2_ftz(float x) {
+#if defined(POLYSHARD_CUDA_EMULATION)
+  const float y = exp2f(x);
+  return y < 1.17549435e-38f ? 0.0f : y;
+#else
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#endif
 }
 
 /// Blocks for `n` independent items at `per_block` each, capped for grid-stride loops.

@@ -40,7 +40,7 @@ template <class T>
 void flash_attention_forward(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionShape& shape,
                              cudaStream_t stream);
 
-/// Floats of device workspace flash_attention_backward needs: one a query row and head.
+/// Floats of device workspace flash_attention_backward needs: two a query row and head.
 std::int64_t flash_attention_backward_workspace_floats(const AttentionShape& shape);
 
 /// The gradients of flash_attention_forward with respect to q, k and v, from its inputs, its
