@@ -90,6 +90,28 @@ TEST_CASE("cast: float -> bfloat16 -> float within 2^-8 relative, half within 2^
                     Catch::Contains("cast") && Catch::Contains("(1000,)") && Catch::Contains("(999,)"));
 }
 
+TEST_CASE("cast: a tensor large enough to be split over the worker pool converts every element as one thread would",
+          "[tensor][ops]") {
+  // 2^20 + 37 elements: several parts of 2^18 or more, the last one ragged; 1, 3 and all threads.
+  const std::int64_t n = (std::int64_t{1} << 20) + 37;
+  const auto x = cast<float>(random_tensor({n}, 11, 50.0));
+  for (unsigned threads : {1u, 3u, 0u}) {
+    CAPTURE(threads);
+    detail::optimizer_threads_setting().store(threads);
+    auto narrow = Tensor<bfloat16>::full({n}, bfloat16(-1.0f));
+    auto wide = Tensor<float>::full({n}, -1.0f);
+    cast_into(x, narrow);
+    cast_into(narrow, wide);
+    std::int64_t wrong = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const bfloat16 expected = element_cast<bfloat16>(x.data()[i]);
+      wrong += narrow.data()[i] != expected || wide.data()[i] != element_cast<float>(expected);
+    }
+    CHECK(wrong == 0);
+  }
+  detail::optimizer_threads_setting().store(0);
+}
+
 TEMPLATE_TEST_CASE("softmax and log_softmax match a naive row softmax", "[tensor][ops]", float, double) {
   const Shape shape = GENERATE(Shape{1}, Shape{1, 1}, Shape{4, 7}, Shape{2, 3, 129});
   CAPTURE(shape);

@@ -1,6 +1,7 @@
-// A process-wide pool of worker threads for elementwise host kernels (the optimizers' updates):
-// started once, woken for each call, so that a call split across cores costs a wake-up rather
-// than a thread start per core (tens of microseconds each, paid for every unit of every step).
+// A process-wide pool of worker threads for elementwise host kernels (the optimizers' updates,
+// the step's casts between precisions): started once, woken for each call, so that a call split
+// across cores costs a wake-up rather than a thread start per core (tens of microseconds each,
+// paid for every unit of every step); and parallel_ranges, which splits a range over it.
 #pragma once
 
 #include <algorithm>
@@ -135,6 +136,37 @@ class CpuWorkers {
 inline CpuWorkers& cpu_workers() {
   static CpuWorkers pool(std::max(1u, std::thread::hardware_concurrency()) - 1);
   return pool;
+}
+
+// Below this many elements per thread, starting a thread costs more than it saves.
+inline constexpr std::size_t min_elements_per_thread = std::size_t{1} << 18;
+
+/// How many threads one elementwise host pass may use (set_optimizer_threads; 0: all).
+inline std::atomic<unsigned>& optimizer_threads_setting() {
+  static std::atomic<unsigned> threads{0};
+  return threads;
+}
+
+/// Runs `range(begin, end)` over [0, n), split at cache-line boundaries into one part per thread
+/// the setting allows, on the process's worker pool (core/cpu_workers.hpp); the calling thread
+/// takes the first part.
+/// `per_thread`: the fewest items worth a thread of their own.
+template <class Fn>
+void parallel_ranges(std::size_t n, Fn&& range, std::size_t per_thread = min_elements_per_thread) {
+  unsigned threads = optimizer_threads_setting().load(std::memory_order_relaxed);
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  threads = static_cast<unsigned>(std::min<std::size_t>(threads, std::max<std::size_t>(1, n / std::max<std::size_t>(1, per_thread))));
+  if (threads <= 1) {
+    range(std::size_t{0}, n);
+    return;
+  }
+  constexpr std::size_t align = 64;  // elements: a whole number of packets and of cache lines
+  const std::size_t chunk = (n / threads + align - 1) / align * align;
+  cpu_workers().run(threads, [&](unsigned part) {
+    const std::size_t begin = std::min(n, part * chunk);
+    const std::size_t end = part + 1 == threads ? n : std::min(n, begin + chunk);
+    if (begin < end) range(begin, end);
+  });
 }
 
 }  // namespace polyshard::detail

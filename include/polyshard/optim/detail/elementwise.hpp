@@ -19,10 +19,11 @@
 
 namespace polyshard {
 
-/// Sets how many threads one optimizer kernel call may use: 0 (the default) lets the kernel
-/// choose (all hardware threads, for spans large enough to pay for starting them), 1 keeps every
-/// call on the calling thread (what an engine running one rank per thread wants). Results are the
-/// same bit for bit whatever the setting: the update is elementwise.
+/// Sets how many threads one optimizer kernel call, or one host cast between element types
+/// (cast_into), may use: 0 (the default) lets the call choose (all hardware threads, for spans
+/// large enough to pay for waking them), 1 keeps every call on the calling thread (what an engine
+/// running one rank per thread wants). Results are the same bit for bit whatever the setting:
+/// both are elementwise.
 inline void set_optimizer_threads(unsigned threads);
 
 /// The value set by set_optimizer_threads (0: automatic).
@@ -65,9 +66,6 @@ using packet_t = typename packet_of<P>::type;
 template <class P>
 inline constexpr std::size_t packet_size_v = Eigen::internal::unpacket_traits<packet_t<P>>::size;
 
-// Below this many elements per thread, starting a thread costs more than it saves.
-inline constexpr std::size_t min_elements_per_thread = std::size_t{1} << 18;
-
 // Gradients of another type are converted in chunks of this many elements (L1-resident).
 inline constexpr std::size_t convert_chunk = 1024;
 
@@ -103,33 +101,6 @@ void for_each_packet(std::size_t n, Body&& body, T*... arrays) {
     };
     (write_back(arrays, std::get<k>(pads)), ...);
   }(std::index_sequence_for<T...>{});
-}
-
-inline std::atomic<unsigned>& optimizer_threads_setting() {
-  static std::atomic<unsigned> threads{0};
-  return threads;
-}
-
-/// Runs `range(begin, end)` over [0, n), split at cache-line boundaries into one part per thread
-/// the setting allows, on the process's worker pool (core/cpu_workers.hpp); the calling thread
-/// takes the first part.
-/// `per_thread`: the fewest items worth a thread of their own.
-template <class Fn>
-void parallel_ranges(std::size_t n, Fn&& range, std::size_t per_thread = min_elements_per_thread) {
-  unsigned threads = optimizer_threads_setting().load(std::memory_order_relaxed);
-  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
-  threads = static_cast<unsigned>(std::min<std::size_t>(threads, std::max<std::size_t>(1, n / std::max<std::size_t>(1, per_thread))));
-  if (threads <= 1) {
-    range(std::size_t{0}, n);
-    return;
-  }
-  constexpr std::size_t align = 64;  // elements: a whole number of packets and of cache lines
-  const std::size_t chunk = (n / threads + align - 1) / align * align;
-  cpu_workers().run(threads, [&](unsigned part) {
-    const std::size_t begin = std::min(n, part * chunk);
-    const std::size_t end = part + 1 == threads ? n : std::min(n, begin + chunk);
-    if (begin < end) range(begin, end);
-  });
 }
 
 /// Runs `body(offset, count, g)` over [begin, end) in one or more pieces, where `g` points at the

@@ -1,12 +1,17 @@
 // Converting a tensor's elements to another element type (float <-> bfloat16 / half, ints).
 #pragma once
 
+#include "polyshard/core/cpu_workers.hpp"
 #include "polyshard/tensor/tensor.hpp"
 
 namespace polyshard {
 
 /// out = x converted elementwise by element_cast (round to nearest even into 16-bit types).
-/// x, out: one shape; out contiguous.
+/// x, out: one shape; out contiguous. A large tensor is split over the host's worker pool
+/// (detail::parallel_ranges, as many threads as set_optimizer_threads allows): a mixed-precision
+/// step casts every parameter or gradient at least once on the host (the compute copy written
+/// from the masters, a host model's float working copy), and one core converting hundreds of
+/// megabytes leaves the others idle.
 template <Element To, Element From>
 void cast_into(const Tensor<From>& x, const Tensor<To>& out) {
   check_same_shape("cast", x.shape(), out.shape());
@@ -14,8 +19,9 @@ void cast_into(const Tensor<From>& x, const Tensor<To>& out) {
   const Tensor<From> xc = x.contiguous();
   const From* px = xc.data();
   To* po = out.data();
-  const std::int64_t n = x.numel();
-  for (std::int64_t i = 0; i < n; ++i) po[i] = element_cast<To>(px[i]);
+  detail::parallel_ranges(static_cast<std::size_t>(x.numel()), [&](std::size_t begin, std::size_t end) {
+    for (std::size_t i = begin; i < end; ++i) po[i] = element_cast<To>(px[i]);
+  });
 }
 
 /// x converted to element type `To`, as a new tensor of x's shape (a copy even when To == From,
