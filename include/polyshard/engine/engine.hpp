@@ -684,10 +684,21 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       TrackerScope counted(*tracker);
       typename DeviceHandoff<device>::Enter ordered(point);
       Trace::Span span(trace_, "host step unit " + std::to_string(i), "compute", 2);
-      stage_step_grads(units_[i]);
-      check_unit_grads(i, plan);
+      // Each part as a span of its own inside the unit's: where an offloaded step's time goes.
+      {
+        Trace::Span part(trace_, "stage gradients", "compute", 2);
+        stage_step_grads(units_[i]);
+      }
+      {
+        Trace::Span part(trace_, "check gradients", "compute", 2);
+        check_unit_grads(i, plan);
+      }
       if (plan.updated_early) {
-        update_unit(i, plan.lr);
+        {
+          Trace::Span part(trace_, "update", "compute", 2);
+          update_unit(i, plan.lr);
+        }
+        Trace::Span part(trace_, "write compute copy", "compute", 2);
         write_compute_copy(units_[i]);
       }
     });
