@@ -51,6 +51,12 @@ struct Node {
   /// The backward function runs a sweep of its own over a graph it builds (a checkpoint's
   /// recomputation), which may read leaves this graph does not show it reading.
   bool sweeps_again = false;
+  /// The backward of the op that made this node never reads `value` (linear, gelu_mlp). A
+  /// consumer whose backward reads no input value either (add) may then write its result into
+  /// this storage, when nothing else holds the node or the storage (detail::scratch_for): the
+  /// residual stream's add keeps one tensor alive where it kept two, the projection's output
+  /// that nothing would read again.
+  bool value_is_scratch = false;
 
   /// Claims this node's gradient slot for one contribution.
   GradSink<T, D> sink() {
@@ -142,6 +148,20 @@ Var<T, D> make_result(Tensor<T, D> value, const char* op, std::initializer_list<
 }
 
 namespace detail {
+/// The storage of `v`'s value when a result of `shape` may be written there (Node::
+/// value_is_scratch): v is a contiguous, whole tensor of that shape, no backward reads it, and
+/// the caller's handle is the only one to the node and to the storage, so that nothing can read
+/// the old value again. Undefined otherwise.
+template <FloatElement T, Device D>
+Tensor<T, D> scratch_for(const Var<T, D>& v, const Shape& shape) {
+  if (!v.defined() || !v.node()->value_is_scratch || v.node().use_count() != 1) return {};
+  const Tensor<T, D>& t = v.value();
+  if (!t.defined() || t.storage().use_count() != 1 || !(t.shape() == shape) || !t.is_contiguous() ||
+      t.offset() != 0 || std::size_t(t.numel()) != t.storage()->numel())
+    return {};
+  return t;
+}
+
 /// `v` as a node that reads its gradient through scalar_grad (see Node::scalar_grad_op).
 template <FloatElement T, Device D>
 Var<T, D> reads_scalar_grad(Var<T, D> v) {

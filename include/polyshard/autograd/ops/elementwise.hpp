@@ -1,6 +1,8 @@
 // Differentiable elementwise arithmetic: add (and operator+), mul, scale.
 #pragma once
 
+#include <utility>
+
 #include "polyshard/core/precompiled.hpp"
 #include "polyshard/autograd/ops/accumulate.hpp"
 #include "polyshard/autograd/ops/grad_out.hpp"
@@ -8,14 +10,35 @@
 
 namespace polyshard {
 
+namespace detail {
+/// The gradient of a + b: the sum's gradient, to each operand.
+template <FloatElement T, Device D>
+void add_backward(Node<T, D>& self) {
+  accumulate_into(self.inputs[0]->sink(), self.grad);
+  accumulate_into(self.inputs[1]->sink(), self.grad);
+}
+}  // namespace detail
+
 /// a + b, elementwise. a, b: one shape (no broadcasting); returns that shape.
 template <FloatElement T, Device D>
 Var<T, D> add(const Var<T, D>& a, const Var<T, D>& b) {
   Tensor<T, D> y = add(a.value(), b.value());
-  return make_result(std::move(y), "add", {a, b}, [](Node<T, D>& self) {
-    accumulate_into(self.inputs[0]->sink(), self.grad);
-    accumulate_into(self.inputs[1]->sink(), self.grad);
-  });
+  return make_result(std::move(y), "add", {a, b}, detail::add_backward<T, D>);
+}
+
+/// a + b, where the caller gives b up (a temporary, or std::move(b), which leaves b empty).
+/// When b is scratch (a projection's output that nothing else holds: detail::scratch_for), the
+/// sum is written over b's value instead of into a new tensor: the residual stream's
+/// `add(x, call(attn, ...))` keeps one tensor alive where it kept two. The backward reads
+/// neither operand, so nothing reads b's old value again.
+template <FloatElement T, Device D>
+Var<T, D> add(const Var<T, D>& a, Var<T, D>&& b) {
+  if (&a == &b) return add(a, std::as_const(b));  // add(v, std::move(v)): v is still read as a
+  const Var<T, D> given = std::move(b);
+  Tensor<T, D> y = detail::scratch_for(given, a.shape());
+  if (y.defined()) add_into(a.value(), given.value(), y);
+  else y = add(a.value(), given.value());
+  return make_result(std::move(y), "add", {a, given}, detail::add_backward<T, D>);
 }
 
 /// a + b, elementwise (see add).

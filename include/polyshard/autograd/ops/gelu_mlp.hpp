@@ -62,8 +62,10 @@ Var<T, D> gelu_mlp(const Var<T, D>& x, const Var<T, D>& fc_weight, const Var<T, 
       if (dx.wanted()) dx.tensor = dx.tensor.reshape({-1, fc_w.size(1)});  // (R, C)
       linear_backward(x2, fc_w, dh, dx, dfc_w, dfc_b);
     };
-    return make_result(std::move(y), "gelu_mlp", {x, fc_weight, fc_bias, proj_weight, proj_bias},
-                       std::move(backward));
+    Var<T, D> result = make_result(std::move(y), "gelu_mlp", {x, fc_weight, fc_bias, proj_weight, proj_bias},
+                                   std::move(backward));
+    result.node()->value_is_scratch = true;  // the backward reads x, aux, g, the weights and the gradient
+    return result;
   }
 }
 

@@ -43,8 +43,10 @@ Var<T, D> linear(const Var<T, D>& x, const Var<T, D>& weight, const Var<T, D>& b
     if (dx.wanted()) dx.tensor = dx.tensor.reshape({-1, w.size(1)});  // (R, in)
     linear_backward(x2, w, dy, dx, detail::grad_out(self, 1), has_bias ? detail::grad_out(self, 2) : GradOut<T, D>{});
   };
-  if (bias.defined()) return make_result(std::move(y), "linear", {x, weight, bias}, std::move(backward));
-  return make_result(std::move(y), "linear", {x, weight}, std::move(backward));
+  Var<T, D> result = bias.defined() ? make_result(std::move(y), "linear", {x, weight, bias}, std::move(backward))
+                                     : make_result(std::move(y), "linear", {x, weight}, std::move(backward));
+  result.node()->value_is_scratch = true;  // the backward reads x, the weight and the gradient alone
+  return result;
 }
 
 /// Batched product a b over the last two dimensions. a: (..., M, K); b: (K, N) shared by the
