@@ -299,7 +299,7 @@ __global__ void __launch_bounds__(block_threads, forward_blocks_per_sm<HD>)
 
 /// delta[(b H + h) T + t] = sum over the head's elements of dout * out: the term every
 /// probability's gradient subtracts (FlashAttention-2's D); and lse2, the row's log-sum-exp in
-/// base 2, which the dk/dv kernel subtracts from each of its scores. One warp per row.
+/// base 2, which the dq and dk/dv kernels subtract from each of their scores. One warp per row.
 template <class E, int HD>
 __global__ void flash_delta_kernel(const E* out, const E* dout, const float* lse, float* delta, float* lse2, Dims dims,
                                    std::int64_t rows) {
@@ -326,7 +326,7 @@ constexpr int dq_blocks_per_sm = HD == 64 ? 3 : 0;
 /// ds = p (dp - delta), and adds ds k to dq.
 template <class E, int HD>
 __global__ void __launch_bounds__(block_threads, dq_blocks_per_sm<HD>)
-    flash_dq_kernel(const E* q, const E* k, const E* v, const E* dout, const float* lse, const float* delta, E* dq,
+    flash_dq_kernel(const E* q, const E* k, const E* v, const E* dout, const float* lse2, const float* delta, E* dq,
                     bool accumulate, Dims dims) {
   constexpr int BK = stream_rows<HD>;
   constexpr std::size_t stage = key_value_stage<HD>;
@@ -353,7 +353,7 @@ __global__ void __launch_bounds__(block_threads, dq_blocks_per_sm<HD>)
   float row_lse[2], row_delta[2];  // the log-sum-exp in base 2
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    row_lse[r] = rows[r] < t ? lse[std::int64_t(bh) * t + rows[r]] * log2e : 0.0f;
+    row_lse[r] = rows[r] < t ? lse2[std::int64_t(bh) * t + rows[r]] : 0.0f;
     row_delta[r] = rows[r] < t ? delta[std::int64_t(bh) * t + rows[r]] : 0.0f;
   }
   MmaC acc[HD / 8] = {};
@@ -589,8 +589,8 @@ void flash_attention_backward(const T* q, const T* k, const T* v, const T* out, 
     if (dq.wanted()) {
       launch<flash_dq_kernel<E, HD>>(
           dim3(blocks_for(shape.seq, block_rows), static_cast<unsigned>(shape.batch * shape.n_head)), block_threads, 0,
-          stream, device_ptr(q), device_ptr(k), device_ptr(v), device_ptr(dout), lse, static_cast<const float*>(delta),
-          device_ptr(dq.data), dq.accumulate, dims);
+          stream, device_ptr(q), device_ptr(k), device_ptr(v), device_ptr(dout), static_cast<const float*>(lse2),
+          static_cast<const float*>(delta), device_ptr(dq.data), dq.accumulate, dims);
       POLYSHARD_CUDA_CHECK_LAUNCH("flash attention backward (dq)");
     }
     if (dk.wanted() || dv.wanted()) {
