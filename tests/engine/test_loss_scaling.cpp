@@ -258,3 +258,97 @@ TEST_CASE("fp16 and bf16 mixed precision train close to fp32", "[engine]") {
     CHECK(fp16 < 0.05 * moved + 2e-3);
   }
 }
+
+namespace {
+/// One SGD step (no momentum) of `world` ranks under S, the backward seeded with `weight`: how
+/// far each fp32 master weight of rank 0 moved.
+template <class S>
+std::vector<double> one_step_movement(int world, double weight, double lr) {
+  std::vector<double> moved;
+  run_ranks(world, [&](ThreadCommunicator& comm) {
+    Gpt<float> model(test::tiny_gpt());
+    Engine<S, Gpt<float>, ThreadCommunicator, Sgd<float>> engine(model, comm, SgdConfig{.lr = lr}, {}, 42);
+    const auto masters = [&] {
+      std::vector<double> all;
+      for (std::size_t u = 0; u < engine.units().units.size(); ++u)
+        engine.access_optimizer(u, [&](auto&, auto params) { all.insert(all.end(), params.begin(), params.end()); });
+      return all;
+    };
+    const Batch b = BatchSampler(test::tiny_data(), 8, 6, 7).batch(0, comm.rank(), world);
+    const RowRange rows = rank_rows(6, comm.rank(), world);
+    const std::vector<double> before = masters();
+    Var<float> loss = engine.forward([&] { return model.loss(b.inputs, b.targets); });
+    engine.backward(loss, weight * double(rows.end - rows.begin) / 6.0);
+    loss = Var<float>();
+    engine.step(lr);
+    std::vector<double> after = masters();
+    for (std::size_t i = 0; i < after.size(); ++i) after[i] -= before[i];
+    if (comm.rank() == 0) moved = std::move(after);
+  });
+  return moved;
+}
+}  // namespace
+
+// A loss scale exists so that gradients below fp16's range survive the reduction. Unscaled
+// back into fp16 they would underflow all the same (fp16's smallest subnormal is 6e-8, its
+// normals start at 6.1e-5): the unscaling has to happen in fp32, on the way into the update,
+// as DeepSpeed and PyTorch's GradScaler do it. Then SGD's step of a loss weighted by 1e-7 at
+// 1e7 times the learning rate is the step of the loss itself.
+TEST_CASE("fp16 gradients far below fp16's range move the weights as gradients in range do", "[engine][loss_scale]") {
+  const int world = GENERATE(1, 2);
+  CAPTURE(world);
+  using Fp16 = Strategy<NoShard, Fp16Mixed>;
+  const auto in_range = one_step_movement<Fp16>(world, 1.0, 1e-3);
+  // Gradients of 1e-9 to 2e-8, scaled by 2^16 into fp16's normals.
+  const auto tiny = one_step_movement<Fp16>(world, 1e-7, 1e4);
+  REQUIRE(tiny.size() == in_range.size());
+  double largest = 0, worst = 0;
+  for (std::size_t i = 0; i < in_range.size(); ++i) {
+    largest = std::max(largest, std::abs(in_range[i]));
+    worst = std::max(worst, std::abs(tiny[i] - in_range[i]));
+  }
+  CAPTURE(largest, worst);
+  REQUIRE(largest > 1e-5);  // the step moved the weights well beyond fp32's rounding of them
+  // Each run rounds its own scaled gradients to fp16 (11 significant bits).
+  CHECK(worst < 2e-3 * largest);
+}
+
+namespace {
+/// Plain SGD with the Optimizer concept's two-argument step alone (no grad_scale), as a user
+/// might write it: p += -lr * g, as Sgd computes it.
+struct TwoArgumentSgd {
+  using param_type = float;
+  using config_type = SgdConfig;
+  TwoArgumentSgd(SgdConfig config, std::size_t numel) : lr_(config.lr), numel_(numel) {}
+  template <class G>
+  void step(std::span<float> params, std::span<const G> grads) {
+    const auto neg_lr = static_cast<float>(-lr_);
+    for (std::size_t i = 0; i < params.size(); ++i) params[i] = params[i] + neg_lr * static_cast<float>(grads[i]);
+    ++steps_;
+  }
+  std::int64_t step_count() const { return steps_; }
+  void set_step_count(std::int64_t n) { steps_ = n; }
+  double lr() const { return lr_; }
+  void set_lr(double lr) { lr_ = lr; }
+  std::size_t numel() const { return numel_; }
+  std::size_t state_bytes() const { return 0; }
+  std::vector<std::pair<std::string, Tensor<float>>> state() const { return {}; }
+
+  double lr_;
+  std::size_t numel_;
+  std::int64_t steps_ = 0;
+};
+static_assert(Optimizer<TwoArgumentSgd>);
+}  // namespace
+
+TEST_CASE("an optimizer without grad_scale gets its gradients clipped in place: Sgd's bits", "[engine]") {
+  const int world = GENERATE(1, 2);
+  CAPTURE(world);
+  const SgdConfig sgd{.lr = 0.1};
+  const double clip = 0.05;  // well below the tiny model's gradient norm
+  const auto own = test::train<DDP, TwoArgumentSgd>(world, 2, 6, sgd, clip);
+  const auto library = test::train<DDP, Sgd<float>>(world, 2, 6, sgd, clip);
+  const auto unclipped = test::train<DDP, Sgd<float>>(world, 2, 6, sgd);
+  CHECK(test::max_difference(own.parameters, library.parameters) == 0.0);
+  CHECK(test::max_difference(library.parameters, unclipped.parameters) > 1e-3);  // the clipping mattered
+}

@@ -65,17 +65,18 @@ SgdConfig sgd_config(Kind kind) {
 
 // One step of `kind`, writing the compute copy in the same pass when `copy` is given.
 template <class G, class C = bfloat16>
-void step(Kind kind, State& s, std::span<const G> grad, std::int64_t n, std::span<C> copy = {}) {
+void step(Kind kind, State& s, std::span<const G> grad, std::int64_t n, std::span<C> copy = {},
+          double grad_scale = 1.0) {
   const bool momentum = kind == Kind::SgdMomentum || kind == Kind::SgdNesterov;
   const std::span<float> buffer = momentum ? s.m : std::span<float>{};
   const AdamConfig adam{.lr = 0.01, .beta1 = 0.3, .weight_decay = 0.1};
   const bool adam_kind = kind == Kind::Adam || kind == Kind::AdamW;
   if (copy.empty()) {
-    if (adam_kind) adam_update<float, G>(s.p, grad, s.m, s.v, adam, n, kind == Kind::AdamW);
-    else sgd_update<float, G>(s.p, grad, buffer, sgd_config(kind), n);
+    if (adam_kind) adam_update<float, G>(s.p, grad, s.m, s.v, adam, n, kind == Kind::AdamW, grad_scale);
+    else sgd_update<float, G>(s.p, grad, buffer, sgd_config(kind), n, grad_scale);
   } else {
-    if (adam_kind) adam_update<G, C>(s.p, grad, s.m, s.v, adam, n, kind == Kind::AdamW, copy);
-    else sgd_update<G, C>(s.p, grad, buffer, sgd_config(kind), n, copy);
+    if (adam_kind) adam_update<G, C>(s.p, grad, s.m, s.v, adam, n, kind == Kind::AdamW, copy, grad_scale);
+    else sgd_update<G, C>(s.p, grad, buffer, sgd_config(kind), n, copy, grad_scale);
   }
 }
 
@@ -101,6 +102,48 @@ TEMPLATE_TEST_CASE("every instruction set gives the portable kernels' bits", "[o
     CHECK(same_bits<float>(s.m, portable.m));
     CHECK(same_bits<float>(s.v, portable.v));
   }
+}
+
+// The engine hands the loss scale's inverse times the clipping coefficient to the update rather
+// than rewriting the gradients (fp16 gradients unscaled in fp16 would underflow): each gradient
+// is widened, then multiplied by the scale rounded to float, as the device kernels do it.
+TEMPLATE_TEST_CASE("grad_scale: the bits of the update from gradients multiplied in float first", "[optim][isa]",
+                   float, half, bfloat16) {
+  using G = TestType;
+  IsaGuard guard;
+  const Kind kind = GENERATE(Kind::Sgd, Kind::SgdNesterov, Kind::Adam, Kind::AdamW);
+  const bool with_copy = GENERATE(false, true);
+  const std::size_t n = 1000 + 13;
+  const double grad_scale = 0.37 / 65536;  // not a power of two: the products round
+  for (CpuIsa isa : available_isas()) {
+    INFO(name(kind) << " on " << cpu_isa_name(isa) << (with_copy ? ", with the compute copy" : ""));
+    set_optimizer_isa(isa);
+    State scaled(n, 1), premultiplied(n, 0);
+    std::vector<half> copy(n), unused(n);
+    for (std::int64_t k = 1; k <= 3; ++k) {
+      const auto g = test::values_as<G>(n, 40 + k, 2000.0);
+      std::vector<float> multiplied(n);
+      for (std::size_t i = 0; i < n; ++i) multiplied[i] = static_cast<float>(g[i]) * static_cast<float>(grad_scale);
+      step<G, half>(kind, scaled, std::span<const G>(g), k, with_copy ? std::span<half>(copy) : std::span<half>{},
+                    grad_scale);
+      step<float, half>(kind, premultiplied, std::span<const float>(multiplied), k,
+                        with_copy ? std::span<half>(unused) : std::span<half>{});
+    }
+    CHECK_FALSE(same_bits<float>(scaled.p, State(n, 0).p));  // it trained
+    CHECK(same_bits<float>(scaled.p, premultiplied.p));
+    CHECK(same_bits<float>(scaled.m, premultiplied.m));
+    CHECK(same_bits<float>(scaled.v, premultiplied.v));
+    if (with_copy) CHECK(same_bits<half>(copy, unused));
+  }
+}
+
+TEST_CASE("a gradient scale that is not finite is refused, naming it", "[optim][isa]") {
+  State s(16, 0);
+  const std::vector<float> g(16, 1.0f);
+  CHECK_THROWS_WITH(step<float>(Kind::Adam, s, std::span<const float>(g), 1, {}, INFINITY),
+                    Catch::Contains("adam_update: the gradient scale inf is not finite"));
+  CHECK_THROWS_WITH(step<float>(Kind::Sgd, s, std::span<const float>(g), 1, {}, NAN),
+                    Catch::Contains("sgd_update: the gradient scale nan is not finite"));
 }
 
 TEMPLATE_TEST_CASE("the compute copy written in the step is element_cast of the updated weights", "[optim][isa]",

@@ -112,7 +112,9 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       !std::is_same_v<CT, MT> && std::same_as<typename State::shard_device, typename State::step_device> &&
       requires(State& u) { Behaviour::compute_copy(u); } &&
       (std::same_as<typename State::step_device, Cpu>
-           ? requires(UnitOptimizer& o, std::span<MT> p, std::span<const RT> g, std::span<CT> c) { o.step(p, g, c); }
+           ? requires(UnitOptimizer& o, std::span<MT> p, std::span<const RT> g, std::span<CT> c) {
+               o.step(p, g, c, 1.0);
+             }
            : (std::is_same_v<RT, CT> || std::is_same_v<RT, float>));  // the device kernels' (gradient, copy) pairs
 
   static_assert(std::is_same_v<work_type, typename State::work_type>,
@@ -283,7 +285,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
         replicas_->all_reduce(Behaviour::optimizer_grads(u).span(), ReduceOp::Sum);
       }
     }
-    const StepPlan plan{lr, max_grad_norm, needs_grad_norm(max_grad_norm), false};
+    const StepPlan plan{lr, max_grad_norm, needs_grad_norm(max_grad_norm), false, 1.0 / scaler_.scale()};
     grad_checks_.assign(units_.size(), UnitGradCheck{});
     for (std::size_t i = 0; i < units_.size(); ++i) {
       stage_step_grads(units_[i]);
@@ -313,7 +315,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     POLYSHARD_CHECK(sync_, "Engine::backward_and_step inside no_sync: the step needs this backward's gradients ",
                     "reduced; call backward() inside no_sync and backward_and_step() outside it");
     const StepPlan plan{lr, max_grad_norm, needs_grad_norm(max_grad_norm),
-                        !precision::loss_scale::scaled && !std::isfinite(max_grad_norm)};
+                        !precision::loss_scale::scaled && !std::isfinite(max_grad_norm), 1.0 / scaler_.scale()};
     if (!host_steps_) host_steps_.emplace();
     grad_checks_.assign(units_.size(), UnitGradCheck{});
     landing_.emplace(Landing{plan, std::vector<int>(units_.size(), 0), std::vector<char>(units_.size(), 0)});
@@ -532,40 +534,49 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   };
 
   /// What a step does: its learning rate and clipping, whether it needs the global gradient
-  /// norm, and whether the units were updated as their gradients landed (backward_and_step).
+  /// norm, whether the units were updated as their gradients landed (backward_and_step), and
+  /// the inverse of the loss scale this step's gradients carry.
   struct StepPlan {
     double lr;
     double max_grad_norm;
     bool needs_norm;
     bool updated_early;
+    double inv_loss_scale;
   };
   bool needs_grad_norm(double max_grad_norm) const { return std::isfinite(max_grad_norm) || track_grad_norm_; }
 
-  /// What a unit's gradients told the step: whether they overflowed, and their squared norm.
+  /// What a unit's gradients told the step: whether they overflowed, and their squared norm
+  /// (of the gradients as reduced: still scaled by the loss scale).
   struct UnitGradCheck {
     bool overflow = false;
     double squares = 0;
   };
 
-  /// Unit i's staged gradients unscaled (or scaled by the static loss scale's inverse) with the
-  /// overflow check, and their squared norm where the plan needs it, into grad_checks_[i].
+  /// Unit i's staged gradients checked for inf and NaN (under a dynamic loss scale), and their
+  /// squared norm where the plan needs it, into grad_checks_[i]. Read only: the unscaling and
+  /// clipping are one multiplier the update applies to each gradient as it reads it (in fp32,
+  /// where a gradient unscaled back into fp16 would underflow), as DeepSpeed's combined scale.
   void check_unit_grads(std::size_t i, const StepPlan& plan) {
-    State& u = units_[i];
-    const double inv_scale = 1.0 / scaler_.scale();
-    if constexpr (precision::loss_scale::scaled) grad_checks_[i].overflow = unscale_and_check(step_grads(u), inv_scale);
-    else if (inv_scale != 1.0) scale_gradients(step_grads(u), inv_scale);
-    if (plan.needs_norm) grad_checks_[i].squares = squared_norm(step_grads(u));
+    const auto grads = step_grads(units_[i]);
+    using G = typename std::decay_t<decltype(grads)>::value_type;
+    UnitGradCheck& c = grad_checks_[i];
+    if (plan.needs_norm) c.squares = squared_norm(grads);
+    if constexpr (precision::loss_scale::scaled) {
+      const bool norm_tells = plan.needs_norm && norm_sees_nonfinite<G, typename State::step_device>;
+      c.overflow = norm_tells ? !std::isfinite(c.squares) : has_nonfinite(grads);
+    }
   }
 
-  /// Applies the optimizer to unit i's staged, checked gradients (no write-back).
-  void update_unit(std::size_t i, double lr) {
+  /// Applies the optimizer to unit i's staged, checked gradients, each times `grad_scale` as it
+  /// is read (no write-back).
+  void update_unit(std::size_t i, double lr, double grad_scale) {
     optimizers_[i].set_lr(lr);
     State& u = units_[i];
     if constexpr (fuses_compute_copy) {
-      u.compute_copy_current =
-          u.step_trainable(optimizers_[i], Behaviour::optimizer_params(u), step_grads(u), Behaviour::compute_copy(u));
+      u.compute_copy_current = u.step_trainable(optimizers_[i], Behaviour::optimizer_params(u), step_grads(u),
+                                                grad_scale, Behaviour::compute_copy(u));
     } else {
-      u.step_trainable(optimizers_[i], Behaviour::optimizer_params(u), step_grads(u));
+      u.step_trainable(optimizers_[i], Behaviour::optimizer_params(u), step_grads(u), grad_scale);
     }
   }
 
@@ -606,6 +617,9 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
         return false;
       }
     }
+    // What every gradient is multiplied by as the update reads it: the loss scale undone, then
+    // the clipping coefficient.
+    double grad_scale = plan.inv_loss_scale;
     if (plan.needs_norm) {
       double squares = 0;
       for (const UnitGradCheck& c : grad_checks_) squares += c.squares;
@@ -613,15 +627,15 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
         CallSite site(step_site("the gradient norm"));
         all_reduce_host<device>(shard_comm(), std::span<double>(&squares, 1));
       }
-      last_grad_norm_ = std::sqrt(squares);
+      last_grad_norm_ = std::sqrt(squares) * plan.inv_loss_scale;
       const double coefficient = clip_coefficient(last_grad_norm_, plan.max_grad_norm);  // applied when it shrinks
       if (std::isfinite(plan.max_grad_norm) && coefficient < 1.0) {
         POLYSHARD_CHECK(!plan.updated_early, "Engine: clipping after the units were updated");
-        for (State& u : units_) scale_gradients(step_grads(u), coefficient);
+        grad_scale *= coefficient;
       }
     }
     if (config_.delayed_parameter_update) {
-      launch_delayed_update(plan.lr);
+      launch_delayed_update(plan.lr, grad_scale);
       zero_grad();
       return true;
     }
@@ -629,7 +643,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       State& u = units_[i];
       if (!plan.updated_early) {
         placement_.fetch(i);  // NVMe: unit i's state (and shard) read back, unit i+1's on its way
-        update_unit(i, plan.lr);
+        update_unit(i, plan.lr, grad_scale);
       }
       {
         Trace::Span span(trace_, "write back unit " + std::to_string(i), "communication", 1);
@@ -696,7 +710,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       if (plan.updated_early) {
         {
           Trace::Span part(trace_, "update", "compute", 2);
-          update_unit(i, plan.lr);
+          update_unit(i, plan.lr, plan.inv_loss_scale);  // no clipping, no dynamic scale: the plan says so
         }
         Trace::Span part(trace_, "write compute copy", "compute", 2);
         write_compute_copy(units_[i]);
@@ -945,12 +959,13 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       Tensor<typename std::decay_t<decltype(Behaviour::optimizer_grads(std::declval<State&>()))>::value_type,
              typename State::step_device>;
 
-  /// Starts the optimizer update of this step's gradients (already unscaled and clipped) on a
-  /// host thread, at learning rate `lr`, and returns: forward and backward go on with the
-  /// parameters as they are, and the next step() completes it (complete_delayed_update). The
-  /// update reads the gradients where the optimizer steps: offloaded, the host copy the next
-  /// backward does not write (stage_step_grads); else a copy of them, taken here.
-  void launch_delayed_update(double lr) {
+  /// Starts the optimizer update of this step's gradients, each times `grad_scale` (the loss
+  /// scale undone and the clipping), on a host thread, at learning rate `lr`, and returns:
+  /// forward and backward go on with the parameters as they are, and the next step() completes
+  /// it (complete_delayed_update). The update reads the gradients where the optimizer steps:
+  /// offloaded, the host copy the next backward does not write (stage_step_grads); else a copy
+  /// of them, taken here.
+  void launch_delayed_update(double lr, double grad_scale) {
     if constexpr (S::offload::offloads_optimizer && !S::offload::to_nvme) {
       std::vector<StepGrads> grads;
       delayed_grads_.resize(units_.size());
@@ -967,9 +982,9 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
         }
         optimizers_[i].set_lr(lr);
       }
-      delayed_ = std::async(std::launch::async, [this, grads = std::move(grads)] {
+      delayed_ = std::async(std::launch::async, [this, grads = std::move(grads), grad_scale] {
         for (std::size_t i = 0; i < units_.size(); ++i)
-          units_[i].step_trainable(optimizers_[i], Behaviour::optimizer_params(units_[i]), grads[i]);
+          units_[i].step_trainable(optimizers_[i], Behaviour::optimizer_params(units_[i]), grads[i], grad_scale);
       });
     }
   }

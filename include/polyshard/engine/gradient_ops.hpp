@@ -1,10 +1,12 @@
-// What the optimizer step does to a unit's reduced gradients before the update, on host
-// tensors: unscaling with the overflow check, the squared norm, and scaling (clipping). Device
-// twins of the same names live beside the device's kernels (engine/cuda/gradient_ops.hpp).
+// What the optimizer step reads of a unit's reduced gradients before the update, on host
+// tensors: the overflow check and the squared norm; and scaling in place, for an optimizer
+// that cannot take the unscaling and clipping as a multiplier. Device twins of the same names
+// live beside the device's kernels (engine/cuda/gradient_ops.hpp).
 #pragma once
 
 #include <atomic>
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <span>
 
@@ -14,25 +16,25 @@
 
 namespace polyshard {
 
-/// Multiplies `grads` by `inv_scale` (unless it is 1) and returns whether any element was inf or
-/// NaN before or after. The elements are scaled even then: a step that overflowed is skipped.
+/// Whether any element of `grads` is inf or NaN (the overflow check of a dynamic loss scale).
 template <FloatElement G>
-bool unscale_and_check(const Tensor<G, Cpu>& grads, double inv_scale) {
-  const auto finite = [&] {
-    const std::span<const G> g(grads.span());
-    std::atomic<bool> all{true};
-    detail::parallel_ranges(g.size(), [&](std::size_t begin, std::size_t end) {
-      bool ok = true;
-      for (std::size_t i = begin; i < end; ++i) ok &= std::isfinite(static_cast<float>(g[i]));
-      if (!ok) all.store(false, std::memory_order_relaxed);
-    });
-    return all.load();
-  };
-  if (!finite()) return true;
-  if (inv_scale == 1.0) return false;
-  scale_span(grads.span(), inv_scale);
-  return !finite();
+bool has_nonfinite(const Tensor<G, Cpu>& grads) {
+  const std::span<const G> g(grads.span());
+  std::atomic<bool> all{true};
+  detail::parallel_ranges(g.size(), [&](std::size_t begin, std::size_t end) {
+    bool ok = true;
+    for (std::size_t i = begin; i < end; ++i) ok &= std::isfinite(static_cast<float>(g[i]));
+    if (!ok) all.store(false, std::memory_order_relaxed);
+  });
+  return !all.load();
 }
+
+/// Whether squared_norm() of gradients of type G in the memory of D is inf or NaN exactly when
+/// an element is, so that the norm doubles as the overflow check: on the host it sums in
+/// double, which no finite square of a float reaches; the device sums in float, which no
+/// square of a 16-bit value can overflow either.
+template <class G, class D>
+inline constexpr bool norm_sees_nonfinite = std::same_as<D, Cpu> || sizeof(G) == 2;
 
 /// Sum of the squares of `grads`, accumulated in double.
 template <FloatElement G>

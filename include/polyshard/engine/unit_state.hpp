@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "polyshard/comm/comm_handle.hpp"
+#include "polyshard/engine/gradient_ops.hpp"
 #include "polyshard/engine/units.hpp"
 #include "polyshard/nn/init.hpp"
 #include "polyshard/policy/offload.hpp"
@@ -143,12 +144,17 @@ struct UnitState {
   /// frozen neighbours. The frozen part of the span is copied aside and put back: the
   /// Optimizer concept updates its whole span in one call.
   ///
+  /// Every gradient counts times `grad_scale` (the loss scale undone, the clipping): the
+  /// library's optimizers multiply as they read; an optimizer of the Optimizer concept's
+  /// two-argument step alone gets the gradients scaled in place first.
+  ///
   /// `compute`, when given, is where the compute-dtype copy of the updated weights goes: an
   /// optimizer that writes it in the same pass (the fused kernels) does so when no element of
   /// the span is frozen, and the function returns true; otherwise the caller casts it.
   template <class Opt, class P, class G, Device E, class Compute = std::nullptr_t>
-  bool step_trainable(Opt& optimizer, const Tensor<P, E>& params, const Tensor<G, E>& grads,
+  bool step_trainable(Opt& optimizer, const Tensor<P, E>& params, const Tensor<G, E>& grads, double grad_scale,
                       const Compute& compute = nullptr) const {
+    constexpr bool scales_grads = requires { optimizer.step(params.span(), std::span<const G>(grads.span()), 1.0); };
     const std::int64_t n = params.numel();
     const std::int64_t begin = n == layout->padded ? 0 : shard_begin();
     std::vector<std::pair<std::int64_t, std::int64_t>> mine;  // frozen ranges within the span, from its start
@@ -160,10 +166,17 @@ struct UnitState {
         count += b - a;
       }
     }
-    const auto step = [&] { optimizer.step(params.span(), std::span<const G>(grads.span())); };
+    if constexpr (!scales_grads) {
+      if (grad_scale != 1.0) scale_gradients(grads, grad_scale);
+      grad_scale = 1.0;
+    }
+    const auto step = [&] {
+      if constexpr (scales_grads) optimizer.step(params.span(), std::span<const G>(grads.span()), grad_scale);
+      else optimizer.step(params.span(), std::span<const G>(grads.span()));
+    };
     if (mine.empty()) {
       if constexpr (!std::is_same_v<Compute, std::nullptr_t>) {
-        optimizer.step(params.span(), std::span<const G>(grads.span()), compute.span());
+        optimizer.step(params.span(), std::span<const G>(grads.span()), compute.span(), grad_scale);
         return true;
       }
       step();

@@ -21,7 +21,9 @@ namespace polyshard {
 
 namespace detail {
 
-// One packet, in PyTorch's order of operations (torch/optim/adam.py, _single_tensor_adam):
+// One packet, in PyTorch's order of operations (torch/optim/adam.py, _single_tensor_adam), the
+// gradient first multiplied by grad_scale (a GradScaler's unscaling and a clipping coefficient):
+//   grad = grad * grad_scale
 //   grad = grad + wd * param                    (Adam with weight decay)
 //   param = param * (1 - lr * wd)               (AdamW with weight decay)
 //   exp_avg.lerp_(grad, 1 - beta1)
@@ -40,12 +42,13 @@ struct AdamPacket {
         decoupled_scale(Eigen::internal::pset1<Packet>(k.decoupled_scale)),
         neg_step_size(Eigen::internal::pset1<Packet>(k.neg_step_size)),
         bias_correction2_sqrt(Eigen::internal::pset1<Packet>(k.bias_correction2_sqrt)),
-        eps(Eigen::internal::pset1<Packet>(k.eps)) {}
+        eps(Eigen::internal::pset1<Packet>(k.eps)),
+        grad_scale(Eigen::internal::pset1<Packet>(k.grad_scale)) {}
 
   void operator()(P* param, const P* grad, P* exp_avg, P* exp_avg_sq) const {
     using namespace Eigen::internal;
     Packet p = ploadu<Packet>(param);
-    Packet g = ploadu<Packet>(grad);
+    Packet g = pmul(ploadu<Packet>(grad), grad_scale);
     Packet m = ploadu<Packet>(exp_avg);
     Packet v = ploadu<Packet>(exp_avg_sq);
     if (k.coupled) g = padd(g, pmul(coupled_decay, p));
@@ -62,7 +65,7 @@ struct AdamPacket {
 
   AdamConstants<P> k;
   Packet lerp_weight, lerp_weight_complement, beta2, one_minus_beta2, coupled_decay, decoupled_scale,
-      neg_step_size, bias_correction2_sqrt, eps;
+      neg_step_size, bias_correction2_sqrt, eps, grad_scale;
 };
 
 /// The sizes adam_update() requires: grad and both moments as long as param.
@@ -110,18 +113,21 @@ void adam_spans(std::span<P> param, const G* grad, std::span<P> exp_avg, std::sp
 ///   config      hyperparameters (PyTorch's names and defaults);
 ///   step        the step being taken, counting from 1 (drives the bias corrections);
 ///   decoupled_weight_decay  false: Adam (weight decay adds to the gradient);
-///                           true: AdamW (weights shrink by lr * weight_decay before the step).
-/// Throws polyshard::Error when the sizes differ or step < 1.
+///                           true: AdamW (weights shrink by lr * weight_decay before the step);
+///   grad_scale  every gradient is multiplied by it, rounded to P, before anything else (1 / loss
+///               scale times a clipping coefficient: no pass of its own over the gradients).
+/// Throws polyshard::Error when the sizes differ, step < 1 or grad_scale is not finite.
 template <class P, class G>
   requires(std::same_as<P, float> || std::same_as<P, double>) && FloatElement<G>
 void adam_update(std::span<P> param, std::span<const G> grad, std::span<P> exp_avg, std::span<P> exp_avg_sq,
-                 const AdamConfig& config, std::int64_t step, bool decoupled_weight_decay) {
+                 const AdamConfig& config, std::int64_t step, bool decoupled_weight_decay, double grad_scale = 1.0) {
   const char* who = decoupled_weight_decay ? "adamw_update" : "adam_update";
   detail::check_adam_sizes(who, param.size(), grad.size(), exp_avg.size(), exp_avg_sq.size());
   POLYSHARD_CHECK(step >= 1, who, ": step counts from 1, got ", step);
+  detail::check_grad_scale(who, grad_scale);
   detail::validate(config, who);
   detail::adam_spans(param, grad.data(), exp_avg, exp_avg_sq, static_cast<P*>(nullptr),
-                     detail::adam_constants<P>(config, step, decoupled_weight_decay));
+                     detail::adam_constants<P>(config, step, decoupled_weight_decay, grad_scale));
 }
 
 /// adam_update() over fp32 master weights that also writes the updated weights, rounded to the
@@ -131,15 +137,16 @@ template <class G, class C>
   requires FloatElement<G> && (std::same_as<C, half> || std::same_as<C, bfloat16>)
 void adam_update(std::span<float> param, std::span<const G> grad, std::span<float> exp_avg,
                  std::span<float> exp_avg_sq, const AdamConfig& config, std::int64_t step,
-                 bool decoupled_weight_decay, std::span<C> compute) {
+                 bool decoupled_weight_decay, std::span<C> compute, double grad_scale = 1.0) {
   const char* who = decoupled_weight_decay ? "adamw_update" : "adam_update";
   detail::check_adam_sizes(who, param.size(), grad.size(), exp_avg.size(), exp_avg_sq.size());
   POLYSHARD_CHECK(compute.size() == param.size(), who, ": the compute copy has ", compute.size(),
                   " elements, param ", param.size());
   POLYSHARD_CHECK(step >= 1, who, ": step counts from 1, got ", step);
+  detail::check_grad_scale(who, grad_scale);
   detail::validate(config, who);
   detail::adam_spans(param, grad.data(), exp_avg, exp_avg_sq, compute.data(),
-                     detail::adam_constants<float>(config, step, decoupled_weight_decay));
+                     detail::adam_constants<float>(config, step, decoupled_weight_decay, grad_scale));
 }
 
 /// adam_update() over 16-bit master weights and moments (PureBf16): computed in float, each
@@ -147,13 +154,14 @@ void adam_update(std::span<float> param, std::span<const G> grad, std::span<floa
 template <class P, class G>
   requires(std::same_as<P, half> || std::same_as<P, bfloat16>) && FloatElement<G>
 void adam_update(std::span<P> param, std::span<const G> grad, std::span<P> exp_avg, std::span<P> exp_avg_sq,
-                 const AdamConfig& config, std::int64_t step, bool decoupled_weight_decay) {
+                 const AdamConfig& config, std::int64_t step, bool decoupled_weight_decay, double grad_scale = 1.0) {
   detail::check_adam_sizes(decoupled_weight_decay ? "adamw_update" : "adam_update", param.size(), grad.size(),
                            exp_avg.size(), exp_avg_sq.size());
   detail::update_widened<P>(
       param.size(),
       [&](std::size_t begin, std::span<float> p, std::span<float> m, std::span<float> v) {
-        adam_update<float, G>(p, grad.subspan(begin, p.size()), m, v, config, step, decoupled_weight_decay);
+        adam_update<float, G>(p, grad.subspan(begin, p.size()), m, v, config, step, decoupled_weight_decay,
+                              grad_scale);
       },
       param, exp_avg, exp_avg_sq);
 }
@@ -163,8 +171,9 @@ void adam_update(std::span<P> param, std::span<const G> grad, std::span<P> exp_a
 template <class P, class G>
   requires FloatElement<P> && FloatElement<G>
 void adam_update(std::span<P> param, std::span<G> grad, std::span<P> exp_avg, std::span<P> exp_avg_sq,
-                 const AdamConfig& config, std::int64_t step, bool decoupled_weight_decay) {
-  adam_update<P, G>(param, std::span<const G>(grad), exp_avg, exp_avg_sq, config, step, decoupled_weight_decay);
+                 const AdamConfig& config, std::int64_t step, bool decoupled_weight_decay, double grad_scale = 1.0) {
+  adam_update<P, G>(param, std::span<const G>(grad), exp_avg, exp_avg_sq, config, step, decoupled_weight_decay,
+                    grad_scale);
 }
 
 namespace detail {
@@ -187,27 +196,27 @@ class AdamBase {
 
   template <class G>
     requires FloatElement<G>
-  void step(std::span<P> params, std::span<const G> grads) {
+  void step(std::span<P> params, std::span<const G> grads, double grad_scale = 1.0) {
     POLYSHARD_CHECK(params.size() == numel_ && grads.size() == numel_, name_, "::step: built for ", numel_,
                     " elements, got params of ", params.size(), " and grads of ", grads.size());
     adam_update<P, G>(params, grads, exp_avg_.span(), exp_avg_sq_.span(), static_cast<AdamConfig>(config_),
-                      step_ + 1, Decoupled);
+                      step_ + 1, Decoupled, grad_scale);
     ++step_;
   }
   /// step() for gradients in a mutable span (Tensor::span() gives one).
   template <class G>
     requires FloatElement<G>
-  void step(std::span<P> params, std::span<G> grads) {
-    step(params, std::span<const G>(grads));
+  void step(std::span<P> params, std::span<G> grads, double grad_scale = 1.0) {
+    step(params, std::span<const G>(grads), grad_scale);
   }
   /// step() over fp32 masters that also writes the 16-bit compute copy in the same pass.
   template <class G, class C>
     requires std::same_as<P, float> && FloatElement<G> && (std::same_as<C, half> || std::same_as<C, bfloat16>)
-  void step(std::span<P> params, std::span<const G> grads, std::span<C> compute) {
+  void step(std::span<P> params, std::span<const G> grads, std::span<C> compute, double grad_scale = 1.0) {
     POLYSHARD_CHECK(params.size() == numel_ && grads.size() == numel_, name_, "::step: built for ", numel_,
                     " elements, got params of ", params.size(), " and grads of ", grads.size());
     adam_update<G, C>(params, grads, exp_avg_.span(), exp_avg_sq_.span(), static_cast<AdamConfig>(config_), step_ + 1,
-                      Decoupled, compute);
+                      Decoupled, compute, grad_scale);
     ++step_;
   }
 
@@ -245,8 +254,9 @@ class AdamBase {
 /// Adam over one flat parameter span of a fixed size, owning its moment estimates
 /// (2 * numel * sizeof(P) bytes, counted as MemoryCategory::OptimizerState). Weight decay, if
 /// any, is the L2 penalty added to the gradient, as in torch.optim.Adam.
-///   step(params, grads)  one step; grads of any FloatElement type; throws polyshard::Error
-///                        naming the optimizer and the sizes when they differ from numel;
+///   step(params, grads[, grad_scale])  one step; grads of any FloatElement type, each times
+///                        grad_scale first (adam_update); throws polyshard::Error naming the
+///                        optimizer and the sizes when they differ from numel;
 ///   step_count(), set_step_count(n), lr(), set_lr(x), config(), numel(), state_bytes(),
 ///   state(): {"exp_avg", "exp_avg_sq"} sharing storage with the optimizer.
 template <class P>

@@ -32,19 +32,19 @@ class AnyOptimizer {
 
   template <class G>
     requires FloatElement<G>
-  void step(std::span<P> params, std::span<const G> grads) {
-    std::visit([&](auto& o) { o.step(params, grads); }, impl_);
+  void step(std::span<P> params, std::span<const G> grads, double grad_scale = 1.0) {
+    std::visit([&](auto& o) { o.step(params, grads, grad_scale); }, impl_);
   }
   template <class G>
     requires FloatElement<G>
-  void step(std::span<P> params, std::span<G> grads) {
-    step(params, std::span<const G>(grads));
+  void step(std::span<P> params, std::span<G> grads, double grad_scale = 1.0) {
+    step(params, std::span<const G>(grads), grad_scale);
   }
   /// step() over fp32 masters that also writes the 16-bit compute copy in the same pass.
   template <class G, class C>
     requires std::same_as<P, float> && FloatElement<G> && (std::same_as<C, half> || std::same_as<C, bfloat16>)
-  void step(std::span<P> params, std::span<const G> grads, std::span<C> compute) {
-    std::visit([&](auto& o) { o.step(params, grads, compute); }, impl_);
+  void step(std::span<P> params, std::span<const G> grads, std::span<C> compute, double grad_scale = 1.0) {
+    std::visit([&](auto& o) { o.step(params, grads, compute, grad_scale); }, impl_);
   }
 
   std::int64_t step_count() const { return std::visit([](const auto& o) { return o.step_count(); }, impl_); }

@@ -1,6 +1,8 @@
 // Hyperparameters of the optimizers, as plain structs with PyTorch's names and defaults.
 #pragma once
 
+#include <cmath>
+
 #include "polyshard/core/error.hpp"
 
 namespace polyshard {
@@ -64,6 +66,12 @@ inline void validate(const AdamConfig& c, const char* who) {
   POLYSHARD_CHECK(0 <= c.beta1 && c.beta1 < 1, who, ": invalid beta1 ", c.beta1, " (must be in [0, 1))");
   POLYSHARD_CHECK(0 <= c.beta2 && c.beta2 < 1, who, ": invalid beta2 ", c.beta2, " (must be in [0, 1))");
   POLYSHARD_CHECK(c.weight_decay >= 0, who, ": invalid weight_decay ", c.weight_decay);
+}
+
+/// The multiplier every gradient takes on its way into an update (1 / loss scale times a
+/// clipping coefficient): a scale that is not finite would turn a whole step into inf or NaN.
+inline void check_grad_scale(const char* who, double grad_scale) {
+  POLYSHARD_CHECK(std::isfinite(grad_scale), who, ": the gradient scale ", grad_scale, " is not finite");
 }
 
 }  // namespace detail

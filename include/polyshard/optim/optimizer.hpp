@@ -17,6 +17,9 @@ namespace polyshard {
 ///   config_type                its hyperparameter struct;
 ///   step(span<P>, span<const P>)  one update (a model's grads may also be 16-bit: step is a
 ///                              template over the gradient type in every polyshard optimizer);
+/// and optionally step(params, grads, double grad_scale), every gradient times grad_scale as it
+/// is read (1 / loss scale times a clipping coefficient). polyshard's optimizers have it; the
+/// engine scales the gradients in place first for one that does not.
 ///   step_count(), set_step_count(n)  steps taken, restorable from a checkpoint;
 ///   lr(), set_lr(x)            the learning rate, for schedules;
 ///   numel()                    the span size it was built for;

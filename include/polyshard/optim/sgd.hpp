@@ -20,7 +20,9 @@ namespace polyshard {
 
 namespace detail {
 
-// One packet, in PyTorch's order of operations (torch/optim/sgd.py, _single_tensor_sgd):
+// One packet, in PyTorch's order of operations (torch/optim/sgd.py, _single_tensor_sgd), the
+// gradient first multiplied by grad_scale (a GradScaler's unscaling and a clipping coefficient):
+//   grad = grad * grad_scale
 //   grad = grad + wd * param
 //   buf = grad on the first step, else buf * momentum + (1 - dampening) * grad
 //   grad = nesterov ? grad + momentum * buf : buf
@@ -36,11 +38,12 @@ struct SgdPacket {
         weight_decay(Eigen::internal::pset1<Packet>(k.weight_decay)),
         momentum(Eigen::internal::pset1<Packet>(k.momentum)),
         one_minus_dampening(Eigen::internal::pset1<Packet>(k.one_minus_dampening)),
-        neg_lr(Eigen::internal::pset1<Packet>(k.neg_lr)) {}
+        neg_lr(Eigen::internal::pset1<Packet>(k.neg_lr)),
+        grad_scale(Eigen::internal::pset1<Packet>(k.grad_scale)) {}
 
   Packet decayed_grad(const P* param, const P* grad) const {
     using namespace Eigen::internal;
-    const Packet g = ploadu<Packet>(grad);
+    const Packet g = pmul(ploadu<Packet>(grad), grad_scale);
     return decay ? padd(g, pmul(weight_decay, ploadu<Packet>(param))) : g;
   }
 
@@ -60,7 +63,7 @@ struct SgdPacket {
   }
 
   bool decay, first_step, nesterov;
-  Packet weight_decay, momentum, one_minus_dampening, neg_lr;
+  Packet weight_decay, momentum, one_minus_dampening, neg_lr, grad_scale;
 };
 
 /// The sizes sgd_update() requires: grad as long as param, and a momentum buffer exactly when momentum is on.
@@ -107,16 +110,21 @@ void sgd_spans(std::span<P> param, const G* grad, std::span<P> momentum_buffer, 
 ///   momentum_buffer  same size as param when config.momentum != 0 (its contents before step 1
 ///                    are ignored: the first step copies the gradient in), empty otherwise;
 ///   config           hyperparameters (PyTorch's names);
-///   step             the step being taken, counting from 1 (step 1 starts the momentum buffer).
-/// Throws polyshard::Error when the sizes differ, step < 1, or Nesterov lacks momentum.
+///   step             the step being taken, counting from 1 (step 1 starts the momentum buffer);
+///   grad_scale       every gradient is multiplied by it, rounded to P, before anything else (1 /
+///                    loss scale times a clipping coefficient: no pass of its own over the gradients).
+/// Throws polyshard::Error when the sizes differ, step < 1, Nesterov lacks momentum, or
+/// grad_scale is not finite.
 template <class P, class G>
   requires(std::same_as<P, float> || std::same_as<P, double>) && FloatElement<G>
 void sgd_update(std::span<P> param, std::span<const G> grad, std::span<P> momentum_buffer, const SgdConfig& config,
-                std::int64_t step) {
+                std::int64_t step, double grad_scale = 1.0) {
   detail::check_sgd_sizes(param.size(), grad.size(), momentum_buffer.size(), config);
   POLYSHARD_CHECK(step >= 1, "sgd_update: step counts from 1, got ", step);
+  detail::check_grad_scale("sgd_update", grad_scale);
   detail::validate(config, "sgd_update");
-  detail::sgd_spans(param, grad.data(), momentum_buffer, static_cast<P*>(nullptr), detail::sgd_constants<P>(config, step));
+  detail::sgd_spans(param, grad.data(), momentum_buffer, static_cast<P*>(nullptr),
+                    detail::sgd_constants<P>(config, step, grad_scale));
 }
 
 /// sgd_update() over fp32 master weights that also writes the updated weights, rounded to the
@@ -124,13 +132,15 @@ void sgd_update(std::span<P> param, std::span<const G> grad, std::span<P> moment
 template <class G, class C>
   requires FloatElement<G> && (std::same_as<C, half> || std::same_as<C, bfloat16>)
 void sgd_update(std::span<float> param, std::span<const G> grad, std::span<float> momentum_buffer,
-                const SgdConfig& config, std::int64_t step, std::span<C> compute) {
+                const SgdConfig& config, std::int64_t step, std::span<C> compute, double grad_scale = 1.0) {
   detail::check_sgd_sizes(param.size(), grad.size(), momentum_buffer.size(), config);
   POLYSHARD_CHECK(compute.size() == param.size(), "sgd_update: the compute copy has ", compute.size(),
                   " elements, param ", param.size());
   POLYSHARD_CHECK(step >= 1, "sgd_update: step counts from 1, got ", step);
+  detail::check_grad_scale("sgd_update", grad_scale);
   detail::validate(config, "sgd_update");
-  detail::sgd_spans(param, grad.data(), momentum_buffer, compute.data(), detail::sgd_constants<float>(config, step));
+  detail::sgd_spans(param, grad.data(), momentum_buffer, compute.data(),
+                    detail::sgd_constants<float>(config, step, grad_scale));
 }
 
 /// sgd_update() over 16-bit master weights and momentum (PureBf16): computed in float, each
@@ -138,12 +148,12 @@ void sgd_update(std::span<float> param, std::span<const G> grad, std::span<float
 template <class P, class G>
   requires(std::same_as<P, half> || std::same_as<P, bfloat16>) && FloatElement<G>
 void sgd_update(std::span<P> param, std::span<const G> grad, std::span<P> momentum_buffer, const SgdConfig& config,
-                std::int64_t step) {
+                std::int64_t step, double grad_scale = 1.0) {
   detail::check_sgd_sizes(param.size(), grad.size(), momentum_buffer.size(), config);
   detail::update_widened<P>(
       param.size(),
       [&](std::size_t begin, std::span<float> p, std::span<float> buffer) {
-        sgd_update<float, G>(p, grad.subspan(begin, p.size()), buffer, config, step);
+        sgd_update<float, G>(p, grad.subspan(begin, p.size()), buffer, config, step, grad_scale);
       },
       param, momentum_buffer);
 }
@@ -153,14 +163,15 @@ void sgd_update(std::span<P> param, std::span<const G> grad, std::span<P> moment
 template <class P, class G>
   requires FloatElement<P> && FloatElement<G>
 void sgd_update(std::span<P> param, std::span<G> grad, std::span<P> momentum_buffer, const SgdConfig& config,
-                std::int64_t step) {
-  sgd_update<P, G>(param, std::span<const G>(grad), momentum_buffer, config, step);
+                std::int64_t step, double grad_scale = 1.0) {
+  sgd_update<P, G>(param, std::span<const G>(grad), momentum_buffer, config, step, grad_scale);
 }
 
 /// SGD over one flat parameter span of a fixed size, owning its momentum buffer when momentum
 /// is nonzero (numel * sizeof(P) bytes, counted as MemoryCategory::OptimizerState).
-///   step(params, grads)  one step; grads of any FloatElement type; throws polyshard::Error
-///                        naming the optimizer and the sizes when they differ from numel;
+///   step(params, grads[, grad_scale])  one step; grads of any FloatElement type, each times
+///                        grad_scale first (sgd_update); throws polyshard::Error naming the
+///                        optimizer and the sizes when they differ from numel;
 ///   step_count(), set_step_count(n), lr(), set_lr(x), config(), numel(), state_bytes(),
 ///   state(): {"momentum_buffer"} (nothing without momentum), sharing storage with the optimizer.
 template <class P>
@@ -180,27 +191,27 @@ class Sgd {
 
   template <class G>
     requires FloatElement<G>
-  void step(std::span<P> params, std::span<const G> grads) {
+  void step(std::span<P> params, std::span<const G> grads, double grad_scale = 1.0) {
     POLYSHARD_CHECK(params.size() == numel_ && grads.size() == numel_, "Sgd::step: built for ", numel_,
                     " elements, got params of ", params.size(), " and grads of ", grads.size());
     const std::span<P> buffer = momentum_buffer_.defined() ? momentum_buffer_.span() : std::span<P>{};
-    sgd_update<P, G>(params, grads, buffer, config_, step_ + 1);
+    sgd_update<P, G>(params, grads, buffer, config_, step_ + 1, grad_scale);
     ++step_;
   }
   /// step() for gradients in a mutable span (Tensor::span() gives one).
   template <class G>
     requires FloatElement<G>
-  void step(std::span<P> params, std::span<G> grads) {
-    step(params, std::span<const G>(grads));
+  void step(std::span<P> params, std::span<G> grads, double grad_scale = 1.0) {
+    step(params, std::span<const G>(grads), grad_scale);
   }
   /// step() over fp32 masters that also writes the 16-bit compute copy in the same pass.
   template <class G, class C>
     requires std::same_as<P, float> && FloatElement<G> && (std::same_as<C, half> || std::same_as<C, bfloat16>)
-  void step(std::span<P> params, std::span<const G> grads, std::span<C> compute) {
+  void step(std::span<P> params, std::span<const G> grads, std::span<C> compute, double grad_scale = 1.0) {
     POLYSHARD_CHECK(params.size() == numel_ && grads.size() == numel_, "Sgd::step: built for ", numel_,
                     " elements, got params of ", params.size(), " and grads of ", grads.size());
     const std::span<P> buffer = momentum_buffer_.defined() ? momentum_buffer_.span() : std::span<P>{};
-    sgd_update<G, C>(params, grads, buffer, config_, step_ + 1, compute);
+    sgd_update<G, C>(params, grads, buffer, config_, step_ + 1, compute, grad_scale);
     ++step_;
   }
 

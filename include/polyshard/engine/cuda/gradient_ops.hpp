@@ -1,6 +1,6 @@
-// The device twins of engine/gradient_ops.hpp: unscaling with the overflow check, the squared
-// norm and scaling of a unit's reduced gradients in device memory, on the thread's current
-// stream. Each returns to the host what the step decides on (a flag, a norm), so each waits.
+// The device twins of engine/gradient_ops.hpp: the overflow check, the squared norm and
+// scaling of a unit's reduced gradients in device memory, on the thread's current stream.
+// Each returns to the host what the step decides on (a flag, a norm), so each waits.
 #pragma once
 
 #include <cmath>
@@ -14,14 +14,13 @@
 
 namespace polyshard {
 
-/// Multiplies `grads` by `inv_scale` and returns whether any element was inf or NaN before or
-/// after, in one pass (the host twin's contract).
+/// Whether any element of `grads` is inf or NaN (the host twin's contract): the unscaling
+/// kernel at a scale of 1, which writes each value back unchanged.
 template <CudaFloatElement G>
-bool unscale_and_check(const Tensor<G, Cuda>& grads, double inv_scale) {
-  POLYSHARD_CHECK(std::isfinite(inv_scale), "unscale_and_check: the inverse loss scale ", inv_scale, " is not finite");
+bool has_nonfinite(const Tensor<G, Cuda>& grads) {
   auto flag = Tensor<std::int32_t, Cuda>::zeros({1}, MemoryCategory::Other);
   const auto g = grads.span();
-  cuda::unscale_and_check(g.data(), g.size(), static_cast<float>(inv_scale), flag.data(), cuda::current_stream());
+  cuda::unscale_and_check(g.data(), g.size(), 1.0f, flag.data(), cuda::current_stream());
   return flag.to_vector()[0] != 0;
 }
 

@@ -22,11 +22,13 @@ struct AdamConstants {
   P neg_step_size;        // -lr / (1 - beta1^step)
   P bias_correction2_sqrt;  // sqrt(1 - beta2^step)
   P eps;
+  P grad_scale;           // every gradient times this first: 1 / loss scale times a clipping coefficient
   bool coupled, decoupled;
 };
 
 template <class P>
-AdamConstants<P> adam_constants(const AdamConfig& c, std::int64_t step, bool decoupled_weight_decay) {
+AdamConstants<P> adam_constants(const AdamConfig& c, std::int64_t step, bool decoupled_weight_decay,
+                                double grad_scale = 1.0) {
   const double s = static_cast<double>(step);
   const double bias_correction1 = 1 - std::pow(c.beta1, s);
   const double bias_correction2 = 1 - std::pow(c.beta2, s);
@@ -43,6 +45,7 @@ AdamConstants<P> adam_constants(const AdamConfig& c, std::int64_t step, bool dec
   k.neg_step_size = static_cast<P>(-(c.lr / bias_correction1));
   k.bias_correction2_sqrt = static_cast<P>(std::sqrt(bias_correction2));
   k.eps = static_cast<P>(c.eps);
+  k.grad_scale = static_cast<P>(grad_scale);
   return k;
 }
 
