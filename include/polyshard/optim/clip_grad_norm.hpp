@@ -18,15 +18,18 @@ namespace polyshard {
 namespace detail {
 // The squared norm's fixed summation order: blocks of this many elements, each summed in
 // `norm_lanes` interleaved accumulators, the block sums then added in order. Independent
-// accumulators break the one long chain of dependent additions (4 cycles each) and let the
-// compiler vectorize; fixed blocks make the result the same on any number of threads.
+// accumulators break the one long chain of dependent additions (4 cycles each): 32 of them, as
+// four AVX-512 (or eight AVX2) vectors of doubles, let a core sum as fast as memory delivers,
+// where 8 held it to 8 values every 4 cycles. Fixed blocks make the result the same on any
+// number of threads, and the vector kernels (add_squares) keep the scalar lanes' order, so it
+// is the same on any instruction set.
 inline constexpr std::size_t norm_block = std::size_t{1} << 13;
-inline constexpr std::size_t norm_lanes = 8;
+inline constexpr std::size_t norm_lanes = 32;
 
 template <class G>
-double squared_norm_block(const G* g, std::size_t n) {
+double squared_norm_block(const G* g, std::size_t n, CpuIsa isa) {
   std::array<double, norm_lanes> acc{};
-  std::size_t i = 0;
+  std::size_t i = vector_add_squares<norm_lanes>(isa, n, g, acc.data());
   for (; i + norm_lanes <= n; i += norm_lanes)
     for (std::size_t j = 0; j < norm_lanes; ++j) {
       const double x = static_cast<double>(static_cast<compute_t<G>>(g[i + j]));
@@ -42,18 +45,21 @@ double squared_norm_block(const G* g, std::size_t n) {
 }
 }  // namespace detail
 
-/// Sum of squares of a gradient span, accumulated in double, in a fixed order that does not
-/// depend on the number of threads (set_optimizer_threads). Sharded strategies add these
-/// partial sums across ranks before taking the root, so the norm is that of the whole gradient.
+/// Sum of squares of a gradient span, accumulated in double, in a fixed order that depends on
+/// neither the number of threads (set_optimizer_threads) nor the instruction set. Sharded
+/// strategies add these partial sums across ranks before taking the root, so the norm is that
+/// of the whole gradient.
 template <FloatElement G>
 double squared_norm(std::span<const G> grads) {
   const std::size_t blocks = (grads.size() + detail::norm_block - 1) / detail::norm_block;
   std::vector<double> sums(blocks);
   // Threads take whole blocks: each block's sum is the same on any thread.
+  const CpuIsa isa = optimizer_isa();
   detail::parallel_ranges(blocks, [&](std::size_t begin, std::size_t end) {
     for (std::size_t b = begin; b < end; ++b) {
       const std::size_t first = b * detail::norm_block;
-      sums[b] = detail::squared_norm_block(grads.data() + first, std::min(detail::norm_block, grads.size() - first));
+      sums[b] = detail::squared_norm_block(grads.data() + first, std::min(detail::norm_block, grads.size() - first),
+                                           isa);
     }
   }, detail::min_elements_per_thread / detail::norm_block);
   double s = 0;

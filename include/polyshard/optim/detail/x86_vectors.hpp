@@ -57,6 +57,13 @@ struct Vec {
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F div(F a, F b) { return _mm256_div_ps(a, b); }
   static F sqrt(F a) { return _mm256_sqrt_ps(a); }
+  // Doubles, half as many lanes: F's lower and upper halves widened exactly.
+  using D = __m256d;
+  static D load(const double* p) { return _mm256_loadu_pd(p); }
+  static void store(double* p, D x) { _mm256_storeu_pd(p, x); }
+  static D widen_low(F x) { return _mm256_cvtps_pd(_mm256_castps256_ps128(x)); }
+  static D widen_high(F x) { return _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)); }
+  static D add_square(D acc, D x) { return _mm256_add_pd(acc, _mm256_mul_pd(x, x)); }
 };
 
 #include "polyshard/optim/detail/vector_updates.inc"
@@ -109,6 +116,12 @@ struct Vec {
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F div(F a, F b) { return _mm512_div_ps(a, b); }
   static F sqrt(F a) { return _mm512_mask_sqrt_ps(a, all, a); }
+  using D = __m512d;
+  static D load(const double* p) { return _mm512_loadu_pd(p); }
+  static void store(double* p, D x) { _mm512_storeu_pd(p, x); }
+  static D widen_low(F x) { return _mm512_maskz_cvtps_pd(0xFF, _mm512_castps512_ps256(x)); }
+  static D widen_high(F x) { return _mm512_maskz_cvtps_pd(0xFF, _mm512_maskz_extractf32x8_ps(0xFF, x, 1)); }
+  static D add_square(D acc, D x) { return _mm512_add_pd(acc, _mm512_mul_pd(x, x)); }
 };
 
 #include "polyshard/optim/detail/vector_updates.inc"
@@ -153,6 +166,19 @@ bool vector_sgd_range(CpuIsa isa, std::size_t n, float* param, const G* grad, fl
   }
 #endif
   return false;
+}
+
+/// add_squares on `isa`'s kernels: the number of elements summed (whole groups of Lanes), 0
+/// for the portable kernels, which the caller runs instead.
+template <std::size_t Lanes, class G>
+std::size_t vector_add_squares(CpuIsa isa, std::size_t n, const G* values, double* acc) {
+#if POLYSHARD_X86_DISPATCH
+  if constexpr (vector_element_v<G>) {
+    if (isa == CpuIsa::Avx512) return avx512::add_squares<Lanes>(n, values, acc);
+    if (isa == CpuIsa::Avx2) return avx2::add_squares<Lanes>(n, values, acc);
+  }
+#endif
+  return 0;
 }
 
 /// scale_range on `isa`'s kernels, as vector_adam_range.
