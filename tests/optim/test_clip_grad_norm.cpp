@@ -29,6 +29,22 @@ long double exact_squares(const std::vector<G>& g) {
   return s;
 }
 
+// Runs `body` on every instruction set this machine runs, at 1 and 2 threads (both named in the
+// messages of its checks), then restores the detected instruction set.
+template <class Body>
+void on_every_isa_and_thread_count(Body&& body) {
+  for (CpuIsa isa : {CpuIsa::Portable, CpuIsa::Avx2, CpuIsa::Avx512}) {
+    if (isa > detected_cpu_isa()) continue;
+    set_optimizer_isa(isa);
+    for (unsigned threads : {1u, 2u}) {
+      set_optimizer_threads(threads);
+      INFO(cpu_isa_name(isa) << ", " << threads << " threads");
+      body();
+    }
+  }
+  set_optimizer_isa(detected_cpu_isa());
+}
+
 }  // namespace
 
 TEMPLATE_TEST_CASE("squared_norm is the sum of squares, the same bits whatever the length, the threads and the "
@@ -45,16 +61,9 @@ TEMPLATE_TEST_CASE("squared_norm is the sum of squares, the same bits whatever t
   const double portable = squared_norm(std::span<const G>(g));
   const long double want = exact_squares(g);
   CHECK(std::abs(static_cast<long double>(portable) - want) <= 1e-12L * want);
-  for (CpuIsa isa : {CpuIsa::Portable, CpuIsa::Avx2, CpuIsa::Avx512}) {
-    if (isa > detected_cpu_isa()) continue;
-    INFO(cpu_isa_name(isa));
-    set_optimizer_isa(isa);
-    for (unsigned threads : {1u, 2u}) {
-      set_optimizer_threads(threads);
-      CHECK(std::bit_cast<std::uint64_t>(squared_norm(std::span<const G>(g))) == std::bit_cast<std::uint64_t>(portable));
-    }
-  }
-  set_optimizer_isa(detected_cpu_isa());
+  on_every_isa_and_thread_count([&] {
+    CHECK(std::bit_cast<std::uint64_t>(squared_norm(std::span<const G>(g))) == std::bit_cast<std::uint64_t>(portable));
+  });
 }
 
 TEMPLATE_TEST_CASE("scale_span scales each element in its compute type, the same bits on any threads and "
@@ -65,18 +74,11 @@ TEMPLATE_TEST_CASE("scale_span scales each element in its compute type, the same
   const auto original = test::values_as<G>(n, 5, 3.0);
   std::vector<G> expected(n);
   for (std::size_t i = 0; i < n; ++i) expected[i] = static_cast<G>(static_cast<float>(original[i]) * 0.3f);
-  for (CpuIsa isa : {CpuIsa::Portable, CpuIsa::Avx2, CpuIsa::Avx512}) {
-    if (isa > detected_cpu_isa()) continue;
-    INFO(cpu_isa_name(isa));
-    set_optimizer_isa(isa);
-    for (unsigned threads : {1u, 2u}) {
-      set_optimizer_threads(threads);
-      auto scaled = original;
-      scale_span(std::span<G>(scaled), 0.3);
-      CHECK(test::same_bits<G>(scaled, expected));
-    }
-  }
-  set_optimizer_isa(detected_cpu_isa());
+  on_every_isa_and_thread_count([&] {
+    auto scaled = original;
+    scale_span(std::span<G>(scaled), 0.3);
+    CHECK(test::same_bits<G>(scaled, expected));
+  });
 }
 
 TEST_CASE("clip_grad_norm: torch's coefficient max_norm / (norm + 1e-6), applied only below 1", "[optim][clip]") {
