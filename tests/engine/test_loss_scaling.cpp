@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine_fixture.hpp"
+#include "oracle_fixture.hpp"
 #include "support/error_of.hpp"
 
 using namespace polyshard;
@@ -270,8 +271,8 @@ std::vector<double> one_step_movement(int world, double weight, double lr) {
     Engine<S, Gpt<float>, ThreadCommunicator, Sgd<float>> engine(model, comm, SgdConfig{.lr = lr}, {}, 42);
     const auto masters = [&] {
       std::vector<double> all;
-      for (std::size_t u = 0; u < engine.units().units.size(); ++u)
-        engine.access_optimizer(u, [&](auto&, auto params) { all.insert(all.end(), params.begin(), params.end()); });
+      for (const auto& [first, values] : test::oracle::snapshot_of(engine))
+        all.insert(all.end(), values.begin(), values.end());
       return all;
     };
     const Batch b = BatchSampler(test::tiny_data(), 8, 6, 7).batch(0, comm.rank(), world);
