@@ -1,6 +1,7 @@
-// The strategies polyshard-train names: a sharding family (--strategy), a precision (--precision)
-// and a wrap (--wrap). Their engines are compiled one translation unit per precision and device
-// (strategies.cpp, built once for each), so that no translation unit holds every composition and
+// The strategies polyshard-train names: a sharding family (--strategy) and a precision
+// (--precision); the wrap (--wrap) is a run-time setting of each. Their engines are compiled one
+// translation unit per precision and device (strategies.cpp, built once for each), so that no
+// translation unit holds every composition and
 // the dispatch below instantiates none. Grouping by precision, not by family, is what keeps the
 // total down: on a device the precision fixes the model's element type, and every code that
 // depends on the model but not on the strategy (the model itself, the unit plan, checkpoint and
@@ -16,7 +17,7 @@
 
 namespace train {
 
-/// One sharding and offload pair of --strategy; precision and wrapping make six strategies of each.
+/// One sharding and offload pair of --strategy; the precision makes three strategies of each.
 enum class Family {
   ddp,
   zero1,

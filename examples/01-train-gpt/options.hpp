@@ -96,7 +96,8 @@ T parse_number(const std::string& flag, const std::string& text) {
 }  // namespace detail
 
 /// FSDP's min_num_params for --wrap: whole wraps nothing (a threshold no module reaches),
-/// size:N wraps modules of at least N parameters; block uses the type-based policy instead.
+/// size:N wraps modules of at least N parameters; block's depends on the model
+/// (block_wrap_threshold in trainer.hpp).
 inline std::int64_t wrap_threshold(const Options& o) {
   if (o.wrap == "whole") return std::numeric_limits<std::int64_t>::max();
   if (o.wrap.rfind("size:", 0) == 0) {

@@ -1,11 +1,12 @@
-// One rank's training loop under a strategy type, and the map from a family, a precision and the
-// command line's wrap to strategy types (strategies.cpp instantiates it).
+// One rank's training loop under a strategy type, and the map from a family and a precision to
+// strategy types (strategies.cpp instantiates it). Every --wrap runs on the same strategy type.
 #pragma once
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <thread>
 
@@ -27,6 +28,18 @@
 namespace train {
 
 using namespace polyshard;
+
+/// --wrap block's threshold for the size-based wrap: one block's parameters. Auto-wrap then makes
+/// each block a unit and nothing else: a block's sub-modules hold fewer parameters than it, and
+/// what lies outside the blocks is smaller (the final LayerNorm) or cannot be a unit (the
+/// embeddings, one of which the head shares). train_rank checks the units it got.
+template <class Model>
+std::int64_t block_wrap_threshold(Model& model) {
+  if (model.transformer.h.empty()) return std::numeric_limits<std::int64_t>::max();
+  std::int64_t n = 0;
+  visit_parameters(model.transformer.h[0], [&](const std::string&, auto& p) { n += p.numel(); });
+  return n;
+}
 
 inline AnyOptimizerConfig optimizer_config(const Options& o) {
   if (o.optimizer == "sgd") {
@@ -98,7 +111,7 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
   Model model(cfg);
   model.checkpoint_blocks = o.checkpoint_activations;
   StrategyConfig config = o.settings;
-  config.min_num_params = wrap_threshold(o);
+  config.min_num_params = o.wrap == "block" ? block_wrap_threshold(model) : wrap_threshold(o);
   // --strategy hybrid without --hybrid-group: two groups when the world splits evenly.
   if constexpr (S::sharding::hybrid)
     config.hybrid_group_size =
@@ -113,6 +126,9 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
   Engine<S, Model, Comm, AnyOptimizer<float>> engine(model, comm, optimizer_config(o), config, o.seed);
   engine.track_grad_norm(true);
   engine.set_trace(trace);
+  POLYSHARD_CHECK(o.wrap != "block" || engine.units().units.size() == model.transformer.h.size() + 1,
+                  "polyshard-train: --wrap block cut ", engine.units().units.size(), " units, not the root and ",
+                  model.transformer.h.size(), " blocks");
 
   // Where the data stands is the step and the seed (every draw is a pure function of both); the
   // batch shape and the data set must match for the positions to mean the same batches.
@@ -367,12 +383,14 @@ template <Precision P>
 using PrecisionOf = std::conditional_t<P == Precision::fp32, Fp32,
                                            std::conditional_t<P == Precision::bf16_mixed, Bf16Mixed, Fp16Mixed>>;
 
+/// One strategy type per family and precision, whatever the --wrap: FairScale's size-based wrap
+/// with its threshold set at run time (train_rank: whole, size:N, or one block's parameters).
+/// Compiling one engine instead of one per wrap halves the program's build.
 template <Family F, Precision P, class D, class Comm>
 void train_strategy(const Options& o, Comm& comm, const Datasets& data, Trace* trace) {
   using Sharding = typename FamilyPolicies<F>::sharding;
   using Offload = typename FamilyPolicies<F>::offload;
-  if (o.wrap == "block") train_rank<Strategy<Sharding, Offload, PrecisionOf<P>, WrapByType<Block>>, D>(o, comm, data, trace);
-  else train_rank<Strategy<Sharding, Offload, PrecisionOf<P>, WrapBySize<1>>, D>(o, comm, data, trace);
+  train_rank<Strategy<Sharding, Offload, PrecisionOf<P>, WrapBySize<1>>, D>(o, comm, data, trace);
 }
 
 }  // namespace train
