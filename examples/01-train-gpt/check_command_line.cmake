@@ -250,6 +250,10 @@ expect(strategy-setting-reaches-the-engine EXIT 2 ARGS ${one_step} --allgather-b
        SAYS "StrategyConfig::allgather_bucket_size = 10")
 expect(delayed-update-needs-offload EXIT 2 ARGS ${one_step} --delayed-parameter-update true
        SAYS "StrategyConfig::delayed_parameter_update is read only under OffloadOptimizer<Cpu>")
+expect(move-grads-to-cpu-reaches-the-engine EXIT 2 ARGS ${one_step} --move-grads-to-cpu false
+       SAYS "StrategyConfig::move_grads_to_cpu = false" "host model")
+expect(move-grads-to-cpu-where-they-go EXIT 0 ARGS ${one_step} --strategy zero3 --move-grads-to-cpu true
+       SAYS "strategy zero3 (ShardParameters, NoOffload, Fp32)")
 expect(delayed-update-trains EXIT 0 ARGS ${one_step} --strategy zero_offload --precision bf16-mixed
        --delayed-parameter-update true SAYS "strategy zero_offload (ShardGradients, OffloadOptimizer<Cpu>, Bf16Mixed)")
 expect(bucket-size-must-be-positive EXIT 2 ARGS ${one_step} --reduce-bucket-size 0

@@ -237,6 +237,12 @@ inline bool parse(int argc, char** argv, Options& o) {
   settings->add_option("--state-dict-to-cpu", c.state_dict_to_cpu, "full state dicts gathered to host memory")
       ->type_name("BOOL");
   settings
+      ->add_option_function<std::string>(
+          "--move-grads-to-cpu", [&c](const std::string& v) { c.move_grads_to_cpu = v == "true"; },
+          "reduced gradient shards to host memory (FSDP; default: where the optimizer steps)")
+      ->check(CLI::IsMember({"true", "false"}))
+      ->type_name("BOOL");
+  settings
       ->add_option("--deepspeed-config", o.deepspeed_config,
                    "a DeepSpeed JSON config: its keys set the flags not given on the command line or in --config")
       ->type_name("FILE.json");

@@ -259,6 +259,7 @@ TEST_CASE("StrategyConfig carries the reference documents' defaults", "[policy]"
   CHECK(c.max_in_cpu == 1'000'000'000);
   CHECK(c.sub_group_size == 1'000'000'000'000);
   CHECK(c.state_dict_to_cpu);                       // FSDP state_dict_to_cpu
+  CHECK_FALSE(c.move_grads_to_cpu.has_value());     // FSDP: None, cpu_offload's value
 }
 
 TEST_CASE("StrategyConfig fields no strategy reads are refused away from their defaults, naming them", "[policy]") {
@@ -361,6 +362,24 @@ TEST_CASE("StrategyConfig fields a composition does not read are refused for it,
   CHECK(refused_on(ZeROOffload{}, Cuda{}, pin) == "(accepted)");
   CHECK(refused_on(Strategy<ShardParameters<true>, OffloadParameters<Cpu>>{}, Cuda{}, pin) == "(accepted)");
   CHECK_THAT(refused_on(ZeRO<2>{}, Cuda{}, pin), Catch::Contains("NoOffload on a device model"));
+  // move_grads_to_cpu says where the reduced gradients go: host memory exactly where the optimizer
+  // steps there, so each value is accepted where the composition does it and refused elsewhere.
+  const auto to_cpu = [](StrategyConfig& c) { c.move_grads_to_cpu = true; };
+  const auto kept = [](StrategyConfig& c) { c.move_grads_to_cpu = false; };
+  using FsdpOffload = Strategy<ShardParameters<true>, OffloadParameters<Cpu>>;
+  using FsdpOptimizerOffload = Strategy<ShardParameters<true>, OffloadOptimizer<Cpu>>;
+  CHECK(refused_on(FsdpOffload{}, Cuda{}, to_cpu) == "(accepted)");
+  CHECK(refused_on(FsdpOptimizerOffload{}, Cuda{}, to_cpu) == "(accepted)");
+  CHECK(refused_on(ZeROInfinity{}, Cuda{}, to_cpu) == "(accepted)");
+  CHECK(refused_on(FSDP{}, Cuda{}, kept) == "(accepted)");
+  CHECK(refused(FSDP{}, to_cpu) == "(accepted)");
+  CHECK_THAT(refused_on(FSDP{}, Cuda{}, to_cpu), Catch::Contains("move_grads_to_cpu = true") &&
+                                                     Catch::Contains("NoOffload") &&
+                                                     Catch::Contains("OffloadOptimizer<Cpu>"));
+  CHECK_THAT(refused_on(FsdpOffload{}, Cuda{}, kept), Catch::Contains("move_grads_to_cpu = false") &&
+                                                          Catch::Contains("OffloadParameters<Cpu>"));
+  CHECK_THAT(refused(FSDP{}, kept),
+             Catch::Contains("move_grads_to_cpu = false") && Catch::Contains("host model"));
   const auto threshold = [](StrategyConfig& c) { c.min_num_params = 500; };
   CHECK_THAT(refused(Strategy<ShardParameters<true>, WrapByType<Block>>{}, threshold),
              Catch::Contains("min_num_params = 500") && Catch::Contains("WrapByType"));

@@ -101,6 +101,14 @@ struct StrategyConfig {
 
   // Checkpoints (FSDP).
   bool state_dict_to_cpu = true;
+
+  // Gradients (FairScale FSDP).
+  /// FSDP's move_grads_to_cpu: whether the reduced gradient shards go to host memory. They do
+  /// exactly where the optimizer steps there: under OffloadOptimizer or OffloadParameters, and on
+  /// a host model, whose gradients are in host memory already. Unset, it follows the composition,
+  /// as FSDP's default follows cpu_offload; set to what the composition does, it is accepted, and
+  /// set otherwise refused, naming the offload policy that gives it.
+  std::optional<bool> move_grads_to_cpu{};
 };
 
 /// Refuses the fields no strategy reads yet when they are set away from their reference defaults:
@@ -129,8 +137,8 @@ constexpr const char* policy_name() {
 /// settings (nvme_path, block_size, queue_depth, optimizer_buffer_count) without an offload to
 /// NVMe, hybrid_group_size without HybridShard, prefetch and allgather_bucket_size without sharded
 /// parameters (nothing is gathered ahead), min_num_params without a size-based wrap policy,
-/// pin_memory where no host buffer moves to or from a device or NVMe (D: where the model
-/// computes). A user who sets one expects it to act; a run that ignores it is a silently
+/// pin_memory where no host buffer moves to or from a device or NVMe, move_grads_to_cpu where the
+/// gradients stay where they are (D: where the model computes). A user who sets one expects it to act; a run that ignores it is a silently
 /// different run. Engine's constructor calls it.
 template <class S, class D = Cpu>
 void refuse_fields_not_read_by(const StrategyConfig& c) {
@@ -167,6 +175,21 @@ void refuse_fields_not_read_by(const StrategyConfig& c) {
                     "from a device or NVMe, and this run has none (", offload, " on ",
                     std::same_as<D, Cpu> ? "a host model" : "a device model",
                     "): leave it false, or offload to NVMe, or offload a device model's state to the host");
+  }
+  constexpr bool grads_to_host = std::same_as<D, Cpu> || S::offload::offloads_optimizer;
+  if (c.move_grads_to_cpu.has_value() && *c.move_grads_to_cpu != grads_to_host) {
+    if constexpr (std::same_as<D, Cpu>)
+      detail::throw_error("StrategyConfig::move_grads_to_cpu = false: a host model's gradients are in host memory ",
+                          "already: leave it unset or true");
+    else if constexpr (grads_to_host)
+      detail::throw_error("StrategyConfig::move_grads_to_cpu = false would keep the gradient shards on the device, ",
+                          "and this strategy's offload is ", offload, ", whose optimizer steps in host memory and ",
+                          "needs them there (FSDP's cpu_offload sets it): leave it unset or true");
+    else
+      detail::throw_error("StrategyConfig::move_grads_to_cpu = true moves the reduced gradient shards to host memory ",
+                          "for an optimizer that steps there, and this strategy's offload is ", offload, ", whose ",
+                          "optimizer steps on the device: offload the optimizer (OffloadOptimizer<Cpu>; ",
+                          "polyshard-train --strategy zero3_offload_optimizer), or leave it unset");
   }
   if constexpr (!S::sharding::hybrid) {
     POLYSHARD_CHECK(c.hybrid_group_size == d.hybrid_group_size, "StrategyConfig::hybrid_group_size = ",
