@@ -348,3 +348,39 @@ TEST_CASE("ZeRO-Infinity with the parameter shards on NVMe: unusable buffer sett
   CHECK_THROWS_WITH(train_with(parameter_config(dir, 1, -1)), Catch::Contains("max_in_cpu") && Catch::Contains("got -1"));
   CHECK(files_in(dir.path()) == 0);
 }
+
+TEST_CASE("ZeRO-Infinity with the parameter shards on NVMe reads the next gather's shard ahead while a unit computes",
+          "[engine][nvme][memory]") {
+  // Forward with four blocks: while block k computes, block k+1's gather is in flight (the
+  // prefetch) and, given a free buffer, block k+2's shard is on its way in from the file. Nothing
+  // is written back in forward, so the parameter memory's peak is exact either way: one block's
+  // shard above the one-buffer run's, where no buffer is free for it.
+  const GptConfig four_blocks{.vocab_size = 13, .block_size = 8, .n_layer = 4, .n_head = 2, .n_embd = 6};
+  const auto forward_peak = [&](int buffers, std::int64_t& block_shard_bytes) {
+    TempDir dir;
+    std::int64_t peak = 0;
+    run_ranks(1, [&](ThreadCommunicator& comm) {
+      MemoryTracker tracker;
+      TrackerScope scope(tracker);
+      Gpt<float> model(four_blocks);
+      Engine<InfinityParametersPerBlock, Gpt<float>, ThreadCommunicator, AdamW<float>> engine(
+          model, comm, AdamWConfig{}, parameter_config(dir, buffers, 0), 42);
+      block_shard_bytes = engine.units().units[1].padded * std::int64_t(sizeof(float));
+      const BatchSampler sampler(test::tiny_data(), 8, 2, 7);
+      // A first step records the order the units run in, which the prefetch follows.
+      Batch b = sampler.batch(0, 0, 1);
+      engine.backward(engine.forward([&] { return model.loss(b.inputs, b.targets); }));
+      engine.step(1e-3);
+      b = sampler.batch(1, 0, 1);
+      tracker.reset_peaks();
+      Var<float> loss = engine.forward([&] { return model.loss(b.inputs, b.targets); });
+      peak = tracker.peak(MemoryCategory::Parameters);
+    });
+    return peak;
+  };
+  std::int64_t shard = 0;
+  const std::int64_t one_buffer = forward_peak(1, shard);
+  const std::int64_t three_buffers = forward_peak(3, shard);
+  CHECK(shard > 0);
+  CHECK(three_buffers - one_buffer == shard);
+}

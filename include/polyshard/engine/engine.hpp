@@ -927,7 +927,12 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
                                            [next](const Prefetched& p) { return p.unit == next; });
         if (units_[next].gathered || in_flight) continue;
         const std::int64_t size = units_[next].layout->padded;
-        if (!prefetched_.empty() && ahead + size > budget) return;
+        if (!prefetched_.empty() && ahead + size > budget) {
+          // NVMe: the next gather's shard read in while this unit computes, if a buffer is free,
+          // so that its gather waits for the file only when the read is slower than a unit.
+          if constexpr (requires { placement_.read_parameters_ahead(next); }) placement_.read_parameters_ahead(next);
+          return;
+        }
         if (!placement_.may_read_parameters_ahead(next)) return;  // NVMe: every buffer holds a shard
         Trace::Span span(trace_, "prefetch unit " + std::to_string(next), "communication", 1);
         CallSite site(gather_site(units_[next]));  // the same collective as the gather it replaces

@@ -133,8 +133,13 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
     if (in_file[i]) --shards_read;
   };
 
-  // Gathering (ShardParameters only: the other policies keep every unit whole).
-  std::vector<bool> gathered(units.size(), false), prefetched(units.size(), false);
+  // Gathering (ShardParameters only: the other policies keep every unit whole). The unit after
+  // the prefetches in flight has its shard read ahead when a buffer is free (read_ahead).
+  std::vector<bool> gathered(units.size(), false), prefetched(units.size(), false), read_ahead(units.size(), false);
+  const auto read_shard_once = [&](std::size_t i) {
+    if (!read_ahead[i]) read_shard(i);
+    read_ahead[i] = false;
+  };
   double ahead = 0;  // elements of the units prefetched and not yet used
   const double budget = static_cast<double>(prefetch_budget_elements(config));
   const auto finish_gather = [&](std::size_t i) {
@@ -150,7 +155,7 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
       prefetched[i] = false;
       ahead -= p(i);
     } else {
-      read_shard(i);
+      read_shard_once(i);
       walk.add(Walk::parameters, c * p(i));
     }
     finish_gather(i);
@@ -164,9 +169,15 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
          j += direction) {
       const auto k = static_cast<std::size_t>(j);
       if (gathered[k] || prefetched[k]) continue;
-      if (ahead > 0 && ahead + p(k) > budget) return;
-      if (in_file[k] && shards_read >= config.params_buffer_count) return;
-      read_shard(k);
+      if (ahead > 0 && ahead + p(k) > budget) {
+        if (in_file[k] && !read_ahead[k] && shards_read < config.params_buffer_count) {
+          read_shard(k);
+          read_ahead[k] = true;
+        }
+        return;
+      }
+      if (in_file[k] && !read_ahead[k] && shards_read >= config.params_buffer_count) return;
+      read_shard_once(k);
       walk.add(Walk::parameters, c * p(k));
       prefetched[k] = true;
       ahead += p(k);

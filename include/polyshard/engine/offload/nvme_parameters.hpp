@@ -25,7 +25,8 @@ namespace polyshard {
 
 /// One file per rank, `polyshard-offload-rank<r>-pid<p>-<n>.swp` under StrategyConfig::nvme_path,
 /// with two swaps in it (engine/offload/nvme_swap.hpp):
-///   parameter shards  read in for each gather of their unit (forward, and backward again) and
+///   parameter shards  read in for each gather of their unit (forward, and backward again; the
+///                     unit after the prefetched ones read ahead, as read_parameters_ahead) and
 ///                     dropped once the gather has read them; brought in for the unit's optimizer
 ///                     step and written back after it. At most params_buffer_count units' shards
 ///                     are in memory at once, each at most params_buffer_size elements (a larger
@@ -140,8 +141,14 @@ class OffloadPlacement<Offload> {
   void acquire_parameters(std::size_t unit) { params_.acquire(unit); }
   /// The gather has read the shard: its memory is freed (the file holds the same values).
   void release_parameters(std::size_t unit) { params_.drop(unit); }
-  /// Whether a prefetch may read unit `unit`'s shard now: a buffer is free, or it needs none.
-  bool may_read_parameters_ahead(std::size_t unit) const { return !params_.holds(unit) || params_.has_room(); }
+  /// Starts reading unit `unit`'s shard in for a gather to come, when it is in the file and a
+  /// buffer is free now; acquire_parameters then waits for the read, if it has not arrived.
+  void read_parameters_ahead(std::size_t unit) { params_.read_ahead(unit); }
+  /// Whether a prefetch may read unit `unit`'s shard now: it needs no buffer, has one already (read
+  /// ahead), or one is free.
+  bool may_read_parameters_ahead(std::size_t unit) const {
+    return !params_.holds(unit) || params_.in_memory(unit) || params_.has_room();
+  }
 
   /// fn() with unit `unit`'s parameter shard in memory, for reading; freed after.
   template <class F>

@@ -83,6 +83,8 @@ class NvmeSwap {
 
   /// Whether unit `unit` has anything in the file.
   bool holds(std::size_t unit) const { return !units_[unit].storages.empty(); }
+  /// Whether unit `unit`'s storages have elements now (being read, in use, or being written back).
+  bool in_memory(std::size_t unit) const { return units_[unit].where != Where::file; }
   /// Whether another unit may be read in without waiting for a buffer.
   bool has_room() const { return resident_ < buffers_; }
   /// Units whose storages have elements now (being read, in use, or being written back).
@@ -111,6 +113,17 @@ class NvmeSwap {
   void acquire_and_read_ahead(std::size_t unit, std::size_t next) {
     acquire(unit);
     if (next < units_.size() && units_[next].where == Where::file && holds(next) && make_room()) start_read(next);
+  }
+
+  /// Starts reading unit `unit`'s storages in when they are in the file and a buffer is free now
+  /// (a finished write-back frees one), waiting for nothing: a read ahead of the acquire that
+  /// will need them. False when it started nothing.
+  bool read_ahead(std::size_t unit) {
+    if (unit >= units_.size() || units_[unit].where != Where::file || !holds(unit)) return false;
+    retire_finished_writes();
+    if (!has_room()) return false;
+    start_read(unit);
+    return true;
   }
 
   /// Starts writing unit `unit`'s storages back; their memory is freed once the write is done.

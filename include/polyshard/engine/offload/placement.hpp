@@ -25,6 +25,9 @@ namespace polyshard {
 ///                    shard outside the step (a gather): resident from the first to the second;
 ///   may_read_parameters_ahead(unit)  whether a gather issued ahead of its unit (a prefetch) may
 ///                    bring the unit's shard in now;
+///   read_parameters_ahead(unit)  (optional) start bringing in the shard of the unit whose gather
+///                    comes after those issued, without waiting: acquire_parameters then waits
+///                    only for what has not arrived;
 ///   with_parameters(unit, fn)  fn() with the unit's parameter shard resident, for reading;
 ///   with_masters(unit, fn)  fn() with the unit's master weights and parameter shard resident,
 ///                    both written back after (a refresh of the shard from the masters).
@@ -38,6 +41,7 @@ struct ParametersInMemory {
   void acquire_parameters(std::size_t) {}
   void release_parameters(std::size_t) {}
   bool may_read_parameters_ahead(std::size_t) const { return true; }
+  void read_parameters_ahead(std::size_t) {}
   template <class F>
   decltype(auto) with_parameters(std::size_t, F&& fn) {
     return std::forward<F>(fn)();
