@@ -118,3 +118,46 @@ TEST_CASE("a sharded parameter used outside the engine's forward is a clear erro
   });
   for (const auto& m : messages) CHECK_THAT(m, Catch::Contains("has no storage here"));
 }
+
+namespace {
+/// Two steps of SGD with momentum on batches of 6 rows; before each step's backward, when
+/// `discarded` is set, one backward on another batch (under no_sync, or reducing), then
+/// zero_grad() when `zero` is set.
+template <class S>
+test::Parameters with_discarded_backward(int world, bool discarded, bool under_no_sync, bool zero) {
+  test::Parameters out;
+  run_ranks(world, [&](ThreadCommunicator& comm) {
+    Gpt<float> model(test::tiny_gpt());
+    Engine<S, Gpt<float>, ThreadCommunicator, Sgd<float>> engine(model, comm, test::momentum_sgd(), {}, 42);
+    BatchSampler sampler(test::tiny_data(), 8, 6, 7);
+    for (int step = 0; step < 2; ++step) {
+      if (discarded) {
+        const Batch other = sampler.batch(10 + step, comm.rank(), world);
+        std::optional<typename decltype(engine)::NoSync> no_sync;
+        if (under_no_sync) no_sync.emplace(engine);
+        engine.backward(engine.forward([&] { return model.loss(other.inputs, other.targets); }));
+        no_sync.reset();
+        if (zero) engine.zero_grad();
+      }
+      const Batch b = sampler.batch(step, comm.rank(), world);
+      engine.backward(engine.forward([&] { return model.loss(b.inputs, b.targets); }),
+                      double(b.inputs.size(0)) / 6.0);
+      engine.step(0.1);
+    }
+    auto params = engine.full_parameters();
+    if (comm.rank() == 0) out = std::move(params);
+  });
+  return out;
+}
+}  // namespace
+
+TEMPLATE_LIST_TEST_CASE("zero_grad forgets the gradients of earlier backward passes, reduced or under no_sync",
+                        "[engine]", Accumulating) {
+  const int world = GENERATE(1, 3);
+  const bool under_no_sync = GENERATE(true, false);
+  CAPTURE(world, under_no_sync);
+  const test::Parameters clean = with_discarded_backward<TestType>(world, false, false, false);
+  CHECK(test::max_difference(with_discarded_backward<TestType>(world, true, under_no_sync, true), clean) == 0.0);
+  // Without zero_grad the discarded gradients add to the step's, as PyTorch's would.
+  CHECK(test::max_difference(with_discarded_backward<TestType>(world, true, under_no_sync, false), clean) > 1e-4);
+}
