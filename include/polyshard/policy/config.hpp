@@ -137,9 +137,9 @@ constexpr const char* policy_name() {
 /// settings (nvme_path, block_size, queue_depth, optimizer_buffer_count) without an offload to
 /// NVMe, hybrid_group_size without HybridShard, prefetch and allgather_bucket_size without sharded
 /// parameters (nothing is gathered ahead), min_num_params without a size-based wrap policy,
-/// pin_memory where no host buffer moves to or from a device or NVMe, move_grads_to_cpu where the
-/// gradients stay where they are (D: where the model computes). A user who sets one expects it to act; a run that ignores it is a silently
-/// different run. Engine's constructor calls it.
+/// pin_memory where no host buffer moves to or from a device or NVMe, move_grads_to_cpu against
+/// where the optimizer steps (D: where the model computes). A user who sets one expects it to
+/// act; a run that ignores it is a silently different run. Engine's constructor calls it.
 template <class S, class D = Cpu>
 void refuse_fields_not_read_by(const StrategyConfig& c) {
   [[maybe_unused]] const char* offload = detail::policy_name<typename S::offload>();
