@@ -36,9 +36,7 @@ using namespace polyshard;
 template <class Model>
 std::int64_t block_wrap_threshold(Model& model) {
   if (model.transformer.h.empty()) return std::numeric_limits<std::int64_t>::max();
-  std::int64_t n = 0;
-  visit_parameters(model.transformer.h[0], [&](const std::string&, auto& p) { n += p.numel(); });
-  return n;
+  return count_parameters(model.transformer.h[0]);
 }
 
 inline AnyOptimizerConfig optimizer_config(const Options& o) {
