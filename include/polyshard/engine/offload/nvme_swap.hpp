@@ -112,14 +112,14 @@ class NvmeSwap {
   /// write-back frees one.
   void acquire_and_read_ahead(std::size_t unit, std::size_t next) {
     acquire(unit);
-    if (next < units_.size() && units_[next].where == Where::file && holds(next) && make_room()) start_read(next);
+    if (only_in_file(next) && make_room()) start_read(next);
   }
 
   /// Starts reading unit `unit`'s storages in when they are in the file and a buffer is free now
   /// (a finished write-back frees one), waiting for nothing: a read ahead of the acquire that
   /// will need them. False when it started nothing.
   bool read_ahead(std::size_t unit) {
-    if (unit >= units_.size() || units_[unit].where != Where::file || !holds(unit)) return false;
+    if (!only_in_file(unit)) return false;
     retire_finished_writes();
     if (!has_room()) return false;
     start_read(unit);
@@ -178,6 +178,11 @@ class NvmeSwap {
     std::vector<UringFile::Ticket> tickets;  // the reads or writes under way
     Where where = Where::file;
   };
+
+  /// Whether `unit` is a unit whose storages are in the file and not in memory: one a read would bring in.
+  bool only_in_file(std::size_t unit) const {
+    return unit < units_.size() && units_[unit].where == Where::file && holds(unit);
+  }
 
   void make_resident(std::size_t unit) {
     UnitSwap& u = units_[unit];
