@@ -20,6 +20,7 @@
 #include "polyshard/comm/call_site.hpp"
 #include "polyshard/comm/nccl_communicator.hpp"
 #include "polyshard/comm/thread_communicator.hpp"
+#include "support/gpu_devices.hpp"
 
 using namespace polyshard;
 using namespace std::chrono_literals;
@@ -122,11 +123,8 @@ TEST_CASE("NCCL communicator reports a missing GPU cleanly", "[comm][nccl]") {
 }
 
 TEST_CASE("NCCL collectives, one rank per GPU", "[comm][nccl][.gpu]") {
+  if (!test::have_devices(1)) return;
   const int gpus = NcclCommunicator::device_count();
-  if (gpus == 0) {
-    WARN("no GPU visible (cudaGetDeviceCount failed or found none): the NCCL backend was not run");
-    return;
-  }
   const int world = std::min(gpus, 4);
   INFO("NCCL ranks: " << world);
   REQUIRE_NOTHROW(run_ranks(world, [](ThreadCommunicator& boot) {
@@ -142,11 +140,8 @@ TEST_CASE("NCCL collectives, one rank per GPU", "[comm][nccl][.gpu]") {
 
 TEST_CASE("NCCL: ranks that issue different collectives fail on every rank, naming each rank's call",
           "[comm][nccl][.gpu]") {
+  if (!test::have_devices(2)) return;
   const int gpus = NcclCommunicator::device_count();
-  if (gpus < 2) {
-    WARN("fewer than two GPUs visible: the NCCL call check was not run");
-    return;
-  }
   const int world = std::min(gpus, 3);
   const int last = world - 1;
   // Each case: what every rank called, and what must appear in every rank's error.
@@ -221,11 +216,8 @@ TEST_CASE("NCCL: ranks that issue different collectives fail on every rank, nami
 TEST_CASE("NCCL: a rank that stops calling makes the other ranks fail, the first at its timeout naming the ranks it "
           "waited for",
           "[comm][nccl][.gpu]") {
+  if (!test::have_devices(2)) return;
   const int gpus = NcclCommunicator::device_count();
-  if (gpus < 2) {
-    WARN("fewer than two GPUs visible: the NCCL timeout was not checked");
-    return;
-  }
   const int world = std::min(gpus, 3);
   const int silent = world - 1;  // alive, but issues no collective until the others have failed
   constexpr auto timeout = 500ms;
@@ -290,11 +282,8 @@ TEST_CASE("NCCL: a rank that stops calling makes the other ranks fail, the first
 
 TEST_CASE("NCCL: measured bytes are what the emulated NCCL brought into each rank's result, none on a real NCCL",
           "[comm][nccl][.gpu]") {
+  if (!test::have_devices(1)) return;
   const int gpus = NcclCommunicator::device_count();
-  if (gpus == 0) {
-    WARN("no GPU visible: the NCCL byte counters were not run");
-    return;
-  }
   // A real NCCL's transfers are invisible: bytes_moved stays 0 there.
   const bool emulated = &polyshard::emulation::take_nccl_traffic != nullptr;
   const int world = std::min(gpus, 3);
