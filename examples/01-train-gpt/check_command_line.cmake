@@ -110,11 +110,13 @@ expect(lightning-name-deepspeed_stage_3_offload_nvme EXIT 0 ARGS ${one_step} --s
        --nvme-path ${WORK_DIR}/lightning-nvme
        SAYS "strategy deepspeed_stage_3_offload_nvme (ShardParameters, OffloadParameters<Nvme>, Fp32)")
 
-# The optimizer-offload families beside ZeRO-Offload's: ZeRO-1 and ZeRO-3 with the optimizer on the
-# host. On the host engine the offload moves nothing, so each trains exactly as its family
-# without offload: equal losses and gradient norms at every step, on two ranks.
+# The offload families beside ZeRO-Offload's: ZeRO-1 and ZeRO-3 with the optimizer on the host, and
+# ZeRO-3 with the parameter shards alone there. On the host engine the offload moves nothing, so
+# each trains exactly as its family without offload: equal losses and gradient norms at every
+# step, on two ranks.
 foreach(pair "zero1_offload=ShardOptimizerState, OffloadOptimizer<Cpu>=zero1"
-             "zero3_offload_optimizer=ShardParameters, OffloadOptimizer<Cpu>=zero3")
+             "zero3_offload_optimizer=ShardParameters, OffloadOptimizer<Cpu>=zero3"
+             "zero3_offload_parameters=ShardParameters, OffloadParametersOnly<Cpu>=zero3")
   string(REPLACE "=" ";" pair "${pair}")
   list(GET pair 0 name)
   list(GET pair 1 composition)
@@ -206,6 +208,12 @@ file(WRITE ${WORK_DIR}/deepspeed-offload3.json
      [=[{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}}]=])
 expect(deepspeed-config-stage-3-offload EXIT 0 ARGS ${one_step} --deepspeed-config ${WORK_DIR}/deepspeed-offload3.json
        SAYS "strategy zero3_offload (ShardParameters, OffloadParameters<Cpu>, Fp32)")
+# offload_param alone: the parameter shards on the host, the optimizer where the model computes.
+file(WRITE ${WORK_DIR}/deepspeed-offload-param.json
+     [=[{"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}]=])
+expect(deepspeed-config-stage-3-offload-param EXIT 0 ARGS ${one_step}
+       --deepspeed-config ${WORK_DIR}/deepspeed-offload-param.json
+       SAYS "strategy zero3_offload_parameters (ShardParameters, OffloadParametersOnly<Cpu>, Fp32)")
 # Both offloads on NVMe: the parameter shards go to the file too, with their buffer settings.
 file(MAKE_DIRECTORY ${WORK_DIR}/deepspeed-nvme)
 file(WRITE ${WORK_DIR}/deepspeed-nvme.json

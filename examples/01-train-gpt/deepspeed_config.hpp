@@ -352,9 +352,7 @@ class DeepSpeedConfigReader {
     else if (stage == 3 && opt == "cpu" && param == "cpu") family = "zero3_offload";
     else if (stage == 3 && opt == "nvme" && param == "none") family = "zero_infinity";
     else if (stage == 3 && opt == "nvme" && param == "nvme") family = "zero_infinity_parameters";
-    else if (stage == 3 && opt == "none" && param == "cpu")
-      fail("zero_optimization.offload_param", "cpu without offload_optimizer cpu: polyshard's parameter offload "
-                                              "also offloads the optimizer; set offload_optimizer.device to cpu");
+    else if (stage == 3 && opt == "none" && param == "cpu") family = "zero3_offload_parameters";
     else fail(where, "polyshard-train has no strategy of this composition");
     set("--strategy", o_.strategy, std::optional<std::string>(family));
   }

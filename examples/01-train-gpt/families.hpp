@@ -28,6 +28,7 @@ enum class Family {
   zero_offload,
   zero3_offload_optimizer,
   zero3_offload,
+  zero3_offload_parameters,
   hybrid,
   zero_infinity,
   zero_infinity_parameters
@@ -55,6 +56,7 @@ void with_family(const Options& o, Fn&& f) {
   else if (s == "zero_offload") f.template operator()<Family::zero_offload>();
   else if (s == "zero3_offload_optimizer") f.template operator()<Family::zero3_offload_optimizer>();
   else if (s == "zero3_offload") f.template operator()<Family::zero3_offload>();
+  else if (s == "zero3_offload_parameters") f.template operator()<Family::zero3_offload_parameters>();
   else if (s == "hybrid") f.template operator()<Family::hybrid>();
   else if (s == "zero_infinity") f.template operator()<Family::zero_infinity>();
   else if (s == "zero_infinity_parameters") f.template operator()<Family::zero_infinity_parameters>();

@@ -366,6 +366,10 @@ template <> struct FamilyPolicies<Family::zero3_offload> {
   using sharding = ShardParameters<true>;
   using offload = OffloadParameters<Cpu>;
 };
+template <> struct FamilyPolicies<Family::zero3_offload_parameters> {
+  using sharding = ShardParameters<true>;
+  using offload = OffloadParametersOnly<Cpu>;
+};
 template <> struct FamilyPolicies<Family::hybrid> { using sharding = HybridShard<ShardParameters<true>>; using offload = NoOffload; };
 template <> struct FamilyPolicies<Family::zero_infinity> {
   using sharding = ShardParameters<true>;

@@ -144,5 +144,7 @@ inline void check_losses(const std::vector<double>& got, const std::vector<doubl
 // Offloaded from the GPU: master weights and optimizer state (and parameter shards) on the host.
 using FsdpCpuOffload = Strategy<ShardParameters<true>, WrapByType<Block>, OffloadOptimizer<Cpu>>;
 using ZeRO3ParamOffload = Strategy<ShardParameters<true>, WrapByType<Block>, OffloadParameters<Cpu>>;
+// DeepSpeed's offload_param alone: the parameter shards on the host, the optimizer on the GPU.
+using ZeRO3ParamOnlyOffload = Strategy<ShardParameters<true>, WrapByType<Block>, OffloadParametersOnly<Cpu>>;
 
 }  // namespace polyshard::test

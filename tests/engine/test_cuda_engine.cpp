@@ -10,7 +10,7 @@ using namespace polyshard::test;
 
 TEMPLATE_TEST_CASE("an fp32 GPT trains on one GPU as on the host, under every sharding policy", "[cuda][engine]",
                    DDP, ZeRO<1>, ZeRO2PerBlock, DdpPerBlock, FsdpPerBlock, GradOpPerBlock, ZeRO3Checkpointed,
-                   ZeROOffload, FsdpCpuOffload, ZeRO3ParamOffload) {
+                   ZeROOffload, FsdpCpuOffload, ZeRO3ParamOffload, ZeRO3ParamOnlyOffload) {
   const double clip = GENERATE(std::numeric_limits<double>::infinity(), 0.5);
   const auto host = test::train<TestType>(1, 4, 6, test::momentum_sgd(), clip);
   const auto gpu = train_on_gpu<TestType>(4, test::momentum_sgd(), clip);

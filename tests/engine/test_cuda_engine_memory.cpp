@@ -59,7 +59,18 @@ using Measured =
     std::tuple<Strategy<NoShard, Fp32>, Strategy<NoShard, Bf16Mixed>, Strategy<ShardOptimizerState, Bf16Mixed>,
                Strategy<ShardGradients, Bf16Mixed>, Strategy<ShardParameters<true>, WrapByType<Block>, Bf16Mixed>,
                Strategy<ShardParameters<true>, WrapByType<Block>, Fp32>,
-               Strategy<ShardGradients, OffloadOptimizer<Cpu>, Bf16Mixed>>;
+               Strategy<ShardGradients, OffloadOptimizer<Cpu>, Bf16Mixed>,
+               Strategy<ShardParameters<true>, WrapByType<Block>, OffloadParametersOnly<Cpu>, Bf16Mixed>,
+               Strategy<ShardParameters<true>, WrapByType<Block>, OffloadParametersOnly<Cpu>, Fp32>>;
+
+// Where OffloadParametersOnly keeps what (the tracker counts categories, not devices): the
+// parameter shards in host memory, the masters and optimizer state on the device that steps them,
+// in fp32 too, where the masters are then a copy of their own.
+using ParametersAlone = UnitState<bfloat16, float, float, Cuda, OffloadParametersOnly<Cpu>>;
+static_assert(std::same_as<ParametersAlone::shard_device, Cpu> && std::same_as<ParametersAlone::step_device, Cuda>);
+static_assert(!UnitState<float, float, float, Cuda, OffloadParametersOnly<Cpu>>::master_is_shard);
+using ParametersAndOptimizer = UnitState<bfloat16, float, float, Cuda, OffloadParameters<Cpu>>;
+static_assert(std::same_as<ParametersAndOptimizer::step_device, Cpu>);
 
 }  // namespace
 

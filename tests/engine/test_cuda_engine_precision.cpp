@@ -12,6 +12,7 @@ using namespace polyshard::test;
 TEMPLATE_TEST_CASE("16-bit compute with fp32 masters on the GPU ends on the emulated roundings of one process",
                    "[cuda][engine]", (Strategy<ShardParameters<true>, WrapByType<Block>, Bf16Mixed>),
                    (Strategy<ShardGradients, OffloadOptimizer<Cpu>, Bf16Mixed>),
+                   (Strategy<ShardParameters<true>, WrapByType<Block>, OffloadParametersOnly<Cpu>, Bf16Mixed>),
                    (Strategy<ShardGradients, Fp16Mixed>)) {
   using P = typename TestType::precision;
   const SgdConfig sgd = test::momentum_sgd();

@@ -134,6 +134,10 @@ TEST_CASE("offload policies say what moves where", "[policy]") {
   STATIC_REQUIRE(OffloadParameters<Nvme>::to_nvme);
   CHECK(std::string_view(OffloadParameters<Nvme>::name) == "OffloadParameters<Nvme>");
   CHECK(std::string_view(OffloadOptimizer<Cpu>::name) == "OffloadOptimizer<Cpu>");
+  // DeepSpeed's offload_param alone: the parameter shards on the host, the optimizer where it computes.
+  STATIC_REQUIRE(OffloadParametersOnly<>::offloads_parameters && !OffloadParametersOnly<>::offloads_optimizer);
+  STATIC_REQUIRE(is_same_v<OffloadParametersOnly<>::target, Cpu> && !OffloadParametersOnly<>::to_nvme);
+  CHECK(std::string_view(OffloadParametersOnly<>::name) == "OffloadParametersOnly<Cpu>");
 }
 
 TEST_CASE("precision policies and loss scaling carry DeepSpeed's defaults", "[policy]") {
@@ -361,6 +365,7 @@ TEST_CASE("StrategyConfig fields a composition does not read are refused for it,
   CHECK(refused(ZeROInfinity{}, pin) == "(accepted)");
   CHECK(refused_on(ZeROOffload{}, Cuda{}, pin) == "(accepted)");
   CHECK(refused_on(Strategy<ShardParameters<true>, OffloadParameters<Cpu>>{}, Cuda{}, pin) == "(accepted)");
+  CHECK(refused_on(Strategy<ShardParameters<true>, OffloadParametersOnly<Cpu>>{}, Cuda{}, pin) == "(accepted)");
   CHECK_THAT(refused_on(ZeRO<2>{}, Cuda{}, pin), Catch::Contains("NoOffload on a device model"));
   // move_grads_to_cpu says where the reduced gradients go: host memory exactly where the optimizer
   // steps there, so each value is accepted where the composition does it and refused elsewhere.
@@ -378,6 +383,11 @@ TEST_CASE("StrategyConfig fields a composition does not read are refused for it,
                                                      Catch::Contains("OffloadOptimizer<Cpu>"));
   CHECK_THAT(refused_on(FsdpOffload{}, Cuda{}, kept), Catch::Contains("move_grads_to_cpu = false") &&
                                                           Catch::Contains("OffloadParameters<Cpu>"));
+  // Parameters alone offloaded: the optimizer steps on the device, and the gradients stay there.
+  using ParametersAlone = Strategy<ShardParameters<true>, OffloadParametersOnly<Cpu>>;
+  CHECK(refused_on(ParametersAlone{}, Cuda{}, kept) == "(accepted)");
+  CHECK_THAT(refused_on(ParametersAlone{}, Cuda{}, to_cpu), Catch::Contains("move_grads_to_cpu = true") &&
+                                                                Catch::Contains("OffloadParametersOnly<Cpu>"));
   CHECK_THAT(refused(FSDP{}, kept),
              Catch::Contains("move_grads_to_cpu = false") && Catch::Contains("host model"));
   const auto threshold = [](StrategyConfig& c) { c.min_num_params = 500; };

@@ -44,7 +44,7 @@ using Shardings = type_list<NoShard, ShardOptimizerState, ShardGradients, ShardP
                             HybridShard<NoShard>, HybridShard<ShardOptimizerState>, HybridShard<ShardGradients>,
                             HybridShard<ShardParameters<true>>, HybridShard<ShardParameters<false>>>;
 using Offloads = type_list<NoOffload, OffloadOptimizer<Cpu>, OffloadOptimizer<Nvme>, OffloadParameters<Cpu>,
-                           OffloadParameters<Nvme>>;
+                           OffloadParameters<Nvme>, OffloadParametersOnly<Cpu>>;
 using Precisions = type_list<Fp32, Fp16Mixed, Bf16Mixed, PureBf16>;
 using Wraps = type_list<WrapWhole, WrapBySize<kWrapThreshold>, WrapByType<Block>, ManualWrap>;
 using Checkpointings = type_list<NoActivationCheckpointing, ActivationCheckpointing<Block>>;

@@ -54,4 +54,19 @@ struct OffloadParameters : OffloadOptimizer<Where> {
       std::same_as<Where, Nvme> ? "OffloadParameters<Nvme>" : "OffloadParameters<Cpu>";
 };
 
+/// ZeRO-3's offload_param alone (DeepSpeed's offload_param without offload_optimizer; Lightning's
+/// offload_parameters=True with offload_optimizer=False): parameter shards live in host memory
+/// between gathers, while the master weights and optimizer state stay on the compute device, which
+/// steps them and writes each updated shard back to the host. Host memory only: parameters on NVMe
+/// bring the optimizer with them (OffloadParameters<Nvme>).
+template <class Where = Cpu>
+struct OffloadParametersOnly : NoOffload {
+  static_assert(std::same_as<Where, Cpu>,
+                "OffloadParametersOnly<Where>: parameter shards alone go to host memory (Cpu); on NVMe the masters "
+                "and optimizer state go with them: use OffloadParameters<Nvme> (ZeRO-Infinity)");
+  using target = Where;
+  static constexpr bool offloads_parameters = true;
+  static constexpr const char* name = "OffloadParametersOnly<Cpu>";
+};
+
 }  // namespace polyshard
