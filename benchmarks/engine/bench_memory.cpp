@@ -127,6 +127,9 @@ int main(int argc, char** argv) {
     nvme.nvme_path = std::filesystem::temp_directory_path().string();
     row<Strategy<ShardParameters<true>, OffloadOptimizer<Nvme>, PerBlock>>(table, "zero_infinity", world, cfg, batch,
                                                                            nvme);
+    // Mixed precision: the fp32 masters go to the file with the moments.
+    row<Strategy<ShardParameters<true>, OffloadOptimizer<Nvme>, Bf16Mixed, PerBlock>>(table, "zero_infinity bf16",
+                                                                                      world, cfg, batch, nvme);
     row<Strategy<ShardParameters<true>, OffloadParameters<Nvme>, PerBlock>>(table, "zero_infinity_parameters", world,
                                                                             cfg, batch, nvme);
 #endif

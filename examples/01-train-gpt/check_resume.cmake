@@ -53,6 +53,32 @@ if(NOT parameters_resumed STREQUAL expected)
                       "expected ${expected}")
 endif()
 
+# Mixed precision, where ZeRO-Infinity keeps the fp32 masters in the files with the moments: its
+# checkpoint (masters read from the files) resumes on ZeRO-3 exactly, and a ZeRO-3 checkpoint
+# loaded into the files (masters written there, the bf16 shards refreshed from them) resumes as
+# ZeRO-3 would.
+file(REMOVE_RECURSE ${WORK_DIR}/resume-bf16-ckpt ${WORK_DIR}/resume-infinity-bf16-ckpt)
+set(bf16 --precision bf16-mixed --world-size 2)
+set(bf16_infinity --strategy zero_infinity --nvme-path ${WORK_DIR}/resume-nvme ${bf16})
+train(bf16_whole --strategy zero3 --steps 6 ${bf16})
+train(bf16_first --strategy zero3 --steps 3 ${bf16} --save ${WORK_DIR}/resume-bf16-ckpt)
+list(SUBLIST bf16_whole 3 3 bf16_expected)
+train(bf16_on_nvme --steps 6 ${bf16_infinity})
+if(NOT bf16_on_nvme STREQUAL bf16_whole)
+  message(FATAL_ERROR "zero_infinity bf16 losses ${bf16_on_nvme} differ from zero3's ${bf16_whole}")
+endif()
+train(bf16_on_nvme_first --steps 3 ${bf16_infinity} --save ${WORK_DIR}/resume-infinity-bf16-ckpt)
+train(bf16_on_nvme_second --strategy zero3 --steps 6 ${bf16} --resume ${WORK_DIR}/resume-infinity-bf16-ckpt)
+if(NOT bf16_on_nvme_second STREQUAL bf16_expected)
+  message(FATAL_ERROR "zero3 bf16 resumed from a zero_infinity checkpoint: ${bf16_on_nvme_second}, "
+                      "expected ${bf16_expected}")
+endif()
+train(bf16_on_nvme_resumed --steps 6 ${bf16_infinity} --resume ${WORK_DIR}/resume-bf16-ckpt)
+if(NOT bf16_on_nvme_resumed STREQUAL bf16_expected)
+  message(FATAL_ERROR "zero_infinity bf16 resumed from a zero3 checkpoint: ${bf16_on_nvme_resumed}, "
+                      "expected ${bf16_expected}")
+endif()
+
 # Another strategy and world size: the same data, losses within rounding (to 1e-4).
 train(ddp --strategy ddp --world-size 1 --steps 6 --resume ${WORK_DIR}/resume-ckpt)
 foreach(i RANGE 2)

@@ -422,8 +422,9 @@ TEST_CASE("model_state_bytes gives ZeRO's bytes per rank", "[policy][accounting]
   STATIC_REQUIRE(model_state_bytes<ZeROOffload>(1200, 4) == model_state_bytes<ZeRO<2>>(1200, 4));
   // ZeRO-Infinity: the state values are on NVMe between steps. fp32 Adam: (4 + 4) * 1200 / 4.
   STATIC_REQUIRE(model_state_bytes<ZeROInfinity>(1200, 4) == 2'400.0);
-  // Mixed precision: the fp32 master copy stays, (2 + 2 + 4) * 1200 / 4, half of stage 3's 4800.
-  STATIC_REQUIRE(model_state_bytes<with_t<ZeROInfinity, Bf16Mixed>>(1200, 4) == 2'400.0);
+  // Mixed precision: the fp32 master copy goes to the file with the moments (DeepSpeed's fp32
+  // partitions), (2 + 2) * 1200 / 4, a quarter of stage 3's 4800.
+  STATIC_REQUIRE(model_state_bytes<with_t<ZeROInfinity, Bf16Mixed>>(1200, 4) == 1'200.0);
   STATIC_REQUIRE(model_state_bytes<ZeROInfinity>(1200, 3, 0) == model_state_bytes<ZeRO<3>>(1200, 3, 0));
   // The parameter shards and masters on NVMe too: the gradients stay, 4 * 1200 / 4 in fp32 and
   // 2 * 1200 / 4 in bf16.
@@ -437,6 +438,8 @@ TEST_CASE("offloaded_state_bytes_in_step bounds the state NVMe offload brings ba
   STATIC_REQUIRE(offloaded_state_bytes_in_step<ZeROInfinity>(400, 4, 4) == 3'200.0);
   // SGD with momentum, one buffer, one rank: 1 * 1 * 4 * 400.
   STATIC_REQUIRE(offloaded_state_bytes_in_step<ZeROInfinity>(400, 1, 1, 1) == 1'600.0);
+  // Mixed precision brings each unit's fp32 masters back with its moments: 2 * (2 + 1) * 4 * 400 / 4.
+  STATIC_REQUIRE(offloaded_state_bytes_in_step<with_t<ZeROInfinity, Bf16Mixed>>(400, 4, 2) == 2'400.0);
   // Strategies whose state never leaves memory bring nothing back: it is in model_state_bytes.
   STATIC_REQUIRE(offloaded_state_bytes_in_step<ZeRO<3>>(400, 4, 4) == 0.0);
   STATIC_REQUIRE(offloaded_state_bytes_in_step<ZeROOffload>(400, 4, 4) == 0.0);

@@ -459,10 +459,12 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// False when the offload policy keeps optimizer state outside memory between steps (NVMe):
   /// state() tensors are then valid only inside access_optimizer.
   static constexpr bool optimizer_state_resident = !S::offload::to_nvme;
-  /// False when the master weights and parameter shards live outside memory between steps
-  /// (OffloadParameters<Nvme>): unit_states()' masters and shards then have elements only inside
+  /// False when the master weights live outside memory between steps (offloaded to NVMe, where
+  /// they go with the optimizer state unless they are the parameter shards, and with the shards
+  /// under OffloadParameters<Nvme>): unit_states()' masters then have elements only inside
   /// access_optimizer.
-  static constexpr bool masters_resident = !(S::offload::to_nvme && S::offload::offloads_parameters);
+  static constexpr bool masters_resident =
+      !(S::offload::to_nvme && (S::offload::offloads_parameters || !State::master_is_shard));
   /// Where unit `unit`'s optimizer span starts in the unit's flat buffer: 0 when the rank
   /// updates the whole unit, the start of its shard otherwise.
   std::int64_t optimizer_offset(std::size_t unit) const {

@@ -25,11 +25,12 @@ namespace polyshard {
 ///                                         / N if optimizer state is sharded
 /// For mixed-precision Adam this is ZeRO's 2 + 2 + 12 = 16 bytes per parameter: 16 (DDP),
 /// 4 + 12/N (stage 1), 2 + 14/N (stage 2), 16/N (stage 3).
-/// Under OffloadOptimizer<Nvme> (ZeRO-Infinity) the state values are in the NVMe file between
-/// steps and only a separate master copy stays: 8/N bytes per parameter for mixed-precision
-/// Adam, (4 + 4)/N in fp32. During a step, up to optimizer_buffer_count units' state comes
-/// back (offloaded_state_bytes_in_step). Under OffloadParameters<Nvme> the parameter shards and
-/// the master copies are in the file too: only the gradients stay, 2/N (max_in_cpu = 0).
+/// Under OffloadOptimizer<Nvme> (ZeRO-Infinity) the state values, and a separate master copy,
+/// are in the NVMe file between steps: (2 + 2)/N bytes per parameter stay for mixed-precision
+/// Adam, (4 + 4)/N in fp32 (the masters are the parameter shards there). During a step, up to
+/// optimizer_buffer_count units' state comes back (offloaded_state_bytes_in_step). Under
+/// OffloadParameters<Nvme> the parameter shards are in the file too: only the gradients stay,
+/// 2/N (max_in_cpu = 0).
 template <StrategyType S>
 constexpr double model_state_bytes(std::int64_t params, int world_size, int states_per_param = 2) {
   using sharding = typename S::sharding;
@@ -42,7 +43,7 @@ constexpr double model_state_bytes(std::int64_t params, int world_size, int stat
   const double parameters = parameters_in_file ? 0.0 : sizeof(CT) * p / (sharding::shards_parameters ? n : 1.0);
   const double gradients = sizeof(RT) * p / (sharding::shards_gradients ? n : 1.0);
   const double resident_states = offload::to_nvme ? 0 : states_per_param;
-  const double copies = resident_states + (std::is_same_v<MT, CT> || parameters_in_file ? 0 : 1);
+  const double copies = resident_states + (std::is_same_v<MT, CT> || offload::to_nvme ? 0 : 1);
   const double optimizer = sizeof(MT) * copies * p / (sharding::shards_optimizer_state ? n : 1.0);
   return parameters + gradients + optimizer;
 }
@@ -71,8 +72,8 @@ struct ResidentMemory {
 ///                                            / N if optimizer state is sharded; the masters are
 ///                   the parameters themselves when master and compute dtypes agree and the
 ///                   optimizer steps where the parameters (or, sharded, their shards) live;
-///                   under OffloadOptimizer<Nvme> the states are in the file between steps,
-///                   under OffloadParameters<Nvme> the masters too, and the parameter shards
+///                   offloaded to NVMe, the states and a separate master copy are in the
+///                   file between steps, and under OffloadParameters<Nvme> the parameter shards
 ///                   but those max_in_cpu keeps: here, as if the model were one unit, all of
 ///                   them when the rank's P / N fit max_in_cpu and none otherwise (the overload
 ///                   taking the units counts unit by unit, as the engine keeps them)
@@ -108,7 +109,7 @@ constexpr ResidentMemory resident_memory(std::int64_t params, int world_size, in
   // A device's optimizer offloaded to the host steps on a host copy of its reduced gradients.
   if (steps_elsewhere) m.gradients += sizeof(RT) * p / (sharding::shards_optimizer_state ? n : 1.0);
   const double states = offload::to_nvme ? 0 : states_per_param;
-  const double masters = masters_alias || parameters_in_file ? 0 : 1;  // a copy of their own, in memory
+  const double masters = masters_alias || offload::to_nvme ? 0 : 1;  // a copy of their own, in memory
   m.optimizer_state = sizeof(MT) * (states + masters) * p / (sharding::shards_optimizer_state ? n : 1.0);
   if (offload::to_nvme) m.other = static_cast<double>(config.queue_depth) * static_cast<double>(config.block_size);
   if (work_copies) {
@@ -151,20 +152,24 @@ ResidentMemory resident_memory(std::span<const std::int64_t> units, int world_si
   return m;
 }
 
-/// The most bytes of optimizer state values that an offloading strategy brings back into
-/// memory during a step, on top of model_state_bytes: under OffloadOptimizer<Nvme>,
-/// `buffer_count` (StrategyConfig::optimizer_buffer_count) units' state at most, bounded here by
-/// as many copies of the largest unit's (`largest_unit_params` padded parameters, 1/N of them per
-/// rank, as ZeRO-Infinity is stage 3); 0 for every other strategy, whose state never leaves.
+/// The most bytes of optimizer state values (and separate master weights) that an offloading
+/// strategy brings back into memory during a step, on top of model_state_bytes: offloaded to
+/// NVMe, `buffer_count` (StrategyConfig::optimizer_buffer_count) units' state and masters at
+/// most, bounded here by as many copies of the largest unit's (`largest_unit_params` padded
+/// parameters, 1/N of them per rank, as ZeRO-Infinity is stage 3); the masters count where they
+/// are a copy of their own, as in model_state_bytes (mixed precision); 0 for every other
+/// strategy, whose state never leaves.
 template <StrategyType S>
 constexpr double offloaded_state_bytes_in_step(std::int64_t largest_unit_params, int world_size, int buffer_count,
                                                int states_per_param = 2) {
   using MT = typename S::master_type;
+  using CT = typename S::compute_type;
   if constexpr (!S::offload::to_nvme) {
     return 0.0;
   } else {
-    return static_cast<double>(buffer_count) * states_per_param * sizeof(MT) *
-           static_cast<double>(largest_unit_params) / static_cast<double>(world_size);
+    const double values = states_per_param + (std::is_same_v<MT, CT> ? 0 : 1);
+    return static_cast<double>(buffer_count) * values * sizeof(MT) * static_cast<double>(largest_unit_params) /
+           static_cast<double>(world_size);
   }
 }
 

@@ -249,8 +249,8 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
     std::vector<double> shards;
     for (std::size_t i = 0; i <= last; ++i) shards.push_back(p(i) / n);
     const double most = detail::largest_window_sum(shards, config.optimizer_buffer_count);
-    // The masters go with the state when the shards are in the file, unless they are the shards.
-    const double masters = shards_in_file && !std::is_same_v<MT, CT> ? 1.0 : 0.0;
+    // The masters go with the state, unless they are the shards (the host steps where they live).
+    const double masters = std::is_same_v<MT, CT> ? 0.0 : 1.0;
     walk.add(Walk::optimizer_state, sizeof(MT) * (static_cast<double>(states_per_param) + masters) * most);
   }
   if constexpr (shards_in_file) {

@@ -1,6 +1,7 @@
 // OffloadOptimizer<Nvme> (ZeRO-Infinity's offload_optimizer with device nvme): every unit's
-// optimizer state lives in a file under nvme_path between steps. The step reads it back unit by
-// unit, reading the next unit's state while one unit steps and writing each back behind it.
+// optimizer state, and its master weights where they are a copy of their own (mixed precision),
+// live in a file under nvme_path between steps. The step reads them back unit by unit, reading
+// the next unit's while one unit steps and writing each back behind it.
 #pragma once
 
 #include <cstddef>
@@ -53,12 +54,13 @@ inline void check_optimizer_buffer_count(const StrategyConfig& config, const cha
 
 /// One file per rank, `polyshard-optimizer-state-rank<r>-pid<p>-<n>.swp` under
 /// StrategyConfig::nvme_path, holding every unit's state tensors (exp_avg and exp_avg_sq for
-/// Adam) one after the other, each at an offset aligned for O_DIRECT. A unit's state is in
+/// Adam) and, where the masters are not the parameter shards themselves, its fp32 master
+/// weights, one after the other, each at an offset aligned for O_DIRECT (as DeepSpeed's
+/// offload_optimizer nvme keeps the fp32 partitions with the moments). A unit's state is in
 /// memory only from the read before its optimizer step to the end of the write after it, and
 /// at most optimizer_buffer_count units' state is in memory at once. Between steps none is: the
-/// optimizers' state() tensors then have no elements, and access_optimizer brings one unit's
-/// back. A separate master copy of the weights (mixed precision) stays in memory, and so do the
-/// parameter shards.
+/// optimizers' state() tensors and the separate masters then have no elements, and
+/// access_optimizer (or with_masters) brings one unit's back. The parameter shards stay in memory.
 template <class Offload>
   requires(Offload::to_nvme && !Offload::offloads_parameters)
 class OffloadPlacement<Offload> : public ParametersInMemory {
@@ -70,12 +72,15 @@ class OffloadPlacement<Offload> : public ParametersInMemory {
   /// writes it there as the optimizers built it, and frees it. Throws polyshard::Error naming
   /// the option when nvme_path, block_size, queue_depth or optimizer_buffer_count is unusable.
   template <class State, class Opt>
-  void place(std::vector<State>&, std::vector<Opt>& optimizers, const StrategyConfig& config, int rank) {
+  void place(std::vector<State>& units, std::vector<Opt>& optimizers, const StrategyConfig& config, int rank) {
     detail::check_optimizer_buffer_count(config, "OffloadOptimizer<Nvme>");
     state_ = NvmeSwap("optimizer state", optimizers.size(), config.optimizer_buffer_count);
     std::int64_t end = 0;
     std::vector<const void*> seen;
     detail::add_optimizer_state(state_, optimizers, end, seen);
+    // Masters that are the parameter shards stay: the gathers read them.
+    if constexpr (!State::master_is_shard)
+      for (std::size_t i = 0; i < units.size(); ++i) state_.add(i, units[i].master.storage(), end, seen);
     detail::create_nvme_file(file_, config, "polyshard-optimizer-state-rank" + std::to_string(rank), end);
     state_.place(*file_);
     // The freed blocks would stay cached in host memory, which offloading is meant to free.
@@ -101,6 +106,13 @@ class OffloadPlacement<Offload> : public ParametersInMemory {
           settle();
         },
         [&] { state_.settle_quietly(); });
+  }
+
+  /// fn() with unit `unit`'s master weights in memory, written back after (a refresh of the
+  /// parameter shard from the masters after a checkpoint restore).
+  template <class F>
+  std::invoke_result_t<F&> with_masters(std::size_t unit, F&& fn) {
+    return with_resident(unit, std::forward<F>(fn));
   }
 
   /// The file, for tests and diagnostics (empty before place()).
