@@ -1,14 +1,16 @@
 // How much gradient communication hides behind backward: the step time of each strategy with
 // overlap_comm on, off, and with communication removed (a communicator that completes at once).
 // The hidden fraction is 1 - (on - removed) / (off - removed): the share of the communication
-// time a step without overlap pays that the overlapped step does not. Ranks as threads
-// (bench_overlap), or as the MPI processes it runs on (mpirun -np 4 bench_overlap_mpi).
+// time a step without overlap pays that the overlapped step does not. Ranks as threads, or,
+// started by a launcher (mpirun -np 4 bench_overlap), as its MPI processes.
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <thread>
 
-#ifdef POLYSHARD_BENCH_OVER_MPI
+#ifdef POLYSHARD_BENCH_MPI
 #include "polyshard/comm/mpi_communicator.hpp"
 #endif
 #include "polyshard/comm/thread_communicator.hpp"
@@ -116,9 +118,11 @@ void for_each_strategy(F&& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-#ifdef POLYSHARD_BENCH_OVER_MPI
-  MpiSession session(&argc, &argv);
-  MpiCommunicator world = MpiCommunicator::world();
+#ifdef POLYSHARD_BENCH_MPI
+  // Only when a launcher started us: a plain run measures ranks as threads.
+  const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+  std::optional<MpiSession> session;
+  if (launched) session.emplace(&argc, &argv);
 #endif
   const auto args = bench::parse_args(argc, argv, "bench_overlap.json");
   const GptConfig cfg{.vocab_size = 256, .block_size = 64, .n_layer = 6, .n_head = 4, .n_embd = 256};
@@ -127,16 +131,23 @@ int main(int argc, char** argv) {
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   const std::string setting =
       "overlapped gradient reduction on GPT L6 C256 T64, 4 rows a rank, AdamW, bucket_cap_mb 2, ";
-#ifdef POLYSHARD_BENCH_OVER_MPI
-  bench::Table table(setting + "ranks as MPI processes, " + std::to_string(cores) + " cores per host");
-  cpu::set_blas_threads(1);
-  set_optimizer_threads(1);
-  for_each_strategy([&]<class S>(const char* name) {
-    const Times t = rank_times<S>(world, cfg, 4 * world.size(), steps, bucket_cap_mb);
-    if (world.rank() == 0) row(table, name, world.size(), t);
-  });
-  if (world.rank() != 0) return 0;
-#else
+#ifdef POLYSHARD_BENCH_MPI
+  if (session) {
+    MpiCommunicator world = MpiCommunicator::world();
+    bench::Table table(setting + "ranks as MPI processes, " + std::to_string(cores) + " cores per host");
+    cpu::set_blas_threads(1);
+    set_optimizer_threads(1);
+    for_each_strategy([&]<class S>(const char* name) {
+      const Times t = rank_times<S>(world, cfg, 4 * world.size(), steps, bucket_cap_mb);
+      if (world.rank() == 0) row(table, name, world.size(), t);
+    });
+    if (world.rank() != 0) return 0;
+    table.print();
+    table.write_json(args.json);
+    std::printf("\nJSON: %s\n", args.json.c_str());
+    return 0;
+  }
+#endif
   bench::Table table(setting + "ranks as threads on " + std::to_string(cores) + " cores");
   for (const int ranks : {2, 3, 4}) {
     // A core a rank is left to its communication thread, whose copies and sums are what
@@ -147,7 +158,6 @@ int main(int argc, char** argv) {
       row(table, name, ranks, measure<S>(ranks, cfg, 4 * ranks, steps, bucket_cap_mb));
     });
   }
-#endif
   table.print();
   table.write_json(args.json);
   std::printf("\nJSON: %s\n", args.json.c_str());
