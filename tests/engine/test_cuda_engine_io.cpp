@@ -9,7 +9,10 @@ using namespace polyshard::test;
 
 TEMPLATE_TEST_CASE("offloaded state of a device engine lives in pinned host memory under pin_memory, given back "
                    "with the engine; in pageable memory without it, staged, to the same bits",
-                   "[cuda][engine]", FsdpCpuOffload, ZeRO3ParamOffload) {
+                   "[cuda][engine]", FsdpCpuOffload, ZeRO3ParamOffload, ZeRO3ParamOnlyOffload) {
+  // Where the optimizer steps on the host, its masters, state and gradient copies are offloaded;
+  // under OffloadParametersOnly only the parameter shards are.
+  constexpr bool steps_on_host = TestType::offload::offloads_optimizer;
   auto& pinned = cuda::pinned_host_allocator();
   const std::size_t before = pinned.in_use_bytes();
   const auto is_pageable = [](const auto& t) { return cuda::is_pageable(t.data()); };
@@ -26,19 +29,32 @@ TEMPLATE_TEST_CASE("offloaded state of a device engine lives in pinned host memo
     parameters = 0;
     for (const auto& [name, values] : engine.full_parameters()) parameters += std::int64_t(values.size());
     for (const auto& u : engine.unit_states()) {
-      CHECK(is_pageable(u.master) == !pin);
+      if constexpr (steps_on_host) CHECK(is_pageable(u.master) == !pin);
+      else CHECK_FALSE(is_pageable(u.master));  // on the device
       if constexpr (std::same_as<typename std::decay_t<decltype(u)>::shard_device, Cpu>)
         CHECK(is_pageable(u.param_shard) == !pin);
       else CHECK_FALSE(is_pageable(u.param_shard));  // on the device
     }
-    // The master weights at least (world size 1: every shard is the whole unit), fp32.
-    if (pin) CHECK(pinned.in_use_bytes() - before >= std::size_t(parameters) * sizeof(float));
+    // The host optimizer's state (SGD's momentum) is pinned with the masters, as DeepSpeed pins it.
+    for (const auto& optimizer : engine.optimizers())
+      for (const auto& [name, state] : optimizer.state()) {
+        INFO(name);
+        if constexpr (steps_on_host) CHECK(is_pageable(state) == !pin);
+        else CHECK_FALSE(is_pageable(state));  // on the device
+      }
+    // The master weights, or the parameter shards, and the momentum at least (world size 1: every
+    // shard is the whole unit), fp32.
+    const std::size_t offloaded = std::size_t(parameters) * sizeof(float) * (steps_on_host ? 2 : 1);
+    if (pin) CHECK(pinned.in_use_bytes() - before >= offloaded);
     else CHECK(pinned.in_use_bytes() == before);
     for (int step = 0; step < 2; ++step) runs[pin ? 0 : 1].losses.push_back(train_one_step(engine, model, step));
     // Gradients come down into pinned buffers too; without pin_memory nothing of the engine's
     // stays page-locked between steps (the staging chunks go back after each copy).
-    for (const auto& u : engine.unit_states()) CHECK(is_pageable(u.step_grads) == !pin);
-    if (pin) CHECK(pinned.in_use_bytes() - before >= 2 * std::size_t(parameters) * sizeof(float));
+    if constexpr (steps_on_host) {
+      for (const auto& u : engine.unit_states()) CHECK(is_pageable(u.step_grads) == !pin);
+    }
+    const std::size_t with_gradients = offloaded + (steps_on_host ? std::size_t(parameters) * sizeof(float) : 0);
+    if (pin) CHECK(pinned.in_use_bytes() - before >= with_gradients);
     else CHECK(pinned.in_use_bytes() == before);
     runs[pin ? 0 : 1].parameters = engine.full_parameters();
   }

@@ -20,6 +20,7 @@
 #include "polyshard/comm/comm_stats.hpp"
 #include "polyshard/comm/host_values.hpp"
 #include "polyshard/core/device_handoff.hpp"
+#include "polyshard/core/host_allocator.hpp"
 #include "polyshard/core/serial_worker.hpp"
 #include "polyshard/engine/gradient_buckets.hpp"
 #include "polyshard/engine/gradient_ops.hpp"
@@ -167,6 +168,11 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
       Behaviour::allocate(u, seed);
       if (config.sync_models_at_startup) sync_from_rank0(u);
       u.bind();
+      // Under pin_memory, a device model's optimizer that steps in host memory keeps its state
+      // page-locked too, as DeepSpeed pins the offloaded optimizer state (allocated here).
+      std::optional<HostAllocatorScope> pinned;
+      if constexpr (!std::same_as<device, Cpu> && std::same_as<typename State::step_device, Cpu>)
+        if (config.pin_memory) pinned.emplace(Storage<MT, device>::staging_allocator());
       optimizers_.emplace_back(optimizer, static_cast<std::size_t>(Behaviour::optimizer_params(u).numel()));
     }
     plan_buckets();
