@@ -1,7 +1,8 @@
 // OffloadOptimizer<Nvme> (ZeRO-Infinity's offload_optimizer with device nvme): every unit's
 // optimizer state, and its master weights where they are a copy of their own (mixed precision, or
-// a device model's host masters), live in a file under nvme_path between steps. The step reads them back unit by unit, reading
-// the next unit's while one unit steps and writing each back behind it.
+// a device model's host masters), live in a file under nvme_path between steps. The step reads
+// them back unit by unit, reading the next unit's while one unit steps and writing each back
+// behind it.
 #pragma once
 
 #include <cstddef>
