@@ -115,6 +115,13 @@ void for_each_strategy(F&& f) {
   f.template operator()<Strategy<ShardParameters<true>, WrapByType<Block>>>("fsdp per block");
 }
 
+/// Prints the table and writes it as JSON to `json`.
+void report(const bench::Table& table, const std::string& json) {
+  table.print();
+  table.write_json(json);
+  std::printf("\nJSON: %s\n", json.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -141,10 +148,7 @@ int main(int argc, char** argv) {
       const Times t = rank_times<S>(world, cfg, 4 * world.size(), steps, bucket_cap_mb);
       if (world.rank() == 0) row(table, name, world.size(), t);
     });
-    if (world.rank() != 0) return 0;
-    table.print();
-    table.write_json(args.json);
-    std::printf("\nJSON: %s\n", args.json.c_str());
+    if (world.rank() == 0) report(table, args.json);
     return 0;
   }
 #endif
@@ -158,8 +162,6 @@ int main(int argc, char** argv) {
       row(table, name, ranks, measure<S>(ranks, cfg, 4 * ranks, steps, bucket_cap_mb));
     });
   }
-  table.print();
-  table.write_json(args.json);
-  std::printf("\nJSON: %s\n", args.json.c_str());
+  report(table, args.json);
   return 0;
 }

@@ -938,7 +938,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
         if (!prefetched_.empty() && ahead + size > budget) {
           // NVMe: the next gather's shard read in while this unit computes, if a buffer is free,
           // so that its gather waits for the file only when the read is slower than a unit.
-          if constexpr (requires { placement_.read_parameters_ahead(next); }) placement_.read_parameters_ahead(next);
+          placement_.read_parameters_ahead(next);
           return;
         }
         if (!placement_.may_read_parameters_ahead(next)) return;  // NVMe: every buffer holds a shard

@@ -117,13 +117,11 @@ class NvmeSwap {
 
   /// Starts reading unit `unit`'s storages in when they are in the file and a buffer is free now
   /// (a finished write-back frees one), waiting for nothing: a read ahead of the acquire that
-  /// will need them. False when it started nothing.
-  bool read_ahead(std::size_t unit) {
-    if (!only_in_file(unit)) return false;
+  /// will need them. Otherwise nothing.
+  void read_ahead(std::size_t unit) {
+    if (!only_in_file(unit)) return;
     retire_finished_writes();
-    if (!has_room()) return false;
-    start_read(unit);
-    return true;
+    if (has_room()) start_read(unit);
   }
 
   /// Starts writing unit `unit`'s storages back; their memory is freed once the write is done.

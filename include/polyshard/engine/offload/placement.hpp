@@ -25,9 +25,9 @@ namespace polyshard {
 ///                    shard outside the step (a gather): resident from the first to the second;
 ///   may_read_parameters_ahead(unit)  whether a gather issued ahead of its unit (a prefetch) may
 ///                    bring the unit's shard in now;
-///   read_parameters_ahead(unit)  (optional) start bringing in the shard of the unit whose gather
-///                    comes after those issued, without waiting: acquire_parameters then waits
-///                    only for what has not arrived;
+///   read_parameters_ahead(unit)  start bringing in the shard of the unit whose gather comes
+///                    after those issued, without waiting: acquire_parameters then waits only for
+///                    what has not arrived;
 ///   with_parameters(unit, fn)  fn() with the unit's parameter shard resident, for reading;
 ///   with_masters(unit, fn)  fn() with the unit's master weights and parameter shard resident,
 ///                    both written back after (a refresh of the shard from the masters).
