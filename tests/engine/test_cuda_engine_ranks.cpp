@@ -94,8 +94,8 @@ TEMPLATE_TEST_CASE("bf16 compute on 3 GPUs ends on the emulated roundings of one
 }
 
 TEST_CASE("FSDP on 2 GPUs for two steps: the run ThreadSanitizer watches", "[cuda][engine][ranks][tsan]") {
-  // Small on purpose: under ThreadSanitizer every emulated thread switch is an ordering event.
-  // What it watches is the rest: the gathers and reduce-scatters on the communication stream
+  // Small on purpose: ThreadSanitizer checks every access of every kernel. What it watches is
+  // the concurrency: the gathers and reduce-scatters on the communication stream
   // beside the compute stream, the event waits between them and the host's reads.
   check_gpus_match_host<FsdpPerBlock>(2, 2, 1e-5, 2e-5);
 }

@@ -67,13 +67,25 @@ constexpr std::size_t stack_bytes = 256 * 1024;
 constexpr std::size_t stack_bytes = 64 * 1024;
 #endif
 
-// ---- ThreadSanitizer: tell it which fiber runs ----------------------------------------------------
+// ---- ThreadSanitizer: one fiber for all the threads of a grid ----------------------------------------
+//
+// TSan is told of one fiber per OS thread's pool, entered when a grid starts and left when it
+// ends, not of a fiber per emulated thread. What the TSan stage watches is a grid's memory
+// accesses against other OS threads (other streams' grids and copies, the host): the grid fiber
+// carries them, ordered after what its stream's thread did before the launch and before what it
+// does after. Between the threads of one block TSan has nothing to find: the scheduler runs them
+// one at a time, each switch ordered before the next. Told apart, they cost it dearly: each TSan
+// fiber is a thread in its vector clocks, and with one per worker (up to 1024 per OS thread)
+// every switch was a clock operation over thousands of entries, which made ThreadSanitizer's
+// engine runs take a minute each instead of seconds. The one cost: the block's threads share the
+// fiber's shadow call stack, so the stack of a race inside a kernel can show frames of other
+// threads of its block below its own.
 
 #if defined(POLYSHARD_EMULATION_TSAN)
 void* tsan_current() { return __tsan_get_current_fiber(); }
 void* tsan_create() { return __tsan_create_fiber(0); }
 void tsan_destroy(void* f) { __tsan_destroy_fiber(f); }
-// Flags 0: each switch orders what ran before it before what runs after, as the scheduler does.
+// Flags 0: the switch orders what ran before it before what runs after.
 void tsan_switch(void* f) { __tsan_switch_to_fiber(f, 0); }
 #else
 void* tsan_current() { return nullptr; }
@@ -188,7 +200,6 @@ struct Worker {
   Stack stack;
   ctx::fiber fiber;      // this worker, while it is suspended
   ctx::fiber scheduler;  // the scheduler, while this worker runs
-  void* tsan_fiber = nullptr;
 #if defined(POLYSHARD_EMULATION_ASAN)
   void* asan_fake_stack = nullptr;  // this worker's fake stack, while it is suspended
 #endif
@@ -203,7 +214,6 @@ struct Run {
   unsigned threads = 0;  // per block
   void* shared = nullptr;
   unsigned exited = 0, at_barrier = 0, at_warp = 0;  // threads of the current block in each state
-  void* scheduler_tsan = nullptr;
   std::optional<DeviceFault> fault;  // the first fault of the current block
 };
 
@@ -315,7 +325,6 @@ Worker& self(const char* what) {
 
 /// Back to the scheduler until it resumes this thread.
 void suspend(Worker& w) {
-  tsan_switch(current_run->scheduler_tsan);
   asan_to_scheduler(w);
   w.scheduler = std::move(w.scheduler).resume();
   asan_in_fiber(w);
@@ -371,21 +380,29 @@ class Pool {
  public:
   Pool() {}
   ~Pool() {
+    // Under TSan, workers exist only once a grid has run here, which made the grid fiber.
     void* me = tsan_current();
+    if (tsan_grid_ != nullptr) tsan_switch(tsan_grid_);
     for (auto& w : workers_) {
       if (!w->fiber) continue;
       // Parked between threads (every block ends that way): let its loop return.
       w->shutdown = true;
       current_worker = w.get();
-      tsan_switch(w->tsan_fiber);
       asan_to_fiber(*w);
       w->fiber = std::move(w->fiber).resume();
       asan_in_scheduler();
-      // The fiber's last steps run after its function returns, so it cannot switch back itself.
-      tsan_switch(me);
       current_worker = nullptr;
-      tsan_destroy(w->tsan_fiber);
     }
+    if (tsan_grid_ != nullptr) {
+      tsan_switch(me);
+      tsan_destroy(tsan_grid_);
+    }
+  }
+
+  /// ThreadSanitizer's fiber for this thread's grids (null without TSan).
+  void* tsan_grid() {
+    if (tsan_grid_ == nullptr) tsan_grid_ = tsan_create();
+    return tsan_grid_;
   }
 
   /// At least n workers, each parked before its first thread.
@@ -393,10 +410,7 @@ class Pool {
     while (workers_.size() < n) {
       auto w = std::make_unique<Worker>();
       Worker* raw = w.get();
-      raw->tsan_fiber = tsan_create();
-      // Making the fiber enters it briefly: let the sanitizers see that as the new fiber.
-      void* me = tsan_current();
-      tsan_switch(raw->tsan_fiber);
+      // Making the fiber enters it briefly: let ASan see that as the new fiber.
       asan_to_fiber(*raw);
       raw->fiber = ctx::fiber(std::allocator_arg, BorrowedStack{raw->stack.context()}, [raw](ctx::fiber&& scheduler) {
         asan_in_fiber(*raw);
@@ -409,7 +423,6 @@ class Pool {
         return std::move(raw->scheduler);
       });
       asan_made_fiber();
-      tsan_switch(me);
       workers_.push_back(std::move(w));
       order_.push_back(raw);
     }
@@ -438,6 +451,7 @@ class Pool {
   std::vector<Worker*> order_;
   std::unique_ptr<std::byte, AlignedDelete> shared_;
   std::size_t shared_capacity_ = 0;
+  void* tsan_grid_ = nullptr;
 };
 
 Pool& pool() {
@@ -447,7 +461,6 @@ Pool& pool() {
 
 void resume(Worker& w) {
   current_worker = &w;
-  tsan_switch(w.tsan_fiber);
   asan_to_fiber(w);
   w.fiber = std::move(w.fiber).resume();
   asan_in_scheduler();
@@ -699,21 +712,23 @@ void run_grid(std::string_view kernel, const LaunchShape& shape, const std::func
   run.shape = &shape;
   run.body = &thread_body;
   run.threads = shape.block.x * shape.block.y * shape.block.z;
-  run.scheduler_tsan = tsan_current();
-  p.reserve(run.threads);
-  run.shared = p.shared(shape.dynamic_shared_bytes);
 
   struct Active {
     Pool& p;
-    Active(Pool& pool, Run* r) : p(pool) {
+    void* tsan_caller;
+    Active(Pool& pool, Run* r) : p(pool), tsan_caller(tsan_current()) {
+      tsan_switch(p.tsan_grid());
       p.running = true;
       current_run = r;
     }
     ~Active() {
       p.running = false;
       current_run = nullptr;
+      tsan_switch(tsan_caller);
     }
   } active(p, &run);
+  p.reserve(run.threads);
+  run.shared = p.shared(shape.dynamic_shared_bytes);
 
   BlockScheduler scheduler(p, run);
   const dim3& g = shape.grid;
