@@ -198,13 +198,16 @@ TEMPLATE_TEST_CASE("grouped_qkv forward and backward match the CPU twin", "[cuda
 
 TEMPLATE_TEST_CASE("rope forward and backward match the CPU twin", "[cuda][tensor]", float, half, bfloat16) {
   using T = TestType;
-  // (B, T, H, D). Two sequences show the positions restarting per sequence; the long case, there
-  // for long positions and the widest head, needs only one (the emulated device spends its time
-  // per thread).
-  using Dims = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t>;
-  const auto [b, t, h, d] = GENERATE(Dims{2, 1, 1, 2}, Dims{2, 5, 3, 8}, Dims{2, 64, 4, 64}, Dims{1, 300, 2, 128});
-  const std::int64_t offset = GENERATE(0, 1000);
-  const bool accumulate = GENERATE(false, true);
+  // (B, T, H, D), position offset, accumulate into dx. Two sequences show the positions
+  // restarting per sequence. A small case runs each offset with and without accumulating; the
+  // larger ones run fewer of the four (the emulated device spends its time per thread), the
+  // longest, there for long positions and the widest head, with one sequence, the offset and
+  // accumulating.
+  using Case = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool>;
+  const auto [b, t, h, d, offset, accumulate] =
+      GENERATE(Case{2, 1, 1, 2, 0, false}, Case{2, 1, 1, 2, 1000, true}, Case{2, 5, 3, 8, 0, false},
+               Case{2, 5, 3, 8, 0, true}, Case{2, 5, 3, 8, 1000, false}, Case{2, 5, 3, 8, 1000, true},
+               Case{2, 64, 4, 64, 0, true}, Case{2, 64, 4, 64, 1000, false}, Case{1, 300, 2, 128, 1000, true});
   CAPTURE(b, t, h, d, offset, accumulate);
   const std::size_t n = std::size_t(b * t * h * d);
   const Shape s{b, t, h, d};
