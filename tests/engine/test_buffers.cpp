@@ -5,7 +5,9 @@
 // 0's.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cstdint>
+#include <future>
 #include <vector>
 
 #include "engine_fixture.hpp"
@@ -103,7 +105,7 @@ std::vector<Run> train(int world, StrategyConfig config = {}) {
     }
     run.mean = model.running.running_mean.value().to_vector();
     run.batches_seen = model.running.batches_seen.value().data()[0];
-    engine.sync_buffers();
+    engine.sync_buffers(/*blocking=*/true);
     run.synced_mean = model.running.running_mean.value().to_vector();
     run.parameters = engine.full_parameters();
   });
@@ -210,6 +212,55 @@ TEST_CASE("without broadcast_buffers and sync_models_at_startup each rank's buff
     CHECK(max_gap(run.mean, expected_mean(table, world, r, initial_mean(r), r)) < 1e-5);
     CHECK(run.synced_mean == runs[0].mean);  // sync_buffers() still broadcasts on demand
   }
+}
+
+TEST_CASE("sync_buffers() returns before the other ranks join its broadcasts (FairScale's default, blocking=False), "
+          "the buffers are rank 0's once waited for, and forward waits for them",
+          "[engine][buffers]") {
+  // Rank 1 joins the broadcasts only once rank 0's call has returned, or after 30 s (a call
+  // that waited for them would return only then, once rank 1 joins).
+  std::promise<void> rank0_returned;
+  std::shared_future<void> returned = rank0_returned.get_future().share();
+  bool returned_first = false;
+  std::vector<std::vector<float>> means(2), means_in_forward(2);
+  std::vector<std::int64_t> seen(2);
+  run_ranks(2, [&](ThreadCommunicator& comm) {
+    const int r = comm.rank();
+    Model model;
+    fill_buffers_of_rank(model, r);
+    const SgdConfig sgd = test::momentum_sgd();
+    Engine<ZeRO<3>, Model, ThreadCommunicator, Sgd<float>> engine(model, comm, sgd, own_buffers(), 42);
+    if (r == 0) {
+      engine.sync_buffers();
+      rank0_returned.set_value();
+    } else {
+      returned_first = returned.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+      engine.sync_buffers(/*blocking=*/true);
+    }
+    // A forward reads the buffers after the broadcasts have ended: the running mean it starts
+    // from is rank 0's.
+    BatchSampler sampler(test::tiny_data(), 8, global_rows, 7);
+    const Batch b = sampler.batch(0, r, 2);
+    std::vector<float> before;
+    Var<float> loss = engine.forward([&] {
+      before = model.running.running_mean.value().to_vector();
+      return model.loss(b.inputs, b.targets);
+    });
+    means_in_forward[std::size_t(r)] = before;
+    engine.backward(loss, 0.5);
+    loss = Var<float>();
+    engine.sync_buffers();
+    engine.wait_for_buffers();
+    means[std::size_t(r)] = model.running.running_mean.value().to_vector();
+    seen[std::size_t(r)] = model.running.batches_seen.value().data()[0];
+  });
+  INFO("rank 0's sync_buffers() returned before rank 1 joined its broadcasts: " << returned_first);
+  CHECK(returned_first);
+  for (std::int64_t j = 0; j < channels; ++j) CHECK(means_in_forward[0][std::size_t(j)] == float(j) + 0.5f);
+  CHECK(means_in_forward[1] == means_in_forward[0]);
+  CHECK(means[1] == means[0]);  // rank 0's after its own forward, bit for bit
+  CHECK(seen[0] == 6);           // 5, and rank 0's forward
+  CHECK(seen[1] == 6);           // rank 0's count, an integer buffer sent as bytes
 }
 
 TEST_CASE("a checkpoint holds rank 0's persistent buffers, loads them into every rank and names a missing one",

@@ -178,9 +178,12 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     plan_buckets();
     placement_.place(units_, optimizers_, config, comm.rank());  // NVMe: the state moves to nvme_path
     visit_buffers(model, [&](const std::string& name, const auto& b) {
-      buffers_.push_back({name, [value = b.value()](Comm& c) { broadcast_buffer(c, value); }});
+      buffers_.push_back({name, [value = b.value()](Comm& c) { return broadcast_buffer(c, value); }});
     });
-    if (config.sync_models_at_startup) broadcast_buffers("the start-up sync of the module buffers from rank 0");
+    if (config.sync_models_at_startup) {
+      start_buffer_broadcasts("the start-up sync of the module buffers from rank 0");
+      wait_for_buffers();
+    }
   }
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -196,7 +199,11 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   Var<work_type, device> forward(F&& loss_fn) {
     Trace::Span span(trace_, "forward", "compute");
     check_trainable();
-    if (config_.broadcast_buffers) broadcast_buffers("the broadcast of the module buffers before forward");
+    wait_for_buffers();
+    if (config_.broadcast_buffers) {
+      start_buffer_broadcasts("the broadcast of the module buffers before forward");
+      wait_for_buffers();
+    }
     ModuleHooksScope<work_type, device> hooks(*this);
     in_backward_ = false;
     if (grad_enabled()) ++micro_batch_;
@@ -366,13 +373,41 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   }
 
   /// Broadcasts every module buffer (Buffer members: running statistics and the like) from rank
-  /// 0, so that every rank holds rank 0's (FairScale's sync_buffers). A collective: every rank
-  /// calls it. forward() does the same first under StrategyConfig::broadcast_buffers (the
-  /// default), and the constructor under sync_models_at_startup.
-  void sync_buffers() { broadcast_buffers("sync_buffers"); }
+  /// 0, so that every rank holds rank 0's (FairScale's sync_buffers(blocking), whose default is
+  /// false). A collective: every rank calls it. Blocking, it returns once this rank holds rank
+  /// 0's buffers. Not blocking, it starts the broadcasts and returns: the buffers belong to them
+  /// until the engine next uses them (forward, or model(), through which checkpoints and state
+  /// dicts read them), which waits for them first, or until wait_for_buffers(). Read the
+  /// model's buffers directly only after one of these. forward() broadcasts, blocking, under
+  /// StrategyConfig::broadcast_buffers (the default), and the constructor under
+  /// sync_models_at_startup.
+  void sync_buffers(bool blocking = false) {
+    wait_for_buffers();  // each buffer's broadcasts stay in the order they were issued
+    start_buffer_broadcasts("sync_buffers");
+    if (blocking) wait_for_buffers();
+  }
 
-  /// The model the engine trains (checkpoints read and write its buffers through it).
-  Model& model() const { return model_; }
+  /// Waits for the broadcasts that sync_buffers(false) started; throws the first one's error
+  /// after waiting for the others.
+  void wait_for_buffers() {
+    std::exception_ptr failed;
+    for (CommHandle& h : buffer_broadcasts_) {
+      try {
+        h.wait();
+      } catch (...) {
+        if (!failed) failed = std::current_exception();
+      }
+    }
+    buffer_broadcasts_.clear();
+    if (failed) std::rethrow_exception(failed);
+  }
+
+  /// The model the engine trains (checkpoints read and write its buffers through it), once
+  /// the buffer broadcasts in flight are done.
+  Model& model() {
+    wait_for_buffers();
+    return model_;
+  }
 
   /// Re-reads every parameter's requires_grad after the caller changed it (FairScale's
   /// refresh_trainable). A frozen parameter (set_requires_grad(false)) is neither reduced (its
@@ -1169,29 +1204,27 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     }
   }
 
-  /// Rank 0's `value` on every rank. Collectives carry floating-point elements; a broadcast only
-  /// copies bits, so an integer buffer (a step counter) travels as the float type of its width.
+  /// Starts the broadcast of rank 0's `value` to every rank, in its own memory. Collectives carry
+  /// floating-point elements; a broadcast only copies bytes, so an integer buffer (a step
+  /// counter) travels as the float type of its width, its bytes never read as floats.
   template <Element T>
-  static void broadcast_buffer(Comm& c, const Tensor<T, device>& value) {
+  static CommHandle broadcast_buffer(Comm& c, const Tensor<T, device>& value) {
     if constexpr (FloatElement<T>) {
-      c.broadcast(value.span(), 0);
+      return c.broadcast_async(value.span(), 0);
     } else {
       using F = std::conditional_t<sizeof(T) == sizeof(double), double, float>;
       static_assert(sizeof(F) == sizeof(T), "a buffer's integer type has the width of a float type");
-      std::vector<T> host = value.to_vector();
-      std::vector<F> bits(host.size());
-      std::memcpy(bits.data(), host.data(), host.size() * sizeof(T));
-      broadcast_host<device>(c, std::span<F>(bits), 0);
-      std::memcpy(host.data(), bits.data(), host.size() * sizeof(T));
-      copy_across(Tensor<T>::from(value.shape(), std::span<const T>(host)), value);
+      const std::span<T> bytes = value.span();
+      return c.broadcast_async(std::span<F>(reinterpret_cast<F*>(bytes.data()), bytes.size()), 0);
     }
   }
 
-  void broadcast_buffers(const std::string& site) {
+  /// Starts every buffer's broadcast (none at world size 1); wait_for_buffers() ends them.
+  void start_buffer_broadcasts(const std::string& site) {
     if (comm_.size() == 1) return;
     for (ModuleBuffer& b : buffers_) {
       CallSite named(site + " ('" + b.name + "')");
-      b.broadcast(comm_);
+      buffer_broadcasts_.push_back(b.broadcast(comm_));
     }
   }
 
@@ -1210,6 +1243,8 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     prefetched_.clear();
     for (CommHandle& h : ordered_) wait_quietly(h);
     ordered_.clear();
+    for (CommHandle& h : buffer_broadcasts_) wait_quietly(h);
+    buffer_broadcasts_.clear();
     if (host_steps_) host_steps_->settle();
   }
 
@@ -1294,9 +1329,10 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// it from rank 0 (its element type erased).
   struct ModuleBuffer {
     std::string name;
-    std::function<void(Comm&)> broadcast;
+    std::function<CommHandle(Comm&)> broadcast;
   };
   std::vector<ModuleBuffer> buffers_;
+  std::vector<CommHandle> buffer_broadcasts_;  // started by sync_buffers(false), in order
   std::vector<UnitOptimizer> optimizers_;
   Placement placement_;  // where optimizer state lives between steps
   LossScaler<typename precision::loss_scale> scaler_;
