@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <deque>
 #include <exception>
 #include <future>
@@ -390,16 +389,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// Waits for the broadcasts that sync_buffers(false) started; throws the first one's error
   /// after waiting for the others.
   void wait_for_buffers() {
-    std::exception_ptr failed;
-    for (CommHandle& h : buffer_broadcasts_) {
-      try {
-        h.wait();
-      } catch (...) {
-        if (!failed) failed = std::current_exception();
-      }
-    }
-    buffer_broadcasts_.clear();
-    if (failed) std::rethrow_exception(failed);
+    if (std::exception_ptr failed = wait_for_all(buffer_broadcasts_)) std::rethrow_exception(failed);
   }
 
   /// The model the engine trains (checkpoints read and write its buffers through it), once
@@ -934,19 +924,25 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// Waits on the host for the collectives the device was ordered after, in the order issued;
   /// when one failed, waits for the others all the same, then throws the first error.
   void wait_on_host_for_ordered() {
+    if (std::exception_ptr failed = wait_for_all(ordered_)) {
+      settle_in_flight();
+      std::rethrow_exception(failed);
+    }
+  }
+
+  /// Waits for every handle in `handles`, in order, and empties it: the first failure, after
+  /// waiting for the others all the same (null when none failed).
+  static std::exception_ptr wait_for_all(std::vector<CommHandle>& handles) {
     std::exception_ptr failed;
-    for (CommHandle& h : ordered_) {
+    for (CommHandle& h : handles) {
       try {
         h.wait();
       } catch (...) {
         if (!failed) failed = std::current_exception();
       }
     }
-    ordered_.clear();
-    if (failed) {
-      settle_in_flight();
-      std::rethrow_exception(failed);
-    }
+    handles.clear();
+    return failed;
   }
 
   /// Issues the gathers of the units that run after unit `index` (direction +1: in forward;
