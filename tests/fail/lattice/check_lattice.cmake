@@ -4,8 +4,8 @@
 # compile.
 #
 # Arguments (-D): SAMPLES (the program), CHECK_FAIL (check_fail.cmake), CXX, INCLUDES,
-# SYSTEM_INCLUDES, IMPLICIT (as check_fail.cmake takes them), DEFINES ('|'-joined macros the
-# library's target defines, such as POLYSHARD_HAVE_LIBURING), SOURCE_DIR (the project's, whose
+# SYSTEM_INCLUDES, IMPLICIT, PRELUDE (as check_fail.cmake takes them), DEFINES ('|'-joined macros
+# the library's target defines, such as POLYSHARD_HAVE_LIBURING), SOURCE_DIR (the project's, whose
 # git commit seeds the sample). The seed is the environment's POLYSHARD_LATTICE_SEED where set (to
 # repeat a run's sample: the test prints its seed), else the commit's first 12 hex digits, else 0
 # outside a git checkout.
@@ -58,7 +58,8 @@ foreach(line IN LISTS lines)
   execute_process(COMMAND "${CMAKE_COMMAND}" "-DCXX=${CXX}" "-DSOURCE=${CMAKE_CURRENT_LIST_DIR}/composition.cpp"
                           "-DMODE=${mode}" "-DEXPECT=${sentence}" "-DINCLUDES=${INCLUDES}"
                           "-DSYSTEM_INCLUDES=${SYSTEM_INCLUDES}" "-DIMPLICIT=${IMPLICIT}"
-                          "-DDEFINES=${DEFINES}|POLYSHARD_LATTICE_INDEX=${index}" -P "${CHECK_FAIL}"
+                          "-DDEFINES=${DEFINES}|POLYSHARD_LATTICE_INDEX=${index}" "-DPRELUDE=${PRELUDE}"
+                          -P "${CHECK_FAIL}"
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "lattice composition ${index} (predicate: '${sentence}'):\n${out}")
