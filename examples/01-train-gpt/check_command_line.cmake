@@ -93,7 +93,8 @@ expect(loss-scale-window-below-one EXIT 2 ARGS --loss-scale-window 0 SAYS "polys
 
 # Lightning's strategy names run the composition its DeepSpeed or FairScale settings make.
 set(one_step --layers 1 --embd 32 --heads 2 --seq 16 --batch 4 --steps 1 --log-every 100)
-foreach(pair "deepspeed_stage_1=ShardOptimizerState, NoOffload"
+foreach(pair "deepspeed=ShardGradients, NoOffload"
+             "deepspeed_stage_1=ShardOptimizerState, NoOffload"
              "deepspeed_stage_2=ShardGradients, NoOffload"
              "deepspeed_stage_2_offload=ShardGradients, OffloadOptimizer<Cpu>"
              "deepspeed_stage_3=ShardParameters, NoOffload"

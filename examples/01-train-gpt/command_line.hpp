@@ -169,8 +169,9 @@ inline bool parse(int argc, char** argv, Options& o) {
                    "ddp, sharded_ddp, fsdp, fsdp_grad_op, zero1, zero2, zero3, zero1_offload, zero_offload, "
                    "zero3_offload_optimizer, zero3_offload, zero3_offload_parameters, zero_infinity, "
                    "zero_infinity_parameters or hybrid; "
-                   "or Lightning's deepspeed_stage_1, deepspeed_stage_2, deepspeed_stage_2_offload, "
-                   "deepspeed_stage_3, deepspeed_stage_3_offload, deepspeed_stage_3_offload_nvme or ddp_sharded")
+                   "or Lightning's deepspeed (stage 2), deepspeed_stage_1, deepspeed_stage_2, "
+                   "deepspeed_stage_2_offload, deepspeed_stage_3, deepspeed_stage_3_offload, "
+                   "deepspeed_stage_3_offload_nvme or ddp_sharded")
       ->type_name("NAME");
   strategy->add_option("--world-size", o.world_size, "ranks as threads (under mpirun: the MPI world)")
       ->type_name("N")

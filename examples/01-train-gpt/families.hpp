@@ -62,6 +62,7 @@ void with_family(const Options& o, Fn&& f) {
   else if (s == "zero_infinity_parameters") f.template operator()<Family::zero_infinity_parameters>();
   // Lightning's registered names, each the family its DeepSpeed or FairScale settings make ("fsdp"
   // above is one too: FairScale's full sharding).
+  else if (s == "deepspeed") f.template operator()<Family::zero2>();  // DeepSpeedStrategy()'s stage=2
   else if (s == "deepspeed_stage_1") f.template operator()<Family::zero1>();
   else if (s == "deepspeed_stage_2" || s == "ddp_sharded") f.template operator()<Family::zero2>();
   else if (s == "deepspeed_stage_2_offload") f.template operator()<Family::zero_offload>();

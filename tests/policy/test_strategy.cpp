@@ -220,6 +220,10 @@ TEST_CASE("presets are the strategies their documents describe", "[policy]") {
   STATIC_REQUIRE(is_same_v<ZeRO<1>::sharding, ShardOptimizerState>);
   STATIC_REQUIRE(is_same_v<ZeRO<2>::sharding, ShardGradients>);
   STATIC_REQUIRE(is_same_v<ZeRO<3>::sharding, ShardParameters<true>>);
+  // DeepSpeedStrategy() with no arguments: zero_optimization=True, stage=2.
+  STATIC_REQUIRE(is_same_v<ZeRO<>, ZeRO<2>>);
+  STATIC_REQUIRE(is_same_v<families_t<ZeRO<>>,
+                           std::tuple<ShardGradients, NoOffload, Fp32, WrapWhole, NoActivationCheckpointing>>);
   // Stage 3 gathers layer by layer: every repeated module of at least 1e5 parameters is a unit
   // (DeepSpeed's stage3_param_persistence_threshold), ZeRO-Infinity as well.
   STATIC_REQUIRE(is_same_v<ZeRO<3>::wrap, WrapRepeated<100'000>>);

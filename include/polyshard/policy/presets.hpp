@@ -37,7 +37,8 @@ struct zero_stage<3> {
   // DeepSpeed's stage3_param_persistence_threshold).
   using type = Strategy<ShardParameters<true>, WrapRepeated<>>;
 };
-template <int Stage>
+/// ZeRO<> is stage 2, DeepSpeedStrategy()'s defaults: zero_optimization=True, stage=2.
+template <int Stage = 2>
 using ZeRO = typename zero_stage<Stage>::type;
 
 /// ZeRO-Offload: stage 2 with optimizer state, master weights and the step on the CPU
