@@ -4,14 +4,14 @@
 # header SOURCE into the precompiled header OUTPUT (and its dependency file OUTPUT.d), with the
 # flags the cases are compiled with, as the build does for tests/fail/prelude.hpp.
 #
-# Arguments (-D): CXX (the compiler), SOURCE (the case), MODE (compiles | rejected),
-# INCLUDES (the project's include directory), SYSTEM_INCLUDES and IMPLICIT (the compiler's own
-# include directories, left out), each list joined with '|'. Optional: EXPECT, the sentence, in
-# place of the file's `// expect:` line (for sources compiled for several cases, as
-# tests/fail/lattice); DEFINES, macros to define, joined with '|'; PRELUDE, a header put before
-# the case with -include, whose precompiled PRELUDE.gch GCC reads in its place where the flags
-# match (left out for a case that defines or undefines a macro before its includes: the header
-# would already have been read without that macro).
+# Arguments (-D): CXX (the compiler), SOURCE (the case), MODE (compiles | rejected | precompile,
+# which takes OUTPUT), INCLUDES (the project's include directories), SYSTEM_INCLUDES and IMPLICIT
+# (the compiler's own include directories, left out), each list joined with '|'. Optional:
+# EXPECT, the sentence, in place of the file's `// expect:` line (for sources compiled for
+# several cases, as tests/fail/lattice); DEFINES, macros to define, joined with '|'; PRELUDE, a
+# header put before the case with -include, whose precompiled PRELUDE.gch GCC reads in its place
+# where the flags match (left out for a case that defines or undefines a macro before its
+# includes: the header would already have been read without that macro).
 cmake_minimum_required(VERSION 3.25)
 
 foreach(arg CXX SOURCE MODE INCLUDES)
@@ -72,7 +72,8 @@ endforeach()
 
 set(ENV{LC_ALL} C)  # plain quotes in diagnostics
 if(MODE STREQUAL "precompile")
-  execute_process(COMMAND "${CXX}" ${flags} -x c++-header "${SOURCE}" -o "${OUTPUT}" -MD -MF "${OUTPUT}.d" -MT "${OUTPUT}"
+  execute_process(COMMAND "${CXX}" ${flags} -x c++-header "${SOURCE}" -o "${OUTPUT}"
+                          -MD -MF "${OUTPUT}.d" -MT "${OUTPUT}"
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "${SOURCE} did not precompile:\n${out}")
