@@ -70,11 +70,12 @@ double step_seconds(const GptConfig& cfg, int steps, double max_grad_norm, std::
 }  // namespace
 
 int main(int argc, char** argv) {
-  auto args = bench::parse_args(argc, argv, "bench_host_step.json");
+  auto args = bench::parse_args(argc, argv, "bench_host_step.json",
+                                {{"--layers", "L", "GPT-2 small's blocks to step (default 12; 2 with --quick)"}});
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   cpu::set_blas_threads(static_cast<int>(cores));
   GptConfig cfg{.vocab_size = 50257, .block_size = 64, .n_layer = 12, .n_head = 12, .n_embd = 768};
-  if (args.quick) cfg.n_layer = 2;
+  cfg.n_layer = std::max<std::int64_t>(1, args.number("--layers", args.quick ? 2 : 12));
   const int steps = args.quick ? 2 : 7;
   const double bandwidth = copy_bandwidth_gbs(cores);
   std::printf("copy bandwidth, %u threads: %.1f GB/s\n", cores, bandwidth);

@@ -141,10 +141,10 @@ Timing save_and_load(const GptConfig& cfg, int world, const fs::path& dir, int r
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bench::Args args = bench::parse_args(argc, argv, "bench_checkpoint.json");
-  fs::path dir = fs::temp_directory_path() / ("polyshard-bench-checkpoint-" + std::to_string(::getpid()));
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::string(argv[i]) == "--dir") dir = fs::path(argv[i + 1]) / ("polyshard-bench-checkpoint-" + std::to_string(::getpid()));
+  const bench::Args args = bench::parse_args(
+      argc, argv, "bench_checkpoint.json", {{"--dir", "DIR", "where checkpoints go (default: the temp directory)"}});
+  const fs::path parent = args.has("--dir") ? fs::path(args.given.at("--dir")) : fs::temp_directory_path();
+  const fs::path dir = parent / ("polyshard-bench-checkpoint-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   GptConfig cfg;  // GPT-2 small: 124M parameters, 1.5 GB with AdamW's two moments
   if (args.quick) cfg = {.vocab_size = 4096, .block_size = 256, .n_layer = 4, .n_head = 4, .n_embd = 256};

@@ -51,14 +51,13 @@ double median_ms(cudaStream_t stream, int reps, int warmup, const std::function<
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bench::Args args = bench::parse_args(argc, argv, "bench_adamw_cuda.json");
-  std::size_t n = 124'439'808;  // GPT-2 small (124M), tied embeddings counted once
-  int reps = args.quick ? 5 : 20;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--n" && i + 1 < argc) n = std::strtoull(argv[++i], nullptr, 10);
-    else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
-  }
+  const bench::Args args =
+      bench::parse_args(argc, argv, "bench_adamw_cuda.json",
+                        {{"--n", "ELEMENTS", "parameters stepped (default: GPT-2 small's 124,439,808)"},
+                         {"--reps", "R", "timed steps (default 20; 5 with --quick)"}});
+  // GPT-2 small (124M), tied embeddings counted once.
+  const auto n = static_cast<std::size_t>(std::max(1LL, args.number("--n", 124'439'808)));
+  const int reps = static_cast<int>(std::max(1LL, args.number("--reps", args.quick ? 5 : 20)));
   if (const auto devices = cuda::available_devices(); !devices) {
     std::printf("no CUDA device: %s (bench_adamw_cuda did not run)\n", devices.reason.c_str());
     return 0;

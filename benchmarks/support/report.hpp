@@ -2,13 +2,16 @@
 #pragma once
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -196,17 +199,69 @@ class Table {
   std::vector<std::map<std::string, std::pair<std::string, std::string>>> rows_;
 };
 
-/// The value of `--json FILE` (or `fallback`), and whether `--quick` was given.
+/// An option of a benchmark's own, beside --json, --quick and --help: `value` names what it takes
+/// ("DIR"), empty for a flag.
+struct Option {
+  std::string name;
+  std::string value;
+  std::string help;
+};
+
+/// The value of `--json FILE` (or the program's default), whether `--quick` was given, and the
+/// program's own options that were.
 struct Args {
   std::string json;
   bool quick = false;
+  std::map<std::string, std::string> given;  // name -> value ("" for a flag)
+
+  bool has(const std::string& name) const { return given.count(name) > 0; }
+  /// The whole number given to `name`, or `fallback`; a value that is not one stops the program.
+  long long number(const std::string& name, long long fallback) const {
+    const auto it = given.find(name);
+    if (it == given.end()) return fallback;
+    long long v = 0;
+    const char* end = it->second.data() + it->second.size();
+    const auto [ptr, ec] = std::from_chars(it->second.data(), end, v);
+    if (ec != std::errc() || ptr != end) {
+      std::fprintf(stderr, "%s expects a whole number, not '%s'\n", name.c_str(), it->second.c_str());
+      std::exit(2);
+    }
+    return v;
+  }
 };
-inline Args parse_args(int argc, char** argv, std::string fallback) {
-  Args a{std::move(fallback)};
+
+/// Reads --json FILE (default `fallback`), --quick and the program's `own` options. --help prints
+/// them and exits; any other argument, or an option without its value, stops the program naming
+/// it (exit 2), where a long measurement would otherwise run with the argument ignored.
+inline Args parse_args(int argc, char** argv, std::string fallback, const std::vector<Option>& own = {}) {
+  Args a;
+  a.json = std::move(fallback);
+  const std::string program = argc > 0 ? argv[0] : "benchmark";
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
-    if (s == "--json" && i + 1 < argc) a.json = argv[++i];
-    else if (s == "--quick") a.quick = true;
+    const auto mine = std::find_if(own.begin(), own.end(), [&](const Option& o) { return o.name == s; });
+    const bool takes_value = s == "--json" || (mine != own.end() && !mine->value.empty());
+    if (takes_value && i + 1 >= argc) {
+      std::fprintf(stderr, "%s: %s needs a value (see --help)\n", program.c_str(), s.c_str());
+      std::exit(2);
+    }
+    if (s == "--json") {
+      a.json = argv[++i];
+    } else if (s == "--quick") {
+      a.quick = true;
+    } else if (mine != own.end()) {
+      a.given[s] = takes_value ? argv[++i] : "";
+    } else if (s == "--help" || s == "-h") {
+      std::printf("usage: %s [--quick] [--json FILE]", program.c_str());
+      for (const Option& o : own) std::printf(" [%s%s%s]", o.name.c_str(), o.value.empty() ? "" : " ", o.value.c_str());
+      std::printf("\n  --quick      a smaller, shorter run\n  --json FILE  where the JSON goes (default %s)\n",
+                  a.json.c_str());
+      for (const Option& o : own) std::printf("  %s %s  %s\n", o.name.c_str(), o.value.c_str(), o.help.c_str());
+      std::exit(0);
+    } else {
+      std::fprintf(stderr, "%s: unknown argument '%s' (see --help)\n", program.c_str(), s.c_str());
+      std::exit(2);
+    }
   }
   return a;
 }

@@ -29,6 +29,7 @@
 #include "polyshard/optim/cuda/fused_optimizers.hpp"
 #include "polyshard/tensor/cuda/ops.hpp"
 #include "polyshard/tensor/cuda/transfer.hpp"
+#include "support/report.hpp"
 #ifdef POLYSHARD_WITH_NCCL
 #include "polyshard/engine/cuda/engine.hpp"
 #include "polyshard/optim/adamw.hpp"
@@ -105,24 +106,26 @@ double measured_bf16_peak() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::int64_t batch = 8, seq = 1024, layers = 12, width = 768, heads = 12, steps = 20, vocab = 50304;
-  bool through_engine = false;
-  std::string json = "bench_train_cuda.json";
-  for (int i = 1; i < argc; ++i) {
-    const std::string s = argv[i];
-    auto next = [&] { return i + 1 < argc ? std::stoll(argv[++i]) : 0; };
-    if (s == "--batch") batch = next();
-    else if (s == "--seq") seq = next();
-    else if (s == "--layers") layers = next();
-    else if (s == "--width") width = next();
-    else if (s == "--heads") heads = next();
-    else if (s == "--medium") layers = 24, width = 1024, heads = 16;  // GPT-2 medium (350M)
-    else if (s == "--vocab") vocab = next();
-    else if (s == "--steps") steps = next();
-    else if (s == "--quick") steps = 6, layers = 2;
-    else if (s == "--engine") through_engine = true;
-    else if (s == "--json" && i + 1 < argc) json = argv[++i];
-  }
+  const bench::Args args = bench::parse_args(
+      argc, argv, "bench_train_cuda.json",
+      {{"--engine", "", "through the engine (DDP, NCCL with one rank), as polyshard-train --device cuda"},
+       {"--batch", "B", "sequences a step (default 8)"},
+       {"--seq", "T", "positions a sequence (default 1024)"},
+       {"--layers", "L", "blocks (default 12; 24 with --medium, 2 with --quick)"},
+       {"--width", "C", "embedding width (default 768; 1024 with --medium)"},
+       {"--heads", "H", "attention heads (default 12; 16 with --medium)"},
+       {"--medium", "", "GPT-2 medium (350M): 24 layers 1024 wide with 16 heads"},
+       {"--vocab", "V", "vocabulary (default 50304)"},
+       {"--steps", "S", "timed steps (default 20; 6 with --quick)"}});
+  // --medium and --quick set the shape and the length; the numbers given override them.
+  const bool medium = args.has("--medium");
+  const std::int64_t batch = args.number("--batch", 8), seq = args.number("--seq", 1024),
+                     layers = args.number("--layers", args.quick ? 2 : medium ? 24 : 12),
+                     width = args.number("--width", medium ? 1024 : 768),
+                     heads = args.number("--heads", medium ? 16 : 12), vocab = args.number("--vocab", 50304),
+                     steps = args.number("--steps", args.quick ? 6 : 20);
+  const bool through_engine = args.has("--engine");
+  const std::string json = args.json;
   const auto devices = cuda::available_devices();
   if (!devices) {
     std::printf("no CUDA device: %s (bench_train_cuda did not run)\n", devices.reason.c_str());
