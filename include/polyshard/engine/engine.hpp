@@ -179,10 +179,8 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     visit_buffers(model, [&](const std::string& name, const auto& b) {
       buffers_.push_back({name, [value = b.value()](Comm& c) { return broadcast_buffer(c, value); }});
     });
-    if (config.sync_models_at_startup) {
-      start_buffer_broadcasts("the start-up sync of the module buffers from rank 0");
-      wait_for_buffers();
-    }
+    if (config.sync_models_at_startup)
+      broadcast_buffers("the start-up sync of the module buffers from rank 0", /*blocking=*/true);
   }
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -198,11 +196,10 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   Var<work_type, device> forward(F&& loss_fn) {
     Trace::Span span(trace_, "forward", "compute");
     check_trainable();
-    wait_for_buffers();
-    if (config_.broadcast_buffers) {
-      start_buffer_broadcasts("the broadcast of the module buffers before forward");
-      wait_for_buffers();
-    }
+    if (config_.broadcast_buffers)
+      broadcast_buffers("the broadcast of the module buffers before forward", /*blocking=*/true);
+    else
+      wait_for_buffers();  // those sync_buffers(false) left in flight
     ModuleHooksScope<work_type, device> hooks(*this);
     in_backward_ = false;
     if (grad_enabled()) ++micro_batch_;
@@ -380,11 +377,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// model's buffers directly only after one of these. forward() broadcasts, blocking, under
   /// StrategyConfig::broadcast_buffers (the default), and the constructor under
   /// sync_models_at_startup.
-  void sync_buffers(bool blocking = false) {
-    wait_for_buffers();  // each buffer's broadcasts stay in the order they were issued
-    start_buffer_broadcasts("sync_buffers");
-    if (blocking) wait_for_buffers();
-  }
+  void sync_buffers(bool blocking = false) { broadcast_buffers("sync_buffers", blocking); }
 
   /// Waits for the broadcasts that sync_buffers(false) started; throws the first one's error
   /// after waiting for the others.
@@ -1215,13 +1208,18 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     }
   }
 
-  /// Starts every buffer's broadcast (none at world size 1); wait_for_buffers() ends them.
-  void start_buffer_broadcasts(const std::string& site) {
-    if (comm_.size() == 1) return;
-    for (ModuleBuffer& b : buffers_) {
-      CallSite named(site + " ('" + b.name + "')");
-      buffer_broadcasts_.push_back(b.broadcast(comm_));
+  /// Waits for the broadcasts in flight (each buffer's broadcasts stay in the order they were
+  /// issued), starts every buffer's broadcast from rank 0 (none at world size 1) and, blocking,
+  /// waits for them as well; not blocking, wait_for_buffers() ends them.
+  void broadcast_buffers(const std::string& site, bool blocking) {
+    wait_for_buffers();
+    if (comm_.size() > 1) {
+      for (ModuleBuffer& b : buffers_) {
+        CallSite named(site + " ('" + b.name + "')");
+        buffer_broadcasts_.push_back(b.broadcast(comm_));
+      }
     }
+    if (blocking) wait_for_buffers();
   }
 
   /// Waits for every collective in flight, keeping none of their errors: after an error has
