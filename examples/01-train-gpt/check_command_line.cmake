@@ -222,9 +222,18 @@ file(WRITE ${WORK_DIR}/deepspeed-nvme.json
      "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"${WORK_DIR}/deepspeed-nvme\", "
      "\"buffer_count\": 2}, "
      "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"${WORK_DIR}/deepspeed-nvme\", \"buffer_count\": 1, "
-     "\"buffer_size\": 1e8, \"max_in_cpu\": 0}}}")
+     "\"buffer_size\": 1e8, \"max_in_cpu\": 0}}, "
+     "\"aio\": {\"block_size\": 1048576, \"queue_depth\": 8, \"single_submit\": false, \"overlap_events\": true, "
+     "\"thread_count\": 1}}")
 expect(deepspeed-config-stage-3-nvme EXIT 0 ARGS ${one_step} --deepspeed-config ${WORK_DIR}/deepspeed-nvme.json
        SAYS "strategy zero_infinity_parameters (ShardParameters, OffloadParameters<Nvme>, Fp32)")
+# aio's sizes reach the swap files: a block size that is no multiple of 4096 is refused there.
+file(READ ${WORK_DIR}/deepspeed-nvme.json nvme_json)
+string(REPLACE "\"block_size\": 1048576" "\"block_size\": 1000" nvme_json "${nvme_json}")
+file(WRITE ${WORK_DIR}/deepspeed-nvme-block.json "${nvme_json}")
+expect(deepspeed-config-aio-reaches-the-file EXIT 2 ARGS ${one_step}
+       --deepspeed-config ${WORK_DIR}/deepspeed-nvme-block.json
+       SAYS "block_size must be a positive multiple of 4096 bytes, got 1000")
 foreach(pair "1=zero1_offload (ShardOptimizerState" "3=zero3_offload_optimizer (ShardParameters")
   string(REPLACE "=" ";" pair "${pair}")
   list(GET pair 0 stage)
@@ -235,6 +244,9 @@ foreach(pair "1=zero1_offload (ShardOptimizerState" "3=zero3_offload_optimizer (
          --deepspeed-config ${WORK_DIR}/deepspeed-offload-optimizer-${stage}.json SAYS "strategy ${says}, OffloadOptimizer<Cpu>")
 endforeach()
 # What cannot be honoured is refused, naming the file and the key.
+set(refused "polyshard-train cannot honour")
+set(sync "activation_checkpointing.synchronize_checkpoint_boundary: ${refused}")
+set(contiguous "zero_optimization.contiguous_gradients: ${refused}")
 foreach(case
     "unknown-key|{\"zero_optimization\": {\"stage\": 3, \"stage_three\": 1}}|zero_optimization.stage_three: no such key"
     "wrong-type|{\"fp16\": {\"enabled\": \"yes\"}}|fp16.enabled: expects true or false"
@@ -245,7 +257,12 @@ foreach(case
     "fp16-and-bf16|{\"fp16\": {\"enabled\": true}, \"bf16\": {\"enabled\": true}}|both are true"
     "scheduler|{\"scheduler\": {\"type\": \"WarmupLR\"}}|scheduler: polyshard-train cannot honour"
     "optimizer-type|{\"optimizer\": {\"type\": \"Lamb\"}}|optimizer.type: 'Lamb' is not one of"
-    "partitioned-activations|{\"activation_checkpointing\": {\"partition_activations\": true}}|partition_activations")
+    "partitioned-activations|{\"activation_checkpointing\": {\"partition_activations\": true}}|partition_activations"
+    "checkpoint-boundary-sync|{\"activation_checkpointing\": {\"synchronize_checkpoint_boundary\": true}}|${sync}"
+    "scattered-gradients|{\"zero_optimization\": {\"stage\": 2, \"contiguous_gradients\": false}}|${contiguous}"
+    "single-submit|{\"aio\": {\"single_submit\": true}}|aio.single_submit: ${refused}"
+    "no-overlap-events|{\"aio\": {\"overlap_events\": false}}|aio.overlap_events: ${refused}"
+    "aio-threads|{\"aio\": {\"thread_count\": 2}}|aio.thread_count: ${refused}")
   string(REPLACE "|" ";" case "${case}")
   list(GET case 0 name)
   list(GET case 1 json)

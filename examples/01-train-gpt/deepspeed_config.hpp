@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdint>
@@ -79,6 +80,7 @@ class DeepSpeedConfigReader {
            object(v, k, {{"enabled", [&](const json& e, const std::string& ek) { bf16_ = boolean(e, ek); }}});
          }},
         {"zero_optimization", [&](const json& v, const std::string& k) { zero(v, k); }},
+        {"aio", [&](const json& v, const std::string& k) { aio(v, k); }},
         {"activation_checkpointing", [&](const json& v, const std::string& k) { activation_checkpointing(v, k); }},
     });
     finish();
@@ -299,6 +301,35 @@ class DeepSpeedConfigReader {
          }},
         {"elastic_checkpoint", [&](const json& x, const std::string& k) {
            boolean(x, k);  // a checkpoint resumes on any world size (--resume) either way
+         }},
+    });
+  }
+
+  // aio: the asynchronous I/O of an offload to NVMe (Lightning's block_size, queue_depth,
+  // single_submit, overlap_events and thread_count). The sizes are settings; the other three
+  // describe how polyshard's file always works, so only DeepSpeed's defaults are accepted.
+  void aio(const json& v, const std::string& key) {
+    object(v, key, {
+        {"block_size", [&](const json& x, const std::string& k) {
+           set("--block-size", o_.settings.block_size, integer(x, k, 1));
+         }},
+        {"queue_depth", [&](const json& x, const std::string& k) {
+           const auto depth = integer(x, k, 1);
+           set("--queue-depth", o_.settings.queue_depth,
+               depth ? std::optional<int>(static_cast<int>(std::min<std::int64_t>(*depth, 1 << 30))) : std::nullopt);
+         }},
+        {"single_submit", [&](const json& x, const std::string& k) {
+           refuse_unless(!boolean(x, k).value_or(false), k,
+                         "the file's I/O thread submits the requests it can start as one batch, as DeepSpeed's "
+                         "default false does");
+         }},
+        {"overlap_events", [&](const json& x, const std::string& k) {
+           refuse_unless(boolean(x, k).value_or(true), k, "requests are submitted without waiting for earlier ones "
+                                                          "to complete, as DeepSpeed's default true does");
+         }},
+        {"thread_count", [&](const json& x, const std::string& k) {
+           refuse_unless(integer(x, k, 1).value_or(1) == 1, k, "one I/O thread serves each rank's file, as "
+                                                               "DeepSpeed's default 1 does");
          }},
     });
   }
