@@ -247,6 +247,8 @@ endforeach()
 set(refused "polyshard-train cannot honour")
 set(sync "activation_checkpointing.synchronize_checkpoint_boundary: ${refused}")
 set(contiguous "zero_optimization.contiguous_gradients: ${refused}")
+set(beyond_int "must be at most 2147483647")  # an int field's largest value
+set(buffer_count "zero_optimization.offload_optimizer.buffer_count: ${beyond_int}")
 foreach(case
     "unknown-key|{\"zero_optimization\": {\"stage\": 3, \"stage_three\": 1}}|zero_optimization.stage_three: no such key"
     "wrong-type|{\"fp16\": {\"enabled\": \"yes\"}}|fp16.enabled: expects true or false"
@@ -262,7 +264,9 @@ foreach(case
     "scattered-gradients|{\"zero_optimization\": {\"stage\": 2, \"contiguous_gradients\": false}}|${contiguous}"
     "single-submit|{\"aio\": {\"single_submit\": true}}|aio.single_submit: ${refused}"
     "no-overlap-events|{\"aio\": {\"overlap_events\": false}}|aio.overlap_events: ${refused}"
-    "aio-threads|{\"aio\": {\"thread_count\": 2}}|aio.thread_count: ${refused}")
+    "aio-threads|{\"aio\": {\"thread_count\": 2}}|aio.thread_count: ${refused}"
+    "queue-depth-big|{\"aio\": {\"queue_depth\": 3e9}}|aio.queue_depth: ${beyond_int}"
+    "buffer-count-big|{\"zero_optimization\": {\"offload_optimizer\": {\"buffer_count\": 3e9}}}|${buffer_count}")
   string(REPLACE "|" ";" case "${case}")
   list(GET case 0 name)
   list(GET case 1 json)

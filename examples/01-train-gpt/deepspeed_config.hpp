@@ -8,12 +8,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -126,14 +126,17 @@ class DeepSpeedConfigReader {
     if (!(x >= min)) fail(key, "must be at least " + format(min) + ", got " + v.dump());
     return x;
   }
-  /// An integer; 2e8 (a JSON float with no fraction, as DeepSpeed's docs write bucket sizes) counts.
-  std::optional<std::int64_t> integer(const json& v, const std::string& key, std::int64_t min) const {
+  /// An integer from min to max; 2e8 (a JSON float with no fraction, as DeepSpeed's docs write
+  /// bucket sizes) counts. An int field passes int's largest value as max.
+  std::optional<std::int64_t> integer(const json& v, const std::string& key, std::int64_t min,
+                                      std::int64_t max = std::numeric_limits<std::int64_t>::max()) const {
     if (is_auto(v)) return std::nullopt;
     if (!v.is_number() || (v.is_number_float() && (std::trunc(v.get<double>()) != v.get<double>() ||
                                                    std::abs(v.get<double>()) > 9.0e15)))
       fail(key, "expects an integer, got " + v.dump());
     const std::int64_t n = v.is_number_float() ? static_cast<std::int64_t>(v.get<double>()) : v.get<std::int64_t>();
     if (n < min) fail(key, "must be at least " + std::to_string(min) + ", got " + v.dump());
+    if (n > max) fail(key, "must be at most " + std::to_string(max) + ", got " + v.dump());
     return n;
   }
   std::optional<std::string> text(const json& v, const std::string& key) const {
@@ -248,8 +251,9 @@ class DeepSpeedConfigReader {
            set("--pin-memory", o_.settings.pin_memory, boolean(x, k));
          }},
         {"buffer_count", [&](const json& x, const std::string& k) {
-           if (parameters) set("--params-buffer-count", o_.settings.params_buffer_count, integer(x, k, 1));
-           else set("--optimizer-buffer-count", o_.settings.optimizer_buffer_count, integer(x, k, 1));
+           const auto count = integer(x, k, 1, std::numeric_limits<int>::max());
+           if (parameters) set("--params-buffer-count", o_.settings.params_buffer_count, count);
+           else set("--optimizer-buffer-count", o_.settings.optimizer_buffer_count, count);
          }},
         {"buffer_size", [&](const json& x, const std::string& k) {
            if (!parameters) fail(k, "belongs to offload_param, not offload_optimizer");
@@ -314,9 +318,7 @@ class DeepSpeedConfigReader {
            set("--block-size", o_.settings.block_size, integer(x, k, 1));
          }},
         {"queue_depth", [&](const json& x, const std::string& k) {
-           const auto depth = integer(x, k, 1);
-           set("--queue-depth", o_.settings.queue_depth,
-               depth ? std::optional<int>(static_cast<int>(std::min<std::int64_t>(*depth, 1 << 30))) : std::nullopt);
+           set("--queue-depth", o_.settings.queue_depth, integer(x, k, 1, std::numeric_limits<int>::max()));
          }},
         {"single_submit", [&](const json& x, const std::string& k) {
            refuse_unless(!boolean(x, k).value_or(false), k,
