@@ -111,6 +111,47 @@ expect(lightning-name-deepspeed_stage_3_offload_nvme EXIT 0 ARGS ${one_step} --s
        --nvme-path ${WORK_DIR}/lightning-nvme
        SAYS "strategy deepspeed_stage_3_offload_nvme (ShardParameters, OffloadParameters<Nvme>, Fp32)")
 
+# fp16-mixed scales the loss as each name's reference does (Lightning's precision=16): PyTorch's
+# GradScaler under DDP, ShardedDDP, FSDP and the hybrid shard, DeepSpeed's scaler under the ZeRO
+# and DeepSpeed names; every engine of each kind is named once.
+foreach(pair "ddp=Fp16Amp" "sharded_ddp=Fp16Amp" "ddp_sharded=Fp16Amp" "fsdp=Fp16Amp" "fsdp_grad_op=Fp16Amp"
+             "hybrid=Fp16Amp" "deepspeed_stage_2=Fp16Mixed" "zero3=Fp16Mixed" "zero1=Fp16Mixed")
+  string(REPLACE "=" ";" pair "${pair}")
+  list(GET pair 0 name)
+  list(GET pair 1 precision)
+  expect(fp16-scaler-of-${name} EXIT 0 ARGS ${one_step} --world-size 2 --precision fp16-mixed --strategy ${name}
+         SAYS "strategy ${name} (" ", ${precision})")
+endforeach()
+# The two rules, told apart by overflows: a scale of 2^40 overflows fp16's gradients at every step.
+# GradScaler halves at each overflow (2^39, then 2^38); DeepSpeed's hysteresis of 2 lets the first
+# pass and halves at the second (2^40, then 2^39). Each metrics line is JSON (a skipped step's
+# gradient norm is null). The settings only one scaler has are refused.
+foreach(pair "fsdp=549755813888;274877906944" "deepspeed_stage_3=1099511627776;549755813888")
+  string(REPLACE "=" ";" pair "${pair}")
+  list(POP_FRONT pair name)
+  expect(fp16-overflows-under-${name} EXIT 0 ARGS ${one_step} --steps 2 --precision fp16-mixed --strategy ${name}
+         --initial-scale-power 40 --metrics ${WORK_DIR}/overflows-${name}.jsonl)
+  file(STRINGS ${WORK_DIR}/overflows-${name}.jsonl lines)
+  set(seen "")
+  foreach(line IN LISTS lines)
+    string(JSON scale ERROR_VARIABLE error GET "${line}" loss_scale)
+    string(JSON norm ERROR_VARIABLE error TYPE "${line}" grad_norm)
+    string(JSON skipped ERROR_VARIABLE error GET "${line}" skipped)
+    if(error)
+      set(failures "${failures}\nfp16-overflows-under-${name}: a metrics line is not JSON (${error}): ${line}")
+    endif()
+    list(APPEND seen "${scale}/${norm}/${skipped}")
+  endforeach()
+  list(TRANSFORM pair APPEND "/NULL/ON" OUTPUT_VARIABLE expected)
+  if(NOT seen STREQUAL expected)
+    set(failures "${failures}\nfp16-overflows-under-${name}: scale/grad_norm/skipped after two overflows: ${seen}, not ${expected}")
+  endif()
+endforeach()
+expect(grad-scaler-has-no-hysteresis EXIT 2 ARGS ${one_step} --precision fp16-mixed --strategy fsdp --hysteresis 3
+       SAYS "StrategyConfig::hysteresis" "GradScaler")
+expect(deepspeed-scaler-has-hysteresis-and-floor EXIT 0 ARGS ${one_step} --precision fp16-mixed
+       --strategy deepspeed_stage_3 --hysteresis 3 --min-loss-scale 2 SAYS "strategy deepspeed_stage_3 (")
+
 # The offload families beside ZeRO-Offload's: ZeRO-1 and ZeRO-3 with the optimizer on the host, and
 # ZeRO-3 with the parameter shards alone there. On the host engine the offload moves nothing, so
 # each trains exactly as its family without offload: equal losses and gradient norms at every

@@ -179,7 +179,12 @@ inline bool parse(int argc, char** argv, Options& o) {
   strategy->add_option("--backend", o.backend, "threads, or mpi (under mpirun)")->type_name("NAME");
   strategy->add_option("--device", o.device, "cpu, or cuda (one GPU per rank, collectives over NCCL)")
       ->type_name("NAME");
-  strategy->add_option("--precision", o.precision, "fp32, fp16-mixed or bf16-mixed")->type_name("NAME");
+  strategy
+      ->add_option("--precision", o.precision,
+                   "fp32, fp16-mixed or bf16-mixed; fp16-mixed scales the loss as the strategy's reference: "
+                   "PyTorch's GradScaler under ddp, sharded_ddp, ddp_sharded, fsdp, fsdp_grad_op and hybrid, "
+                   "DeepSpeed's scaler under the others")
+      ->type_name("NAME");
   strategy
       ->add_option("--wrap", o.wrap,
                    "FSDP's units: whole (the model), block (each block) or size:N (modules of N parameters)")
@@ -249,7 +254,7 @@ inline bool parse(int argc, char** argv, Options& o) {
                    "a DeepSpeed JSON config: its keys set the flags not given on the command line or in --config")
       ->type_name("FILE.json");
 
-  auto* scaling = app.add_option_group("Loss scaling (fp16-mixed; DeepSpeed's keys, refused where they do not apply)");
+  auto* scaling = app.add_option_group("Loss scaling (fp16-mixed; DeepSpeed's keys, refused where the scaler has no use for them)");
   scaling->add_option("--loss-scale", o.loss_scale, "0: dynamic; a positive value: that static scale")
       ->type_name("X")
       ->transform(detail::number_at_least<double>(0));
@@ -259,16 +264,16 @@ inline bool parse(int argc, char** argv, Options& o) {
       ->default_str("");
   scaling
       ->add_option("--loss-scale-window", o.loss_scale_window,
-                   "steps without overflow before the scale doubles (default 1000)")
+                   "steps without overflow before the scale doubles (default 1000; GradScaler's growth_interval: 2000)")
       ->type_name("N")
       ->transform(at_least(1))
       ->default_str("");
   scaling
-      ->add_option("--hysteresis", o.hysteresis, "overflows that skip their step before the scale halves (default 2)")
+      ->add_option("--hysteresis", o.hysteresis, "overflows that skip their step before the scale halves (default 2; DeepSpeed's scaler only)")
       ->type_name("N")
       ->transform(at_least(1))
       ->default_str("");
-  scaling->add_option("--min-loss-scale", o.min_loss_scale, "the scale never halves below X (default 1)")
+  scaling->add_option("--min-loss-scale", o.min_loss_scale, "the scale never halves below X (default 1; DeepSpeed's scaler only)")
       ->type_name("X")
       ->transform(detail::number_at_least<double>(0))
       ->default_str("");

@@ -34,8 +34,19 @@ enum class Family {
   zero_infinity_parameters
 };
 
-/// --precision: fp32, bf16-mixed, fp16-mixed.
-enum class Precision { fp32, bf16_mixed, fp16_mixed };
+/// --precision: fp32, bf16-mixed, fp16-mixed. fp16-mixed scales the loss as the strategy's
+/// reference does (Lightning's precision=16): DeepSpeed's dynamic scaler under the ZeRO and
+/// DeepSpeed names (fp16_mixed: Fp16Mixed), PyTorch's GradScaler under DDP, FairScale's
+/// ShardedDDP and FSDP, and the hybrid shard (fp16_amp: Fp16Amp).
+enum class Precision { fp32, bf16_mixed, fp16_mixed, fp16_amp };
+
+/// Whether --strategy names a strategy whose reference scales fp16 losses with PyTorch's
+/// GradScaler (Lightning's ddp, ddp_sharded and fsdp: its native AMP plugins, FairScale's
+/// ShardedGradScaler) rather than DeepSpeed's scaler.
+inline bool scales_as_grad_scaler(const std::string& strategy) {
+  return strategy == "ddp" || strategy == "sharded_ddp" || strategy == "ddp_sharded" || strategy == "fsdp" ||
+         strategy == "fsdp_grad_op" || strategy == "hybrid";
+}
 
 /// Trains one rank under the strategy of family F and precision P with the options' wrap,
 /// computing on device D with communicator Comm. Defined in trainer.hpp and instantiated in
@@ -78,7 +89,19 @@ void train_named_strategy(const Options& o, Comm& comm, const Datasets& data, po
   with_family(o, [&]<Family F>() {
     if (o.precision == "fp32") train_strategy<F, Precision::fp32, D>(o, comm, data, trace);
     else if (o.precision == "bf16-mixed") train_strategy<F, Precision::bf16_mixed, D>(o, comm, data, trace);
-    else if (o.precision == "fp16-mixed") train_strategy<F, Precision::fp16_mixed, D>(o, comm, data, trace);
+    else if (o.precision == "fp16-mixed") {
+      // Only the families a name of each kind reaches are compiled (strategies.cpp).
+      constexpr bool grad_scaler_family = F == Family::ddp || F == Family::zero2 || F == Family::zero3 ||
+                                          F == Family::fsdp_grad_op || F == Family::hybrid;
+      constexpr bool deepspeed_family = F != Family::ddp && F != Family::fsdp_grad_op && F != Family::hybrid;
+      if (scales_as_grad_scaler(o.strategy)) {
+        if constexpr (grad_scaler_family) train_strategy<F, Precision::fp16_amp, D>(o, comm, data, trace);
+        else polyshard::detail::throw_error("polyshard-train: '", o.strategy, "' has no GradScaler build");
+      } else {
+        if constexpr (deepspeed_family) train_strategy<F, Precision::fp16_mixed, D>(o, comm, data, trace);
+        else polyshard::detail::throw_error("polyshard-train: '", o.strategy, "' has no DeepSpeed-scaler build");
+      }
+    }
     else polyshard::detail::throw_error("polyshard-train: unknown --precision '", o.precision, "' (see --help)");
   });
 }

@@ -57,6 +57,16 @@ inline AnyOptimizerConfig optimizer_config(const Options& o) {
   return configure(AdamWConfig{});
 }
 
+/// A number in a metrics line: JSON has no NaN or infinity (a step skipped for overflow has no
+/// gradient norm, a diverged run no loss), so those are written as null.
+struct JsonNumber {
+  double value;
+  friend std::ostream& operator<<(std::ostream& out, JsonNumber n) {
+    if (std::isfinite(n.value)) return out << n.value;
+    return out << "null";
+  }
+};
+
 /// Generated tokens on one line: bytes as text, with C escapes for control characters, quotes
 /// and bytes outside ASCII, when the tokens are bytes; ids separated by spaces otherwise.
 inline std::string printable_tokens(const std::vector<std::int32_t>& tokens, bool bytes) {
@@ -288,15 +298,15 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
       std::printf("step %5lld | sample: %s\n", static_cast<long long>(step),
                   printable_tokens(drawn, data.bytes).c_str());
     if (metrics.is_open()) {
-      metrics << "{\"step\":" << step << ",\"loss\":" << loss_sum;
-      if (evaluate) metrics << ",\"val_loss\":" << val_loss;
+      metrics << "{\"step\":" << step << ",\"loss\":" << JsonNumber{loss_sum};
+      if (evaluate) metrics << ",\"val_loss\":" << JsonNumber{val_loss};
       if (sampling) {
         metrics << ",\"sample\":[";
         for (std::size_t i = 0; i < drawn.size(); ++i) metrics << (i ? "," : "") << drawn[i];
         metrics << "]";
       }
       metrics << ",\"lr\":" << lr << ",\"grad_norm\":"
-              << engine.last_grad_norm() << ",\"skipped\":" << (applied ? "false" : "true")
+              << JsonNumber{engine.last_grad_norm()} << ",\"skipped\":" << (applied ? "false" : "true")
               << ",\"loss_scale\":" << engine.loss_scaler().scale() << ",\"tokens_per_s\":" << tokens_per_s
               << ",\"step_s\":" << step_s << ",\"elapsed_s\":" << elapsed
               << ",\"parameters\":" << engine.units().numel_total() << ",\"world_size\":" << world
@@ -380,10 +390,12 @@ template <> struct FamilyPolicies<Family::zero_infinity_parameters> {
   using offload = OffloadParameters<Nvme>;
 };
 
-/// The precision policy of each --precision.
+/// The precision policy of each --precision (fp16-mixed: by the strategy's scaler, families.hpp).
 template <Precision P>
-using PrecisionOf = std::conditional_t<P == Precision::fp32, Fp32,
-                                           std::conditional_t<P == Precision::bf16_mixed, Bf16Mixed, Fp16Mixed>>;
+using PrecisionOf =
+    std::conditional_t<P == Precision::fp32, Fp32,
+                       std::conditional_t<P == Precision::bf16_mixed, Bf16Mixed,
+                                          std::conditional_t<P == Precision::fp16_amp, Fp16Amp, Fp16Mixed>>>;
 
 /// One strategy type per family and precision, whatever the --wrap: FairScale's size-based wrap
 /// with its threshold set at run time (train_rank: whole, size:N, or one block's parameters).
