@@ -260,6 +260,47 @@ TEST_CASE("fp16 and bf16 mixed precision train close to fp32", "[engine]") {
   }
 }
 
+// FairScale's reduce_fp16 (ShardedDDP: fp32 compute, gradients reduced in fp16) and FSDP's
+// fp32_reduce_scatter (fp16 compute, gradients reduced in fp32): what the reductions move, as the
+// in-process backend measured it, is in the reduce type (half or twice the bytes of the same
+// sharding reducing in the other width, the parameters' all-gathers unchanged), and each trains
+// close to fp32. The fp16 reduction rounds: reduce_fp16 is not ZeRO-2 in fp32 bit for bit.
+using ReduceFp16 = Strategy<ShardGradients, MixedPrecision<float, polyshard::half>>;
+using Fp32ReduceScatter =
+    Strategy<ShardParameters<true>, MixedPrecision<polyshard::half, float, float, GradScalerLossScale<>>,
+             WrapByType<Block>>;
+TEST_CASE("reduce_fp16 and fp32_reduce_scatter reduce in their reduce type and train close to fp32", "[engine]") {
+  const auto reduced = [](const test::RunResult& r) {
+    double bytes = 0;
+    // The gradients' reductions (an all-reduce carries a scaler's overflow flag, in float for both).
+    for (CollectiveKind k : {CollectiveKind::ReduceScatter, CollectiveKind::Reduce})
+      if (r.traffic.count(k)) bytes += r.traffic.at(k).first;
+    return bytes;
+  };
+  const auto gathered = [](const test::RunResult& r) {
+    return r.traffic.count(CollectiveKind::AllGather) ? r.traffic.at(CollectiveKind::AllGather).first : 0.0;
+  };
+  const auto reference = test::train<DDP>(1);
+  const double moved = test::max_difference(reference.parameters, test::train<DDP>(1, 0).parameters);
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    const auto fp16 = test::train<ReduceFp16>(world);
+    const auto fp32 = test::train<ZeRO<2>>(world);
+    CHECK(reduced(fp16) > 0);
+    CHECK(2 * reduced(fp16) == Approx(reduced(fp32)).epsilon(1e-12));
+    CHECK(gathered(fp16) == Approx(gathered(fp32)).epsilon(1e-12));
+    CHECK(test::max_difference(fp16.parameters, fp32.parameters) > 0);
+    CHECK(test::max_difference(fp16.parameters, reference.parameters) < 0.05 * moved + 2e-3);
+
+    const auto wide = test::train<Fp32ReduceScatter>(world);
+    const auto narrow = test::train<Strategy<ShardParameters<true>, Fp16Mixed, WrapByType<Block>>>(world);
+    CHECK(reduced(wide) > 0);
+    CHECK(reduced(wide) == Approx(2 * reduced(narrow)).epsilon(1e-12));
+    CHECK(gathered(wide) == Approx(gathered(narrow)).epsilon(1e-12));
+    CHECK(test::max_difference(wide.parameters, reference.parameters) < 0.05 * moved + 2e-3);
+  }
+}
+
 namespace {
 /// One SGD step (no momentum) of `world` ranks under S, the backward seeded with `weight`: how
 /// far each fp32 master weight of rank 0 moved.
