@@ -5,7 +5,9 @@
 // 0's.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <future>
 #include <vector>
@@ -358,5 +360,77 @@ TEST_CASE("full weights hold rank 0's persistent buffers beside the parameters, 
                    Catch::Contains("different shapes or dtypes for buffers 'running.running_mean (F64 (7,) in the "
                                    "file, F32 (7,) in the model)'"));
     CHECK(loaded[std::size_t(r)] == std::vector<float>(channels, 0.0f));  // nothing written
+  }
+}
+
+namespace {
+/// What each of two ranks held of the parameters (by name, as float) once the engine was built
+/// and after one SGD step, rank r's model initialised from seed `seed(r)`.
+struct TwoRanks {
+  std::vector<std::vector<std::pair<std::string, std::vector<float>>>> built{2}, stepped{2};
+};
+template <class S, class Seed>
+TwoRanks two_ranks_from(Seed seed, bool sync) {
+  TwoRanks seen;
+  StrategyConfig config;
+  config.sync_models_at_startup = sync;
+  run_ranks(2, [&](ThreadCommunicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    Gpt<float> model(test::tiny_gpt());
+    Engine<S, Gpt<float>, ThreadCommunicator, Sgd<float>> engine(model, comm, test::momentum_sgd(), config,
+                                                                   seed(comm.rank()));
+    seen.built[r] = engine.full_parameters();
+    const Batch b = BatchSampler(test::tiny_data(), 8, 6, 7).batch(0, comm.rank(), 2);
+    Var<float> loss = engine.forward([&] { return model.loss(b.inputs, b.targets); });
+    engine.backward(loss, 0.5);
+    loss = Var<float>();
+    engine.step(0.1);
+    seen.stepped[r] = engine.full_parameters();
+  });
+  return seen;
+}
+}  // namespace
+
+// FairScale's sync_models_at_startup on the parameters (the policies that keep them whole; a
+// sharded one builds each shard from one init; in bf16 the fp32 masters are a copy of their own): ranks initialised from different seeds hold rank
+// 0's parameters once the engine is built, master weights included, and then step as ranks
+// initialised alike do, bit for bit. Without it each rank keeps its own.
+TEMPLATE_TEST_CASE("sync_models_at_startup gives every rank rank 0's parameters and masters when their inits differ",
+                   "[engine][buffers]", DDP, ZeRO<1>, ZeRO<2>, (Strategy<ShardGradients, Bf16Mixed>)) {
+  const auto own_seed = [](int rank) { return std::uint64_t(42 + 1000 * rank); };
+  const auto rank0_seed = [](int) { return std::uint64_t(42); };
+  const TwoRanks alike = two_ranks_from<TestType>(rank0_seed, false);
+  REQUIRE(alike.built[0] == alike.built[1]);
+
+  const TwoRanks synced = two_ranks_from<TestType>(own_seed, true);
+  CHECK(synced.built[0] == alike.built[0]);
+  CHECK(synced.built[1] == alike.built[0]);
+  CHECK(synced.stepped[1] == synced.stepped[0]);
+  if constexpr (TestType::precision::mixed) {
+    // A separate fp32 master copy is re-derived from rank 0's bf16 parameters where it differed
+    // (rank 0's own keeps its fp32 init): the step lands within one bf16 rounding of the run
+    // initialised alike, elementwise.
+    std::size_t outside = 0, compared = 0;
+    for (std::size_t i = 0; i < alike.stepped[0].size(); ++i)
+      for (std::size_t j = 0; j < alike.stepped[0][i].second.size(); ++j, ++compared) {
+        const double a = synced.stepped[0][i].second[j], b = alike.stepped[0][i].second[j];
+        if (std::abs(a - b) > std::ldexp(std::max(std::abs(a), std::abs(b)), -7) + 1e-12) ++outside;
+      }
+    CHECK(compared > 0);
+    CHECK(outside == 0);
+  } else {
+    CHECK(synced.stepped[0] == alike.stepped[0]);  // the masters the step updated were rank 0's
+  }
+
+  const TwoRanks apart = two_ranks_from<TestType>(own_seed, false);
+  CHECK(apart.built[0] == alike.built[0]);
+  CHECK(apart.built[1] != apart.built[0]);
+  if constexpr (TestType::sharding::shards_optimizer_state) {
+    // Each rank's shard of the masters came from its own init; the all-gather after the step
+    // gives both ranks the same mix of the two, which is neither rank 0's run nor the other's.
+    CHECK(apart.stepped[1] == apart.stepped[0]);
+    CHECK(apart.stepped[0] != alike.stepped[0]);
+  } else {
+    CHECK(apart.stepped[1] != apart.stepped[0]);
   }
 }
