@@ -2,6 +2,7 @@
 // one large batch.
 #include <catch2/catch.hpp>
 
+#include "divergence.hpp"
 #include "engine_fixture.hpp"
 #include "support/error_of.hpp"
 
@@ -160,4 +161,48 @@ TEMPLATE_LIST_TEST_CASE("zero_grad forgets the gradients of earlier backward pas
   CHECK(test::max_difference(with_discarded_backward<TestType>(world, true, under_no_sync, true), clean) == 0.0);
   // Without zero_grad the discarded gradients add to the step's, as PyTorch's would.
   CHECK(test::max_difference(with_discarded_backward<TestType>(world, true, under_no_sync, false), clean) > 1e-4);
+}
+
+// FairScale's zero_grad(set_to_none=False), the default: a parameter no backward reached since
+// zero_grad still has a gradient, of zeros, and the optimizer steps it. Every rank leaves block 0
+// out of the forward, so its parameters get no gradient; AdamW then moves them by its decoupled
+// weight decay alone (zero moments make Adam's own term zero): w(1 - lr wd) after each step,
+// never left as they were, as set_to_none=True would leave a parameter whose gradient is None.
+TEMPLATE_TEST_CASE("a parameter without a gradient steps with a zero one (zero_grad's set_to_none=False)", "[engine]",
+                   DDP, ZeRO<1>, ZeRO<2>) {
+  const int world = GENERATE(1, 2);
+  CAPTURE(world);
+  const AdamWConfig adamw{.lr = 0.05, .weight_decay = 0.1};
+  std::vector<std::pair<std::string, std::vector<float>>> before, after_one, after_two;
+  run_ranks(world, [&](ThreadCommunicator& comm) {
+    Gpt<float> model(test::tiny_gpt());
+    Engine<TestType, Gpt<float>, ThreadCommunicator, AdamW<float>> engine(model, comm, adamw, {}, 42);
+    auto seen = engine.full_parameters();
+    for (int step = 0; step < 2; ++step) {
+      engine.zero_grad();
+      const Batch b = BatchSampler(test::tiny_data(), 8, 6, 7).batch(step, comm.rank(), world);
+      Var<float> loss = engine.forward([&] { return test::loss_skipping_block0(model, b, true); });
+      engine.backward(loss, 1.0 / world);
+      loss = Var<float>();
+      engine.step(adamw.lr);
+      auto now = engine.full_parameters();
+      if (comm.rank() == 0) (step == 0 ? after_one : after_two) = std::move(now);
+    }
+    if (comm.rank() == 0) before = std::move(seen);
+  });
+  const double keep = 1.0 - adamw.lr * adamw.weight_decay;
+  std::size_t checked = 0, moved = 0, off = 0;
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    if (before[i].first.rfind("transformer.h.0.", 0) != 0) continue;
+    for (std::size_t j = 0; j < before[i].second.size(); ++j, ++checked) {
+      const double w = before[i].second[j];
+      if (after_one[i].second[j] != before[i].second[j]) ++moved;
+      if (std::abs(after_one[i].second[j] - w * keep) > 1e-6 * std::abs(w) + 1e-12 ||
+          std::abs(after_two[i].second[j] - w * keep * keep) > 2e-6 * std::abs(w) + 1e-12)
+        ++off;
+    }
+  }
+  CHECK(checked > 100);  // block 0: its attention, MLP and layer norms
+  CHECK(moved > checked / 2);
+  CHECK(off == 0);
 }

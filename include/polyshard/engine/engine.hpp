@@ -359,7 +359,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     for (State& u : units_) write_back_unit(u, step_site("the delayed parameter update of " + unit_name(u)));
   }
 
-  /// Forgets every gradient (set_to_none: nothing is written).
+  /// Forgets every gradient, writing nothing; a parameter no backward reaches steps with zeros (set_to_none=False).
   void zero_grad() {
     for (State& u : units_) {
       u.local_grads = false;
