@@ -165,18 +165,18 @@ TEMPLATE_LIST_TEST_CASE("zero_grad forgets the gradients of earlier backward pas
 
 // FairScale's zero_grad(set_to_none=False), the default: a parameter no backward reached since
 // zero_grad still has a gradient, of zeros, and the optimizer steps it. Every rank leaves block 0
-// out of the forward, so its parameters get no gradient; AdamW then moves them by its decoupled
-// weight decay alone (zero moments make Adam's own term zero): w(1 - lr wd) after each step,
-// never left as they were, as set_to_none=True would leave a parameter whose gradient is None.
+// out of the forward, so its parameters get no gradient; SGD then moves them by its weight decay
+// alone (PyTorch's, added to the gradient): w(1 - lr wd) after each step, never left as they
+// were, as set_to_none=True would leave a parameter whose gradient is None.
 TEMPLATE_TEST_CASE("a parameter without a gradient steps with a zero one (zero_grad's set_to_none=False)", "[engine]",
                    DDP, ZeRO<1>, ZeRO<2>) {
   const int world = GENERATE(1, 2);
   CAPTURE(world);
-  const AdamWConfig adamw{.lr = 0.05, .weight_decay = 0.1};
+  const SgdConfig sgd{.lr = 0.05, .weight_decay = 0.1};  // no momentum
   std::vector<std::pair<std::string, std::vector<float>>> before, after_one, after_two;
   run_ranks(world, [&](ThreadCommunicator& comm) {
     Gpt<float> model(test::tiny_gpt());
-    Engine<TestType, Gpt<float>, ThreadCommunicator, AdamW<float>> engine(model, comm, adamw, {}, 42);
+    Engine<TestType, Gpt<float>, ThreadCommunicator, Sgd<float>> engine(model, comm, sgd, {}, 42);
     auto seen = engine.full_parameters();
     for (int step = 0; step < 2; ++step) {
       engine.zero_grad();
@@ -184,13 +184,13 @@ TEMPLATE_TEST_CASE("a parameter without a gradient steps with a zero one (zero_g
       Var<float> loss = engine.forward([&] { return test::loss_skipping_block0(model, b, true); });
       engine.backward(loss, 1.0 / world);
       loss = Var<float>();
-      engine.step(adamw.lr);
+      engine.step(sgd.lr);
       auto now = engine.full_parameters();
       if (comm.rank() == 0) (step == 0 ? after_one : after_two) = std::move(now);
     }
     if (comm.rank() == 0) before = std::move(seen);
   });
-  const double keep = 1.0 - adamw.lr * adamw.weight_decay;
+  const double keep = 1.0 - sgd.lr * sgd.weight_decay;
   std::size_t checked = 0, moved = 0, off = 0;
   for (std::size_t i = 0; i < before.size(); ++i) {
     if (before[i].first.rfind("transformer.h.0.", 0) != 0) continue;
