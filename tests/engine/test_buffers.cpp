@@ -391,10 +391,11 @@ TwoRanks two_ranks_from(Seed seed, bool sync) {
 }
 }  // namespace
 
-// FairScale's sync_models_at_startup on the parameters (the policies that keep them whole; a
-// sharded one builds each shard from one init; in bf16 the fp32 masters are a copy of their own): ranks initialised from different seeds hold rank
-// 0's parameters once the engine is built, master weights included, and then step as ranks
-// initialised alike do, bit for bit. Without it each rank keeps its own.
+// FairScale's sync_models_at_startup on the parameters, under the policies that keep them whole
+// (a sharded one builds each shard from one init), in bf16 too, whose fp32 masters are a copy of
+// their own: ranks initialised from different seeds hold rank 0's parameters once the engine is
+// built, master weights included, and then step as ranks initialised alike do. Without it each
+// rank keeps its own.
 TEMPLATE_TEST_CASE("sync_models_at_startup gives every rank rank 0's parameters and masters when their inits differ",
                    "[engine][buffers]", DDP, ZeRO<1>, ZeRO<2>, (Strategy<ShardGradients, Bf16Mixed>)) {
   const auto own_seed = [](int rank) { return std::uint64_t(42 + 1000 * rank); };
