@@ -254,7 +254,8 @@ inline bool parse(int argc, char** argv, Options& o) {
                    "a DeepSpeed JSON config: its keys set the flags not given on the command line or in --config")
       ->type_name("FILE.json");
 
-  auto* scaling = app.add_option_group("Loss scaling (fp16-mixed; DeepSpeed's keys, refused where the scaler has no use for them)");
+  auto* scaling =
+      app.add_option_group("Loss scaling (fp16-mixed; DeepSpeed's keys, refused where the scaler has no use for them)");
   scaling->add_option("--loss-scale", o.loss_scale, "0: dynamic; a positive value: that static scale")
       ->type_name("X")
       ->transform(detail::number_at_least<double>(0));
@@ -264,16 +265,20 @@ inline bool parse(int argc, char** argv, Options& o) {
       ->default_str("");
   scaling
       ->add_option("--loss-scale-window", o.loss_scale_window,
-                   "steps without overflow before the scale doubles (default 1000; GradScaler's growth_interval: 2000)")
+                   "steps without overflow before the scale doubles "
+                   "(default 1000; GradScaler's growth_interval: 2000)")
       ->type_name("N")
       ->transform(at_least(1))
       ->default_str("");
   scaling
-      ->add_option("--hysteresis", o.hysteresis, "overflows that skip their step before the scale halves (default 2; DeepSpeed's scaler only)")
+      ->add_option("--hysteresis", o.hysteresis,
+                   "overflows that skip their step before the scale halves (default 2; DeepSpeed's scaler only)")
       ->type_name("N")
       ->transform(at_least(1))
       ->default_str("");
-  scaling->add_option("--min-loss-scale", o.min_loss_scale, "the scale never halves below X (default 1; DeepSpeed's scaler only)")
+  scaling
+      ->add_option("--min-loss-scale", o.min_loss_scale,
+                   "the scale never halves below X (default 1; DeepSpeed's scaler only)")
       ->type_name("X")
       ->transform(detail::number_at_least<double>(0))
       ->default_str("");
