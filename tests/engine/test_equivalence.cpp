@@ -23,6 +23,19 @@ TEMPLATE_LIST_TEST_CASE("fp32: every strategy at world size 1 equals DDP bit for
   CHECK(result.losses == reference.losses);
 }
 
+TEST_CASE("a composition spelled two ways is one engine, its strategy as each spelled it", "[engine]") {
+  // FsdpPerBlock with its policies in another order and a default written out.
+  using Respelled = Strategy<WrapByType<Block>, Fp32, ShardParameters<true>>;
+  using Shared = detail::EngineOver<canonical_t<FsdpPerBlock>, Gpt<float>, ThreadCommunicator, Sgd<float>>;
+  using A = Engine<FsdpPerBlock, Gpt<float>, ThreadCommunicator, Sgd<float>>;
+  using B = Engine<Respelled, Gpt<float>, ThreadCommunicator, Sgd<float>>;
+  STATIC_REQUIRE(std::is_base_of_v<Shared, A>);
+  STATIC_REQUIRE(std::is_base_of_v<Shared, B>);
+  STATIC_REQUIRE(std::is_same_v<A::strategy, FsdpPerBlock>);
+  STATIC_REQUIRE(std::is_same_v<B::strategy, Respelled>);
+  STATIC_REQUIRE(sizeof(A) == sizeof(Shared));
+}
+
 TEMPLATE_LIST_TEST_CASE("fp32: every strategy at world sizes 2, 3, 4 trains like one process", "[engine]",
                         Fp32Strategies) {
   const auto reference = train<DDP>(1);

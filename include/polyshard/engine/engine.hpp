@@ -67,27 +67,82 @@ struct model_numerics<Model> {
   using element = typename Model::element_type;
   using device = typename Model::device_type;
 };
-}  // namespace detail
 
-/// Data-parallel training of `model` on the ranks of `comm` under strategy `S`, with optimizer
-/// `Opt` (Sgd<float>, Adam<float>, AdamW<float>, AnyOptimizer<float>) over each unit's master
-/// weights.
-///
-/// The model's device decides where every buffer lives: a host model (Gpt<float>) computes in
-/// float with the strategy's 16-bit types as storage; a device model (Gpt<CT, Cuda>, with
-/// polyshard/engine/cuda/engine.hpp included) computes in the compute type CT, its units'
-/// buffers in device memory, its collectives on a communicator of device buffers (NCCL) and its
-/// updates through the fused kernels.
-///
-/// Per step: zero_grad(); loss = forward([&] { return model.loss(x, y); });
-/// backward(loss, weight); step(lr). `weight` is this rank's share of the global batch (its rows
-/// over all rows), so that the summed gradients equal the gradient of the global mean loss.
-///
-/// The model must call the modules that may be units through call() (the nn modules do), and
-/// must not move while the engine lives: parameters are bound to the engine's buffers.
+// The engine's own types that depend on nothing of its strategy (the step's plan, the gathers
+// ahead, the module buffers): declared here, they and the containers of them are compiled once
+// per program rather than once per engine type.
+
+/// What a step does: its learning rate and clipping, whether it needs the global gradient
+/// norm, whether the units were updated as their gradients landed (backward_and_step), and
+/// the inverse of the loss scale this step's gradients carry.
+struct StepPlan {
+  double lr;
+  double max_grad_norm;
+  bool needs_norm;
+  bool updated_early;
+  double inv_loss_scale;
+};
+
+/// What a unit's gradients told the step: whether they overflowed, and their squared norm
+/// (of the gradients as reduced: still scaled by the loss scale).
+struct UnitGradCheck {
+  bool overflow = false;
+  double squares = 0;
+};
+
+/// A backward_and_step in progress: its plan, how many of each unit's backwards have finished,
+/// and which units have landed (handed to the host thread).
+struct Landing {
+  StepPlan plan;
+  std::vector<int> backwards_done;
+  std::vector<char> landed;
+};
+
+/// A unit's gather issued ahead of its forward.
+struct PrefetchedGather {
+  std::size_t unit;
+  CommHandle handle;
+};
+
+/// Starts the broadcast of rank 0's `value` to every rank, in its own memory. Collectives carry
+/// floating-point elements; a broadcast only copies bytes, so an integer buffer (a step
+/// counter) travels as the float type of its width, its bytes never read as floats.
+template <class Comm, Element T, class D>
+CommHandle broadcast_buffer(Comm& c, const Tensor<T, D>& value) {
+  if constexpr (FloatElement<T>) {
+    return c.broadcast_async(value.span(), 0);
+  } else {
+    using F = std::conditional_t<sizeof(T) == sizeof(double), double, float>;
+    static_assert(sizeof(F) == sizeof(T), "a buffer's integer type has the width of a float type");
+    const std::span<T> bytes = value.span();
+    return c.broadcast_async(std::span<F>(reinterpret_cast<F*>(bytes.data()), bytes.size()), 0);
+  }
+}
+
+/// A module buffer as an engine keeps it, whole on every rank and outside the units: its name
+/// and how to broadcast it from rank 0 (its element type erased).
+template <class Comm>
+struct ModuleBuffer {
+  std::string name;
+  std::function<CommHandle(Comm&)> broadcast;
+};
+
+/// The buffers of `model`, in the order visit_buffers gives them (per model and communicator,
+/// not per strategy).
+template <class Comm, class Model>
+std::vector<ModuleBuffer<Comm>> module_buffers(Model& model) {
+  std::vector<ModuleBuffer<Comm>> buffers;
+  visit_buffers(model, [&](const std::string& name, const auto& b) {
+    buffers.push_back({name, [value = b.value()](Comm& c) { return broadcast_buffer(c, value); }});
+  });
+  return buffers;
+}
+
+/// The engine of Engine<S, ...> (below), over the canonical spelling of S: compositions that name
+/// the same policies in another order, or leave defaults out, share one instantiation.
 template <StrategyType S, class Model, Communicator Comm, Optimizer Opt>
-class Engine : private ModuleHooks<typename detail::model_numerics<Model>::element,
-                                   typename detail::model_numerics<Model>::device> {
+class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::element,
+                                       typename detail::model_numerics<Model>::device> {
  public:
   using strategy = S;
   using sharding = typename S::sharding;
@@ -136,8 +191,8 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
 
   /// Binds `model`'s parameters to the strategy's buffers and builds the rank's state: whole
   /// parameters or only the rank's shards, as the strategy says, initialised from `seed`.
-  Engine(Model& model, Comm& comm, typename Opt::config_type optimizer, StrategyConfig config = {},
-         std::uint64_t seed = 0)
+  EngineOver(Model& model, Comm& comm, typename Opt::config_type optimizer, StrategyConfig config = {},
+             std::uint64_t seed = 0)
       : model_(model), comm_(comm), config_(config), scaler_(config) {
     refuse_unread_fields(config);
     refuse_fields_not_read_by<S, device>(config);
@@ -176,17 +231,15 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     }
     plan_buckets();
     placement_.place(units_, optimizers_, config, comm.rank());  // NVMe: the state moves to nvme_path
-    visit_buffers(model, [&](const std::string& name, const auto& b) {
-      buffers_.push_back({name, [value = b.value()](Comm& c) { return broadcast_buffer(c, value); }});
-    });
+    buffers_ = detail::module_buffers<Comm>(model);
     if (config.sync_models_at_startup)
       broadcast_buffers("the start-up sync of the module buffers from rank 0", /*blocking=*/true);
   }
-  Engine(const Engine&) = delete;
-  Engine& operator=(const Engine&) = delete;
+  EngineOver(const EngineOver&) = delete;
+  EngineOver& operator=(const EngineOver&) = delete;
   /// Waits for the collectives still in flight (after an error, they fail at once or time out):
   /// they read and write this engine's buffers.
-  ~Engine() {
+  ~EngineOver() {
     settle_in_flight();
     if (delayed_.valid()) delayed_.wait();  // it reads and writes this engine's buffers
   }
@@ -255,11 +308,11 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// (FSDP/DDP no_sync); the first backward after it reduces everything accumulated.
   class NoSync {
    public:
-    explicit NoSync(Engine& e) : engine_(e), saved_(e.sync_) { e.sync_ = false; }
+    explicit NoSync(EngineOver& e) : engine_(e), saved_(e.sync_) { e.sync_ = false; }
     ~NoSync() { engine_.sync_ = saved_; }
 
    private:
-    Engine& engine_;
+    EngineOver& engine_;
     bool saved_;
   };
   NoSync no_sync() { return NoSync(*this); }
@@ -329,7 +382,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     grad_checks_.assign(units_.size(), UnitGradCheck{});
     landing_.emplace(Landing{plan, std::vector<int>(units_.size(), 0), std::vector<char>(units_.size(), 0)});
     struct EndLanding {
-      Engine& e;
+      EngineOver& e;
       ~EndLanding() { e.landing_.reset(); }
     } end_landing{*this};
     backward(loss, weight);
@@ -552,31 +605,17 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// However a step ends (applied, skipped or failed), the next forward is micro-batch 1 of the
   /// next step.
   struct NextStep {
-    Engine& e;
+    EngineOver& e;
     ~NextStep() {
       ++e.step_number_;
       e.micro_batch_ = 0;
     }
   };
 
-  /// What a step does: its learning rate and clipping, whether it needs the global gradient
-  /// norm, whether the units were updated as their gradients landed (backward_and_step), and
-  /// the inverse of the loss scale this step's gradients carry.
-  struct StepPlan {
-    double lr;
-    double max_grad_norm;
-    bool needs_norm;
-    bool updated_early;
-    double inv_loss_scale;
-  };
+  using StepPlan = detail::StepPlan;
   bool needs_grad_norm(double max_grad_norm) const { return std::isfinite(max_grad_norm) || track_grad_norm_; }
 
-  /// What a unit's gradients told the step: whether they overflowed, and their squared norm
-  /// (of the gradients as reduced: still scaled by the loss scale).
-  struct UnitGradCheck {
-    bool overflow = false;
-    double squares = 0;
-  };
+  using UnitGradCheck = detail::UnitGradCheck;
 
   /// Unit i's staged gradients checked for inf and NaN (under a dynamic loss scale), and their
   /// squared norm where the plan needs it, into grad_checks_[i]. Read only: the unscaling and
@@ -691,13 +730,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     return false;
   }
 
-  /// A backward_and_step in progress: its plan, how many of each unit's backwards have finished,
-  /// and which units have landed (handed to the host thread).
-  struct Landing {
-    StepPlan plan;
-    std::vector<int> backwards_done;
-    std::vector<char> landed;
-  };
+  using Landing = detail::Landing;
 
   /// How many backwards unit `index` goes through: one per forward run (the root: one).
   int backwards_expected(std::size_t index) const {
@@ -800,7 +833,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// unit's recomputation is not counted again).
   class ActivationCount {
    public:
-    ActivationCount(Engine& e, std::size_t index)
+    ActivationCount(EngineOver& e, std::size_t index)
         : engine_(e), index_(index), counting_(grad_enabled() && !e.in_backward_) {
       if (!counting_) return;
       if (index == 0) engine_.nested_activations_.clear();  // a forward that threw left some
@@ -817,7 +850,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     }
 
    private:
-    Engine& engine_;
+    EngineOver& engine_;
     std::size_t index_;
     bool counting_;
     std::int64_t start_ = 0;
@@ -1118,7 +1151,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   /// Settles every collective in flight when the scope ends by an exception (one failed inside
   /// backward or reduce()): nothing may stay in flight over this engine's buffers.
   struct SettleOnError {
-    Engine& e;
+    EngineOver& e;
     int uncaught = std::uncaught_exceptions();
     ~SettleOnError() {
       if (std::uncaught_exceptions() > uncaught) e.settle_in_flight();
@@ -1193,28 +1226,13 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
     }
   }
 
-  /// Starts the broadcast of rank 0's `value` to every rank, in its own memory. Collectives carry
-  /// floating-point elements; a broadcast only copies bytes, so an integer buffer (a step
-  /// counter) travels as the float type of its width, its bytes never read as floats.
-  template <Element T>
-  static CommHandle broadcast_buffer(Comm& c, const Tensor<T, device>& value) {
-    if constexpr (FloatElement<T>) {
-      return c.broadcast_async(value.span(), 0);
-    } else {
-      using F = std::conditional_t<sizeof(T) == sizeof(double), double, float>;
-      static_assert(sizeof(F) == sizeof(T), "a buffer's integer type has the width of a float type");
-      const std::span<T> bytes = value.span();
-      return c.broadcast_async(std::span<F>(reinterpret_cast<F*>(bytes.data()), bytes.size()), 0);
-    }
-  }
-
   /// Waits for the broadcasts in flight (each buffer's broadcasts stay in the order they were
   /// issued), starts every buffer's broadcast from rank 0 (none at world size 1) and, blocking,
   /// waits for them as well; not blocking, wait_for_buffers() ends them.
   void broadcast_buffers(const std::string& site, bool blocking) {
     wait_for_buffers();
     if (comm_.size() > 1) {
-      for (ModuleBuffer& b : buffers_) {
+      for (detail::ModuleBuffer<Comm>& b : buffers_) {
         CallSite named(site + " ('" + b.name + "')");
         buffer_broadcasts_.push_back(b.broadcast(comm_));
       }
@@ -1319,13 +1337,8 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   StrategyConfig config_;
   UnitPlan<work_type, device> plan_;
   std::vector<State> units_;
-  /// The model's buffers, whole on every rank and outside the units: each with how to broadcast
-  /// it from rank 0 (its element type erased).
-  struct ModuleBuffer {
-    std::string name;
-    std::function<CommHandle(Comm&)> broadcast;
-  };
-  std::vector<ModuleBuffer> buffers_;
+  /// The model's buffers, whole on every rank and outside the units.
+  std::vector<detail::ModuleBuffer<Comm>> buffers_;
   std::vector<CommHandle> buffer_broadcasts_;  // started by sync_buffers(false), in order
   std::vector<UnitOptimizer> optimizers_;
   Placement placement_;  // where optimizer state lives between steps
@@ -1340,10 +1353,7 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   // Units in the order the last forward ran them (a model may run them in another order than
   // it declares them), and the gathers issued ahead of their units, in the order issued.
   std::vector<std::size_t> forward_order_, running_order_;
-  struct Prefetched {
-    std::size_t unit;
-    CommHandle handle;
-  };
+  using Prefetched = detail::PrefetchedGather;
   std::deque<Prefetched> prefetched_;
   // The optimizer update a delayed step left running, and the copies of the gradients it reads
   // (StrategyConfig::delayed_parameter_update).
@@ -1365,6 +1375,30 @@ class Engine : private ModuleHooks<typename detail::model_numerics<Model>::eleme
   double last_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
   std::vector<std::int64_t> activation_bytes_;     // per unit, the last forward with gradients
   std::vector<std::int64_t> nested_activations_;  // what the units inside each running one kept
+};
+}  // namespace detail
+
+/// Data-parallel training of `model` on the ranks of `comm` under strategy `S`, with optimizer
+/// `Opt` (Sgd<float>, Adam<float>, AdamW<float>, AnyOptimizer<float>) over each unit's master
+/// weights.
+///
+/// The model's device decides where every buffer lives: a host model (Gpt<float>) computes in
+/// float with the strategy's 16-bit types as storage; a device model (Gpt<CT, Cuda>, with
+/// polyshard/engine/cuda/engine.hpp included) computes in the compute type CT, its units'
+/// buffers in device memory, its collectives on a communicator of device buffers (NCCL) and its
+/// updates through the fused kernels.
+///
+/// Per step: zero_grad(); loss = forward([&] { return model.loss(x, y); });
+/// backward(loss, weight); step(lr). `weight` is this rank's share of the global batch (its rows
+/// over all rows), so that the summed gradients equal the gradient of the global mean loss.
+///
+/// The model must call the modules that may be units through call() (the nn modules do), and
+/// must not move while the engine lives: parameters are bound to the engine's buffers.
+template <StrategyType S, class Model, Communicator Comm, Optimizer Opt>
+class Engine : public detail::EngineOver<canonical_t<S>, Model, Comm, Opt> {
+ public:
+  using detail::EngineOver<canonical_t<S>, Model, Comm, Opt>::EngineOver;
+  using strategy = S;
 };
 
 }  // namespace polyshard

@@ -102,4 +102,11 @@ concept StrategyType = detail::is_strategy<S>::value;
 template <StrategyType S, Policy P>
 using with_t = typename S::template with<P>;
 
+/// The strategy S in one spelling: its five families' policies in the order above, the defaults
+/// written out. Strategies that name the same policies (in any order, defaults given or left
+/// out) have the same canonical_t; the engine is instantiated over it once for all of them.
+template <StrategyType S>
+using canonical_t = Strategy<typename S::sharding, typename S::offload, typename S::precision, typename S::wrap,
+                             typename S::checkpointing>;
+
 }  // namespace polyshard
