@@ -97,12 +97,15 @@ TEMPLATE_LIST_TEST_CASE("canonical_t spells a composition one way whatever the o
 }
 
 TEST_CASE("canonical_t writes the defaults out and keeps different compositions apart", "[policy]") {
-  STATIC_REQUIRE(is_same_v<canonical_t<Strategy<>>, Strategy<NoShard, NoOffload, Fp32, WrapWhole, NoActivationCheckpointing>>);
+  STATIC_REQUIRE(
+      is_same_v<canonical_t<Strategy<>>, Strategy<NoShard, NoOffload, Fp32, WrapWhole, NoActivationCheckpointing>>);
   STATIC_REQUIRE(is_same_v<canonical_t<Strategy<WrapByType<Block>, ShardParameters<true>>>,
                            canonical_t<Strategy<ShardParameters<true>, NoOffload, WrapByType<Block>, Fp32>>>);
   STATIC_REQUIRE(is_same_v<canonical_t<ZeRO<3>>, canonical_t<with_t<ZeRO<3>, Fp32>>>);
-  STATIC_REQUIRE_FALSE(is_same_v<canonical_t<Strategy<ShardParameters<true>>>, canonical_t<Strategy<ShardParameters<false>>>>);
-  STATIC_REQUIRE_FALSE(is_same_v<canonical_t<Strategy<ShardGradients>>, canonical_t<Strategy<ShardGradients, Bf16Mixed>>>);
+  STATIC_REQUIRE_FALSE(
+      is_same_v<canonical_t<Strategy<ShardParameters<true>>>, canonical_t<Strategy<ShardParameters<false>>>>);
+  STATIC_REQUIRE_FALSE(
+      is_same_v<canonical_t<Strategy<ShardGradients>>, canonical_t<Strategy<ShardGradients, Bf16Mixed>>>);
 }
 
 TEST_CASE("each family's concept admits its members and no others", "[policy]") {
