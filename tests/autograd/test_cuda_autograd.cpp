@@ -2,6 +2,7 @@
 // GELU, residual adds, cross-entropy) and a Llama-style layer (RMSNorm, rotary grouped-query
 // attention, SwiGLU) run forward and backward on the GPU and on the host from the same values;
 // every leaf's gradient and the loss agree within the element type's bound.
+// Checkpoints with DeepSpeed's single-rank settings: inputs kept in host memory, boundaries synchronized.
 #include <algorithm>
 #include <catch2/catch.hpp>
 
@@ -16,6 +17,7 @@
 #include "polyshard/tensor/cuda/ops.hpp"
 #include "polyshard/tensor/cuda/transfer.hpp"
 #include "polyshard/autograd/backward.hpp"
+#include "polyshard/autograd/checkpoint.hpp"
 #include "polyshard/autograd/ops.hpp"
 
 using namespace polyshard;
@@ -372,4 +374,186 @@ TEST_CASE("linear_cross_entropy on the GPU gives the same loss with and without 
   }
   CHECK(recorded == plain);
   CHECK(std::isfinite(plain));
+}
+
+namespace {
+/// A stack of `blocks.size()` residual blocks, x + gelu(linear(layer_norm(x), w)), each one
+/// checkpointed, on device tensors; the loss is the mean square of the last output.
+struct CheckpointedStack {
+  std::vector<Var<float, Cuda>> weights;
+  Var<float, Cuda> ln_w, ln_b;
+  Var<float, Cuda> forward(const Var<float, Cuda>& x0) const {
+    Var<float, Cuda> x = x0;
+    for (const Var<float, Cuda>& w : weights)
+      x = checkpoint([&](const Var<float, Cuda>& in) { return in + gelu(linear(layer_norm(in, ln_w, ln_b), w)); },
+                     x);
+    return x;
+  }
+};
+std::uint64_t device_bytes_in_use() {
+  POLYSHARD_CUDA_CHECK(cudaDeviceSynchronize());  // frees are ordered on the stream
+  return cuda::DeviceMemoryPool::current().used_bytes();
+}
+}  // namespace
+
+TEST_CASE("cpu_checkpointing keeps each checkpoint's input in host memory until its recomputation, with the "
+          "gradients of keeping it on the device",
+          "[cuda][autograd]") {
+  const int n_blocks = 4;
+  const Shape shape{2, 8, 64};  // 4,096 bytes of float: a whole number of the pool's blocks
+  const std::int64_t input_bytes = shape.numel() * 4;
+  const Tensor<float> x_host = test::random_floats(shape, 61, 1.0);
+  CheckpointedStack stack{{}, leaf<Cuda>(test::random_floats(Shape{64}, 62, 1.0)),
+                          leaf<Cuda>(test::random_floats(Shape{64}, 63, 0.1))};
+  for (int k = 0; k < n_blocks; ++k)
+    stack.weights.push_back(leaf<Cuda>(test::random_floats(Shape{64, 64}, 70 + k, 0.2)));
+  // One run's gradients (the input's, then each weight's) and the device bytes its forward kept.
+  struct Run {
+    std::vector<std::vector<float>> grads;
+    std::int64_t forward_bytes = 0;
+    CheckpointCounts counts;
+  };
+  const auto run = [&](bool offload) {
+    Run r;
+    for (auto& w : stack.weights) w.zero_grad();
+    Var<float, Cuda> x(to_device(x_host), true);
+    const std::uint64_t before = device_bytes_in_use();
+    Var<float, Cuda> loss;
+    {
+      CheckpointSettingsScope settings({.cpu_checkpointing = offload});
+      const Var<float, Cuda> y = stack.forward(x);
+      loss = mean(mul(y, y));
+      r.counts = settings.counts();
+    }
+    r.forward_bytes = static_cast<std::int64_t>(device_bytes_in_use()) - static_cast<std::int64_t>(before);
+    if (offload) {
+      // The first block's input is released until backward: reading it is an error naming the setting.
+      CHECK_THROWS_WITH(x.value().to_vector(), Catch::Contains("cpu_checkpointing"));
+    }
+    backward(loss);
+    CHECK(x.value().to_vector() == x_host.to_vector());  // back on the device, unchanged
+    r.grads.push_back(x.grad().to_vector());
+    for (const auto& w : stack.weights) r.grads.push_back(w.grad().to_vector());
+    return r;
+  };
+  const Run kept = run(false), offloaded = run(true);
+  CHECK(kept.counts.checkpoints == n_blocks);
+  CHECK(kept.counts.inputs_offloaded == 0);
+  CHECK(offloaded.counts.inputs_offloaded == n_blocks);
+  CHECK(offloaded.counts.bytes_offloaded == n_blocks * input_bytes);
+  // Every block's input left the device: the first (x), and the outputs of all blocks but the last.
+  CHECK(kept.forward_bytes - offloaded.forward_bytes == n_blocks * input_bytes);
+  // The recomputation read exactly the values it would have read on the device.
+  REQUIRE(offloaded.grads.size() == kept.grads.size());
+  for (std::size_t i = 0; i < kept.grads.size(); ++i) CHECK(offloaded.grads[i] == kept.grads[i]);
+}
+
+TEST_CASE("cpu_checkpointing brings each input back while the block after it recomputes, one block ahead",
+          "[cuda][autograd]") {
+  const int n_blocks = 4;
+  std::vector<Var<float, Cuda>> weights;
+  for (int k = 0; k < n_blocks; ++k) weights.push_back(leaf<Cuda>(test::random_floats(Shape{16, 16}, 90 + k, 0.3)));
+  // Each block's input as its forward saw it (the handle keeps the storage, not its elements), and
+  // for each recomputation, which inputs had device memory as it began.
+  std::vector<Tensor<float, Cuda>> inputs;
+  std::vector<std::vector<bool>> on_device_at_recomputation(n_blocks);
+  Var<float, Cuda> x(to_device(test::random_floats(Shape{3, 16}, 95, 1.0)), true);
+  Var<float, Cuda> loss;
+  {
+    CheckpointSettingsScope settings({.cpu_checkpointing = true});
+    Var<float, Cuda> h = x;
+    for (int k = 0; k < n_blocks; ++k) {
+      inputs.push_back(h.value());
+      h = checkpoint(
+          [&, k](const Var<float, Cuda>& in) {
+            if (grad_enabled())  // the recomputation: forward runs without recording
+              for (const auto& t : inputs) on_device_at_recomputation[k].push_back(t.storage()->materialized());
+            return gelu(linear(in, weights[k]));
+          },
+          h);
+    }
+    loss = mean(h);
+  }
+  for (const auto& t : inputs) CHECK_FALSE(t.storage()->materialized());  // all in host memory after forward
+  backward(loss);
+  // Block k recomputes with its own input back and block k-1's coming, the earlier ones still away
+  // (the later ones came back before, and the handles here keep them).
+  for (int k = 0; k < n_blocks; ++k) {
+    INFO("recomputation of block " << k);
+    REQUIRE(on_device_at_recomputation[k].size() == static_cast<std::size_t>(n_blocks));
+    for (int j = 0; j < n_blocks; ++j) CHECK(on_device_at_recomputation[k][j] == (j >= k - 1));
+  }
+}
+
+TEST_CASE("contiguous_memory_optimization puts a forward's moved inputs in one buffer, sized by the forward "
+          "before and never one a live graph still reads",
+          "[cuda][autograd]") {
+  const int n_blocks = 3;
+  CheckpointedStack stack{{}, leaf<Cuda>(test::random_floats(Shape{16}, 101, 1.0)),
+                          leaf<Cuda>(test::random_floats(Shape{16}, 102, 0.1))};
+  for (int k = 0; k < n_blocks; ++k)
+    stack.weights.push_back(leaf<Cuda>(test::random_floats(Shape{16, 16}, 103 + k, 0.3)));
+  const CheckpointSettings contiguous{.cpu_checkpointing = true, .contiguous_memory_optimization = true};
+  // A forward of its own batch (seed) under `settings`: its loss, to run backward on later, and
+  // what its checkpoints did.
+  struct Forward {
+    Var<float, Cuda> x, loss;
+    CheckpointCounts counts;
+  };
+  const auto forward = [&](std::uint64_t seed, const CheckpointSettings& settings) {
+    Forward f;
+    f.x = Var<float, Cuda>(to_device(test::random_floats(Shape{5, 16}, seed, 1.0)), true);
+    CheckpointSettingsScope scope(settings);
+    f.loss = mean(stack.forward(stack.forward(f.x)));  // the stack twice over: six inputs moved
+    f.counts = scope.counts();
+    return f;
+  };
+  // The input gradient of seed's batch with the inputs kept on the device: the oracle.
+  const auto kept_grad = [&](std::uint64_t seed) {
+    Forward f = forward(seed, {});
+    backward(f.loss);
+    return f.x.grad().to_vector();
+  };
+  Forward first = forward(110, contiguous);
+  CHECK(first.counts.inputs_offloaded == 2 * n_blocks);
+  CHECK(first.counts.inputs_in_one_buffer == 0);  // the first forward measures
+  backward(first.loss);
+  CHECK(first.x.grad().to_vector() == kept_grad(110));
+  // Two forwards before their backwards (micro-batches): the first takes the buffer, the second,
+  // finding it held by a live graph, places its inputs elsewhere and its values stay its own.
+  Forward a = forward(111, contiguous), b = forward(112, contiguous);
+  CHECK(a.counts.inputs_in_one_buffer == 2 * n_blocks);
+  CHECK(b.counts.inputs_in_one_buffer == 2 * n_blocks);  // a new buffer, the size a asked for
+  backward(b.loss);
+  backward(a.loss);
+  CHECK(a.x.grad().to_vector() == kept_grad(111));
+  CHECK(b.x.grad().to_vector() == kept_grad(112));
+  // Without cpu_checkpointing there is nothing to place: refused, naming both.
+  CHECK_THROWS_WITH(CheckpointSettingsScope({.contiguous_memory_optimization = true}),
+                    Catch::Contains("contiguous_memory_optimization") && Catch::Contains("cpu_checkpointing is false"));
+}
+
+TEST_CASE("synchronize_checkpoint_boundary waits for the device as each checkpoint's forward and recomputation "
+          "begin and end",
+          "[cuda][autograd]") {
+  CheckpointedStack stack{{leaf<Cuda>(test::random_floats(Shape{16, 16}, 81, 0.2)),
+                           leaf<Cuda>(test::random_floats(Shape{16, 16}, 82, 0.2))},
+                          leaf<Cuda>(test::random_floats(Shape{16}, 83, 1.0)),
+                          leaf<Cuda>(test::random_floats(Shape{16}, 84, 0.1))};
+  const Var<float, Cuda> x(to_device(test::random_floats(Shape{3, 16}, 85, 1.0)), true);
+  const std::int64_t before = checkpoint_boundary_synchronizations();
+  Var<float, Cuda> loss;
+  {
+    CheckpointSettingsScope settings({.synchronize_boundary = true});
+    loss = mean(stack.forward(x));
+  }
+  CHECK(checkpoint_boundary_synchronizations() - before == 2 * 2);  // two blocks, each begun and ended
+  backward(loss);
+  CHECK(checkpoint_boundary_synchronizations() - before == 4 * 2);  // and each recomputation
+  {
+    // Without the setting, none.
+    const std::int64_t quiet = checkpoint_boundary_synchronizations();
+    backward(mean(stack.forward(x)));
+    CHECK(checkpoint_boundary_synchronizations() == quiet);
+  }
 }

@@ -21,6 +21,12 @@ namespace polyshard {
 template <Element T, Device D>
 class Storage;  // primary template: specialized per device
 
+/// Copies between D's memory and page-locked host memory that the device orders among its work
+/// while the host goes on (specialized for Cuda in polyshard/tensor/cuda/storage.hpp; the host
+/// has nothing to order).
+template <Device D>
+struct PinnedTransfers;
+
 /// What a storage's views are, for the error of a view read while the elements are released:
 /// the owner of a buffer that is freed and gathered again (a sharded unit's parameters) says
 /// which of its parameters an element offset falls in and why the elements are gone.
@@ -30,9 +36,14 @@ class ViewNames {
   void describe_views(Describe describe) { describe_ = std::move(describe); }
   /// What the view starting at element `offset` is, or "" when the owner did not say.
   std::string view_description(std::int64_t offset) const { return describe_ ? describe_(offset) : std::string(); }
+  /// Why the elements are released, and what to do, where the one who released them said (a
+  /// checkpoint that moved its input to host memory); "" otherwise. Read before the views' names.
+  void set_release_reason(std::string reason) { release_reason_ = std::move(reason); }
+  const std::string& release_reason() const { return release_reason_; }
 
  private:
   Describe describe_;
+  std::string release_reason_;
 };
 
 /// Host storage from the thread's current caching allocator (current_host_allocator(): pageable
@@ -119,6 +130,8 @@ class Storage<T, Cpu> : public ViewNames {
   static void copy_to_host(T* host, const T* src, std::int64_t n) { std::copy_n(src, n, host); }
   /// Copies `n` elements from host memory into this device's memory.
   static void copy_from_host(T* dst, const T* host, std::int64_t n) { std::copy_n(host, n, dst); }
+  /// Waits for everything this device was asked to do: the host computes as it is asked.
+  static void synchronize_device() {}
 
  private:
   T* data_ = nullptr;

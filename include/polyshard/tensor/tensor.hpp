@@ -223,6 +223,8 @@ class Tensor {
 
  private:
   [[noreturn]] void throw_released() const {
+    if (!storage_->release_reason().empty())
+      detail::throw_error("Tensor of shape ", shape_, ": its elements were released: ", storage_->release_reason());
     const std::string what = storage_->view_description(offset_);
     if (!what.empty())
       detail::throw_error("Tensor of shape ", shape_, " views ", what, ": its elements were released. Read it inside "

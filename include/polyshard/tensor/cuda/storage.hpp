@@ -6,12 +6,14 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 
 #include "polyshard/core/cuda/current_stream.hpp"
 #include "polyshard/core/cuda/device_memory_pool.hpp"
 #include "polyshard/core/cuda/error.hpp"
 #include "polyshard/core/cuda/pinned_allocator.hpp"
 #include "polyshard/core/cuda/staged_copy.hpp"
+#include "polyshard/core/cuda/stream.hpp"
 #include "polyshard/tensor/cuda/tensor_kernels.hpp"
 #include "polyshard/tensor/storage.hpp"
 
@@ -100,6 +102,21 @@ class Storage<T, Cuda> : public ViewNames {
         cudaMemcpyAsync(dst, host, static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyHostToDevice, stream));
     POLYSHARD_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
+  /// Waits for all work on the current device, on every stream (torch.cuda.synchronize()).
+  static void synchronize_device() { POLYSHARD_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+  /// release(), ordered after the work the current stream was given so far (a copy out of these
+  /// elements) as well as after the work of the stream the block was allocated on.
+  void release_after_current_work() {
+    if (!owned_ || !data_) return;
+    const cudaStream_t now = cuda::current_stream();
+    if (now != stream_) {
+      cuda::Event copied;
+      copied.record(now);
+      copied.wait(stream_);
+    }
+    release();
+  }
 
  private:
   T* data_ = nullptr;
@@ -109,6 +126,51 @@ class Storage<T, Cuda> : public ViewNames {
   cuda::DeviceMemoryPool* pool_ = nullptr;
   cudaStream_t stream_ = nullptr;
   bool owned_ = true;
+};
+
+/// Copies between device memory and page-locked host memory that leave the host free: the
+/// device orders them among its work. A checkpoint's input moved to host memory
+/// (cpu_checkpointing) goes down on the current stream and comes back ahead of its use, on a
+/// copy stream of the thread's own, while the current stream computes.
+template <>
+struct PinnedTransfers<Cuda> {
+  /// The end of a copy: later work waits for it on the device, or the host waits for it.
+  using Pending = std::shared_ptr<cuda::Event>;
+
+  /// Copies `bytes` from device memory to page-locked `host` memory on the current stream; the
+  /// stream's later work is ordered after it.
+  static Pending to_host(void* host, const void* src, std::size_t bytes) {
+    POLYSHARD_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, cuda::current_stream()));
+    auto done = std::make_shared<cuda::Event>();
+    done->record(cuda::current_stream());
+    return done;
+  }
+  /// Starts copying `bytes` from page-locked `host` memory to `dst` on this thread's copy stream,
+  /// after everything the current stream was given so far (dst's allocation among it).
+  static Pending to_device_ahead(void* dst, const void* host, std::size_t bytes) {
+    cuda::Event given;
+    given.record(cuda::current_stream());
+    const cuda::Stream& copies = copy_stream();
+    given.wait(copies);
+    POLYSHARD_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, copies));
+    auto done = std::make_shared<cuda::Event>();
+    done->record(copies);
+    return done;
+  }
+  /// Orders the current stream's later work after `copy`.
+  static void order_after(const Pending& copy) { copy->wait(cuda::current_stream()); }
+  /// Waits on the host for `copy` (before the host memory it reads or writes is handed out
+  /// again). Unchecked: it runs on the way out, where an error was reported already or will be
+  /// by the next checked call.
+  static void finish(const Pending& copy) noexcept { cudaEventSynchronize(copy->get()); }
+
+ private:
+  /// The calling thread's copy stream, on the device current when it first asks (a rank's thread
+  /// keeps one device).
+  static const cuda::Stream& copy_stream() {
+    thread_local const cuda::Stream stream;
+    return stream;
+  }
 };
 
 }  // namespace polyshard
