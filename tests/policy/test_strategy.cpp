@@ -288,6 +288,9 @@ TEST_CASE("StrategyConfig carries the reference documents' defaults", "[policy]"
   CHECK(c.max_in_cpu == 1'000'000'000);
   CHECK(c.sub_group_size == 1'000'000'000'000);
   CHECK(c.state_dict_to_cpu);                       // FSDP state_dict_to_cpu
+  CHECK_FALSE(c.cpu_checkpointing);                 // DeepSpeed activation_checkpointing.cpu_checkpointing
+  CHECK_FALSE(c.contiguous_memory_optimization);    // contiguous_memory_optimization
+  CHECK_FALSE(c.synchronize_checkpoint_boundary);   // and synchronize_checkpoint_boundary
   CHECK_FALSE(c.move_grads_to_cpu.has_value());     // FSDP: None, cpu_offload's value
 }
 
@@ -392,6 +395,21 @@ TEST_CASE("StrategyConfig fields a composition does not read are refused for it,
   CHECK(refused_on(Strategy<ShardParameters<true>, OffloadParameters<Cpu>>{}, Cuda{}, pin) == "(accepted)");
   CHECK(refused_on(Strategy<ShardParameters<true>, OffloadParametersOnly<Cpu>>{}, Cuda{}, pin) == "(accepted)");
   CHECK_THAT(refused_on(ZeRO<2>{}, Cuda{}, pin), Catch::Contains("NoOffload on a device model"));
+  // The activation-checkpointing settings act on a device model's checkpoints, whatever the strategy.
+  const auto offload_inputs = [](StrategyConfig& c) { c.cpu_checkpointing = true; };
+  const auto synchronize = [](StrategyConfig& c) { c.synchronize_checkpoint_boundary = true; };
+  CHECK_THAT(refused(ZeRO<3>{}, offload_inputs), Catch::Contains("cpu_checkpointing = true") &&
+                                                     Catch::Contains("a host model's are there already"));
+  CHECK_THAT(refused(DDP{}, synchronize), Catch::Contains("synchronize_checkpoint_boundary = true"));
+  CHECK(refused_on(ZeRO<3>{}, Cuda{}, offload_inputs) == "(accepted)");
+  CHECK(refused_on(DDP{}, Cuda{}, synchronize) == "(accepted)");
+  const auto contiguous = [](StrategyConfig& c) { c.contiguous_memory_optimization = true; };
+  CHECK_THAT(refused_on(ZeRO<3>{}, Cuda{}, contiguous),
+             Catch::Contains("contiguous_memory_optimization = true") && Catch::Contains("cpu_checkpointing is false"));
+  CHECK(refused_on(ZeRO<3>{}, Cuda{}, [](StrategyConfig& c) {
+          c.cpu_checkpointing = true;
+          c.contiguous_memory_optimization = true;
+        }) == "(accepted)");
   // move_grads_to_cpu says where the reduced gradients go: host memory exactly where the optimizer
   // steps there, so each value is accepted where the composition does it and refused elsewhere.
   const auto to_cpu = [](StrategyConfig& c) { c.move_grads_to_cpu = true; };

@@ -260,8 +260,18 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
     running_order_.clear();
     gather(0);  // the root stays gathered until its backward is done
     ActivationCount count(*this, 0);
+    CheckpointSettingsScope checkpointing({.cpu_checkpointing = config_.cpu_checkpointing,
+                                           .contiguous_memory_optimization = config_.contiguous_memory_optimization,
+                                           .synchronize_boundary = config_.synchronize_checkpoint_boundary});
     Var<work_type, device> loss = loss_fn();
     count.done();
+    POLYSHARD_CHECK(checkpointing.counts().checkpoints > 0 ||
+                        !(config_.cpu_checkpointing || config_.synchronize_checkpoint_boundary),
+                    "Engine::forward: StrategyConfig::", config_.cpu_checkpointing ? "cpu_checkpointing" :
+                    "synchronize_checkpoint_boundary", " acts on checkpointed blocks, and this forward checkpointed "
+                    "none: checkpoint some (ActivationCheckpointing<Block>, or the model's own checkpoint() calls), "
+                    "or leave it false");
+    last_checkpoint_counts_ = checkpointing.counts();
     // Without gradients (evaluation) no backward follows to free the root: it is freed now.
     if (!grad_enabled()) {
       Behaviour::release(units_[0]);
@@ -491,6 +501,9 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
   /// Measures the gradient norm at every step even without clipping (for logging).
   void track_grad_norm(bool on) { track_grad_norm_ = on; }
   double last_grad_norm() const { return last_grad_norm_; }
+  /// What the checkpoints of the last forward did (their count, and the inputs cpu_checkpointing
+  /// moved to host memory).
+  const CheckpointCounts& last_checkpoint_counts() const { return last_checkpoint_counts_; }
   const LossScaler<typename precision::loss_scale>& loss_scaler() const { return scaler_; }
   LossScaler<typename precision::loss_scale>& loss_scaler() { return scaler_; }
   const UnitPlan<work_type, device>& units() const { return plan_; }
@@ -1373,6 +1386,7 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
   int micro_batch_ = 0;            // forwards with gradients since the last step
   bool track_grad_norm_ = false;
   double last_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
+  CheckpointCounts last_checkpoint_counts_{};
   std::vector<std::int64_t> activation_bytes_;     // per unit, the last forward with gradients
   std::vector<std::int64_t> nested_activations_;  // what the units inside each running one kept
 };

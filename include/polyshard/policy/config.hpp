@@ -102,6 +102,19 @@ struct StrategyConfig {
   // Checkpoints (FSDP).
   bool state_dict_to_cpu = true;
 
+  // Activation checkpointing (DeepSpeed's activation_checkpointing section): what the checkpoints
+  // that ActivationCheckpointing or the model itself asks for do on a device model
+  // (CheckpointSettings, autograd/checkpoint.hpp). Refused on a host model, and by forward()
+  // when nothing was checkpointed.
+  /// Each checkpoint's input waits in page-locked host memory from the end of its block's forward
+  /// to its recomputation in backward.
+  bool cpu_checkpointing = false;
+  /// With cpu_checkpointing: those inputs are slices of one page-locked buffer, reused from step to
+  /// step, instead of an allocation each.
+  bool contiguous_memory_optimization = false;
+  /// The device is synchronized as each checkpoint's forward and recomputation begin and end.
+  bool synchronize_checkpoint_boundary = false;
+
   // Gradients (FairScale FSDP).
   /// FSDP's move_grads_to_cpu: whether the reduced gradient shards go to host memory. They do
   /// exactly where the optimizer steps there: under OffloadOptimizer or OffloadParameters, and on
@@ -138,8 +151,10 @@ constexpr const char* policy_name() {
 /// NVMe, hybrid_group_size without HybridShard, prefetch and allgather_bucket_size without sharded
 /// parameters (nothing is gathered ahead), min_num_params without a size-based wrap policy,
 /// pin_memory where no host buffer moves to or from a device or NVMe, move_grads_to_cpu against
-/// where the optimizer steps (D: where the model computes). A user who sets one expects it to
-/// act; a run that ignores it is a silently different run. Engine's constructor calls it.
+/// where the optimizer steps, cpu_checkpointing and synchronize_checkpoint_boundary on a host
+/// model, contiguous_memory_optimization without cpu_checkpointing (D: where the model
+/// computes). A user who sets one expects it to act; a run that ignores it is a silently
+/// different run. Engine's constructor calls it.
 template <class S, class D = Cpu>
 void refuse_fields_not_read_by(const StrategyConfig& c) {
   [[maybe_unused]] const char* offload = detail::policy_name<typename S::offload>();
@@ -176,6 +191,17 @@ void refuse_fields_not_read_by(const StrategyConfig& c) {
                     std::same_as<D, Cpu> ? "a host model" : "a device model",
                     "): leave it false, or offload to NVMe, or offload a device model's state to the host");
   }
+  if constexpr (std::same_as<D, Cpu>) {
+    POLYSHARD_CHECK(!c.cpu_checkpointing, "StrategyConfig::cpu_checkpointing = true moves a device model's ",
+                    "checkpointed activations to host memory, and a host model's are there already: leave it false");
+    POLYSHARD_CHECK(!c.synchronize_checkpoint_boundary, "StrategyConfig::synchronize_checkpoint_boundary = true ",
+                    "waits for a device at each checkpoint boundary, and a host model computes as it is asked: leave ",
+                    "it false");
+  }
+  POLYSHARD_CHECK(c.cpu_checkpointing || !c.contiguous_memory_optimization,
+                  "StrategyConfig::contiguous_memory_optimization = true places the checkpointed inputs that ",
+                  "cpu_checkpointing moves to host memory in one buffer, and cpu_checkpointing is false: set it too, ",
+                  "or leave contiguous_memory_optimization false");
   constexpr bool grads_to_host = std::same_as<D, Cpu> || S::offload::offloads_optimizer;
   if (c.move_grads_to_cpu.has_value() && *c.move_grads_to_cpu != grads_to_host) {
     if constexpr (std::same_as<D, Cpu>)
