@@ -286,7 +286,6 @@ foreach(pair "1=zero1_offload (ShardOptimizerState" "3=zero3_offload_optimizer (
 endforeach()
 # What cannot be honoured is refused, naming the file and the key.
 set(refused "polyshard-train cannot honour")
-set(sync "activation_checkpointing.synchronize_checkpoint_boundary: ${refused}")
 set(contiguous "zero_optimization.contiguous_gradients: ${refused}")
 set(beyond_int "must be at most 2147483647")  # an int field's largest value
 set(buffer_count "zero_optimization.offload_optimizer.buffer_count: ${beyond_int}")
@@ -301,7 +300,6 @@ foreach(case
     "scheduler|{\"scheduler\": {\"type\": \"WarmupLR\"}}|scheduler: polyshard-train cannot honour"
     "optimizer-type|{\"optimizer\": {\"type\": \"Lamb\"}}|optimizer.type: 'Lamb' is not one of"
     "partitioned-activations|{\"activation_checkpointing\": {\"partition_activations\": true}}|partition_activations"
-    "checkpoint-boundary-sync|{\"activation_checkpointing\": {\"synchronize_checkpoint_boundary\": true}}|${sync}"
     "scattered-gradients|{\"zero_optimization\": {\"stage\": 2, \"contiguous_gradients\": false}}|${contiguous}"
     "single-submit|{\"aio\": {\"single_submit\": true}}|aio.single_submit: ${refused}"
     "no-overlap-events|{\"aio\": {\"overlap_events\": false}}|aio.overlap_events: ${refused}"
@@ -315,6 +313,20 @@ foreach(case
   file(WRITE ${WORK_DIR}/deepspeed-${name}.json "${json}")
   expect(deepspeed-config-${name} EXIT 2 ARGS ${one_step} --deepspeed-config ${WORK_DIR}/deepspeed-${name}.json
          SAYS "--deepspeed-config ${WORK_DIR}/deepspeed-${name}.json" "${says}")
+endforeach()
+# The activation-checkpointing settings reach the engine, which refuses them on a host model (and
+# the contiguous buffer without cpu_checkpointing).
+foreach(case
+    "checkpoint-boundary-sync|synchronize_checkpoint_boundary|synchronize_checkpoint_boundary = true waits for a device"
+    "cpu-checkpointing|cpu_checkpointing|cpu_checkpointing = true moves a device model's"
+    "contiguous-checkpoints|contiguous_memory_optimization|contiguous_memory_optimization = true places")
+  string(REPLACE "|" ";" case "${case}")
+  list(GET case 0 name)
+  list(GET case 1 key)
+  list(GET case 2 says)
+  file(WRITE ${WORK_DIR}/deepspeed-${name}.json "{\"activation_checkpointing\": {\"${key}\": true}}")
+  expect(deepspeed-config-${name} EXIT 2 ARGS ${one_step} --deepspeed-config ${WORK_DIR}/deepspeed-${name}.json
+         SAYS "StrategyConfig::${says}")
 endforeach()
 # StrategyConfig's flags reach the engine, which refuses a field its strategy does not read.
 expect(strategy-setting-reaches-the-engine EXIT 2 ARGS ${one_step} --allgather-bucket-size 10

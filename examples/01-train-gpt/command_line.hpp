@@ -244,6 +244,18 @@ inline bool parse(int argc, char** argv, Options& o) {
   settings->add_option("--state-dict-to-cpu", c.state_dict_to_cpu, "full state dicts gathered to host memory")
       ->type_name("BOOL");
   settings
+      ->add_option("--cpu-checkpointing", c.cpu_checkpointing,
+                   "device models: each checkpointed block's input waits in host memory until backward")
+      ->type_name("BOOL");
+  settings
+      ->add_option("--contiguous-memory-optimization", c.contiguous_memory_optimization,
+                   "with --cpu-checkpointing: those inputs in one page-locked buffer")
+      ->type_name("BOOL");
+  settings
+      ->add_option("--synchronize-checkpoint-boundary", c.synchronize_checkpoint_boundary,
+                   "device models: synchronize the device at each checkpoint boundary")
+      ->type_name("BOOL");
+  settings
       ->add_option_function<std::string>(
           "--move-grads-to-cpu", [&c](const std::string& v) { c.move_grads_to_cpu = v == "true"; },
           "reduced gradient shards to host memory (FSDP; default: where the optimizer steps)")

@@ -337,8 +337,9 @@ class DeepSpeedConfigReader {
   }
 
   // activation_checkpointing: DeepSpeed's settings for the checkpointing a model asks for; here
-  // the section turns on --checkpoint-activations (each block recomputed in backward) and its
-  // memory-layout options, which polyshard does not have, are refused.
+  // the section turns on --checkpoint-activations (each block recomputed in backward), and its
+  // single-rank settings set StrategyConfig's fields; partitioning across model-parallel ranks,
+  // which polyshard does not have, is refused.
   void activation_checkpointing(const json& v, const std::string& key) {
     const auto unsupported = [&](const char* why) {
       return [this, why](const json& x, const std::string& k) {
@@ -347,9 +348,15 @@ class DeepSpeedConfigReader {
     };
     object(v, key, {
         {"partition_activations", unsupported("checkpointed activations are kept whole on each rank")},
-        {"cpu_checkpointing", unsupported("checkpointed activations stay in the model's memory (no offload)")},
-        {"contiguous_memory_optimization", unsupported("checkpointed activations are not copied into one buffer")},
-        {"synchronize_checkpoint_boundary", unsupported("no device synchronisation at checkpoint boundaries")},
+        {"cpu_checkpointing", [&](const json& x, const std::string& k) {
+           set("--cpu-checkpointing", o_.settings.cpu_checkpointing, boolean(x, k));
+         }},
+        {"contiguous_memory_optimization", [&](const json& x, const std::string& k) {
+           set("--contiguous-memory-optimization", o_.settings.contiguous_memory_optimization, boolean(x, k));
+         }},
+        {"synchronize_checkpoint_boundary", [&](const json& x, const std::string& k) {
+           set("--synchronize-checkpoint-boundary", o_.settings.synchronize_checkpoint_boundary, boolean(x, k));
+         }},
         {"profile", unsupported("no per-checkpoint profile; --trace records each unit's forward and backward")},
         {"number_checkpoints", [&](const json& x, const std::string& k) {
            refuse_unless(x.is_null(), k, "every block is a checkpoint; leave it null");

@@ -350,6 +350,13 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
     save_hf_gpt2_pretrained(engine, cfg, o.export_hf);
     if (rank == 0) std::printf("exported a Hugging Face GPT-2 directory to %s\n", o.export_hf.c_str());
   }
+  if (rank == 0 && o.settings.cpu_checkpointing) {
+    const CheckpointCounts& c = engine.last_checkpoint_counts();
+    std::printf("cpu_checkpointing: %lld of %lld checkpointed blocks' inputs (%lld bytes) waited in host memory, "
+                "%lld of them in one buffer\n",
+                static_cast<long long>(c.inputs_offloaded), static_cast<long long>(c.checkpoints),
+                static_cast<long long>(c.bytes_offloaded), static_cast<long long>(c.inputs_in_one_buffer));
+  }
   if (rank == 0)
     std::printf("done: loss %.4f -> %.4f in %lld steps\n", first_loss, last_loss,
                 static_cast<long long>(std::max<std::int64_t>(o.steps - first_step, 0)));
