@@ -104,6 +104,12 @@ done
 step 90 train-vocab50257.log benchmarks/train/bench_train_cuda "${steps[@]}" --vocab 50257 --json "$out/train_vocab50257.json"
 step 120 train-medium.log benchmarks/train/bench_train_cuda "${steps[@]}" --medium --json "$out/train_medium.json"
 step 90 train-engine.log benchmarks/train/bench_train_cuda "${steps[@]}" --engine --json "$out/train_engine.json"
+# Activation checkpointing, and DeepSpeed's cpu_checkpointing beside it: the device memory the
+# host copies save and the step time they cost (full mode only).
+[[ $only == all ]] && step 90 train-checkpoint.log benchmarks/train/bench_train_cuda "${steps[@]}" --checkpoint \
+  --json "$out/train_checkpoint.json"
+[[ $only == all ]] && step 90 train-cpu-checkpointing.log benchmarks/train/bench_train_cuda "${steps[@]}" \
+  --cpu-checkpointing --json "$out/train_cpu_checkpointing.json"
 for other in ${POLYSHARD_COMPARE:-}; do
   name=$(basename "$other")
   step 120 "compare-$name-train-medium.log" "$other/bench_train_cuda" "${steps[@]}" --medium \

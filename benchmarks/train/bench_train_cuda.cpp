@@ -6,8 +6,11 @@
 // --engine trains the same model through the engine instead (DDP, bf16 compute, fp32 masters,
 // NCCL with one rank): what polyshard-train --device cuda runs, with its unit buffers, casts,
 // reductions and step checks.
-// Usage: bench_train_cuda [--engine] [--batch B] [--seq T] [--layers L] [--width C] [--heads H] [--medium]
-//                         [--vocab V] [--steps S] [--quick] [--json FILE]
+// --checkpoint recomputes each block in backward; --cpu-checkpointing also keeps each block's input
+// in host memory between forward and backward (DeepSpeed's cpu_checkpointing: the device memory it
+// saves, and the step time its copies cost).
+// Usage: bench_train_cuda [--engine] [--checkpoint] [--cpu-checkpointing] [--batch B] [--seq T] [--layers L]
+//                         [--width C] [--heads H] [--medium] [--vocab V] [--steps S] [--quick] [--json FILE]
 // (--medium: GPT-2 medium, 24 layers 1024 wide with 16 heads.)
 // Prints the peak of the device memory pool beside the step time (what PyTorch reports as
 // torch.cuda.max_memory_allocated).
@@ -114,6 +117,8 @@ int main(int argc, char** argv) {
        {"--layers", "L", "blocks (default 12; 24 with --medium, 2 with --quick)"},
        {"--width", "C", "embedding width (default 768; 1024 with --medium)"},
        {"--heads", "H", "attention heads (default 12; 16 with --medium)"},
+       {"--checkpoint", "", "recompute each block in backward (activation checkpointing)"},
+       {"--cpu-checkpointing", "", "and keep each block's input in host memory until backward (implies --checkpoint)"},
        {"--medium", "", "GPT-2 medium (350M): 24 layers 1024 wide with 16 heads"},
        {"--vocab", "V", "vocabulary (default 50304)"},
        {"--steps", "S", "timed steps (default 20; 6 with --quick)"}});
@@ -125,6 +130,8 @@ int main(int argc, char** argv) {
                      heads = args.number("--heads", medium ? 16 : 12), vocab = args.number("--vocab", 50304),
                      steps = args.number("--steps", args.quick ? 6 : 20);
   const bool through_engine = args.has("--engine");
+  const bool cpu_checkpointing = args.has("--cpu-checkpointing");
+  const bool checkpoint_blocks = cpu_checkpointing || args.has("--checkpoint");
   const std::string json = args.json;
   const auto devices = cuda::available_devices();
   if (!devices) {
@@ -155,6 +162,7 @@ int main(int argc, char** argv) {
   Timing timing;
   double params = 0;
   Gpt<bfloat16, Cuda> model(config);  // bf16 compute copy of every parameter
+  model.checkpoint_blocks = checkpoint_blocks;
   if (!through_engine) {
     FlatParameters<bfloat16, Cuda> flat(model);  // one buffer of values, one of gradients
     flat.initialize(/*seed=*/0);
@@ -166,7 +174,11 @@ int main(int argc, char** argv) {
     params = double(flat.numel());
     timing = measure(steps, [&](std::int64_t step) {
       flat.zero_grad();
-      const Var<bfloat16, Cuda> loss = model.loss(x, y);
+      Var<bfloat16, Cuda> loss;
+      {
+        CheckpointSettingsScope checkpointing({.cpu_checkpointing = cpu_checkpointing});
+        loss = model.loss(x, y);
+      }
       backward(loss);
       flat.settle_grads();
       cuda::fused_adamw_step<bfloat16, bfloat16>(master.data(), flat.grads().data(), exp_avg.data(),
@@ -179,7 +191,8 @@ int main(int argc, char** argv) {
     ncclUniqueId id;
     if (ncclGetUniqueId(&id) != ncclSuccess) return 1;
     NcclCommunicator comm(0, 1, id, 0);
-    Engine<Strategy<NoShard, Bf16Mixed>, Gpt<bfloat16, Cuda>, NcclCommunicator, AdamW<float>> engine(model, comm, adamw);
+    Engine<Strategy<NoShard, Bf16Mixed>, Gpt<bfloat16, Cuda>, NcclCommunicator, AdamW<float>> engine(
+        model, comm, adamw, StrategyConfig{.cpu_checkpointing = cpu_checkpointing});
     params = double(engine.units().numel_total());
     timing = measure(steps, [&](std::int64_t) {
       auto loss = engine.forward([&] { return model.loss(x, y); });
@@ -202,13 +215,15 @@ int main(int argc, char** argv) {
   const double peak = measured_bf16_peak();
   const double mfu = tokens_per_s * flops_per_token / (peak * 1e12);
 
-  const char* run = through_engine ? "polyshard engine (DDP, NCCL x1)" : "polyshard";
+  const std::string run = std::string(through_engine ? "polyshard engine (DDP, NCCL x1)" : "polyshard") +
+                          (cpu_checkpointing ? ", blocks checkpointed, inputs in host memory"
+                                             : checkpoint_blocks ? ", blocks checkpointed" : "");
   std::printf("GPT-2 (%lld layers, %lld wide, %lld heads, vocab %lld), batch %lld x %lld tokens, bf16 compute, fp32 "
               "master, fused AdamW on %s\n",
               (long long)layers, (long long)width, (long long)heads, (long long)vocab, (long long)batch, (long long)seq, cuda::device_description(0).c_str());
   std::printf("| run | step ms | host enqueue ms | tokens/s | MFU | peak device memory GiB | loss first -> last |\n"
               "|---|---|---|---|---|---|---|\n");
-  std::printf("| %s | %.2f | %.2f | %.0f | %.1f%% | %.2f | %.3f -> %.3f |\n", run, ms, timing.host_ms, tokens_per_s,
+  std::printf("| %s | %.2f | %.2f | %.0f | %.1f%% | %.2f | %.3f -> %.3f |\n", run.c_str(), ms, timing.host_ms, tokens_per_s,
               100 * mfu, peak_gib, first_loss, last_loss);
   std::printf("measured bf16 matmul peak (random values) %.0f TFLOP/s; %.0f parameters\n", peak, params);
   std::ofstream out(json);
