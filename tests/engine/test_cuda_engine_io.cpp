@@ -1,5 +1,6 @@
 // The engine on one GPU: offloaded state in pinned host memory, and checkpoints and full weights
-// that move between a device engine and a host engine bit for bit.
+// that move between a device engine and a host engine bit for bit, and checkpointed activations
+// kept in host memory (cpu_checkpointing).
 #include "cuda_engine_fixture.hpp"
 #include "io/temp_dir.hpp"
 #include "polyshard/io/io.hpp"
@@ -126,4 +127,38 @@ TEMPLATE_TEST_CASE("a device engine's checkpoint resumes on the host, and the ho
   Engine<S, Gpt<float, Cuda>, NcclCommunicator, Opt> resumed(resumed_model, comm, adamw, {}, 11);
   CHECK(load_checkpoint(resumed, dir / "from-host").step == 4);
   CHECK(test::max_difference(resumed.full_parameters(), gpu.full_parameters()) <= 2e-5);
+}
+
+TEST_CASE("cpu_checkpointing under ActivationCheckpointing<Block>: every block's input waits in host memory, in one "
+          "buffer after the first step, and the run is the same bit for bit",
+          "[cuda][engine]") {
+  using Checkpointed = Strategy<ShardParameters<true>, WrapByType<Block>, ActivationCheckpointing<Block>>;
+  const GptConfig cfg = test::tiny_gpt();
+  const std::int64_t input_bytes = 6 * cfg.block_size * cfg.n_embd * std::int64_t(sizeof(float));  // rows x T x C
+  StrategyConfig moved;
+  moved.cpu_checkpointing = true;
+  moved.contiguous_memory_optimization = true;
+  moved.synchronize_checkpoint_boundary = true;
+  test::RunResult runs[2];
+  for (const bool offload : {false, true}) {
+    CAPTURE(offload);
+    NcclCommunicator comm = one_gpu();
+    Gpt<float, Cuda> model(cfg);
+    Engine<Checkpointed, Gpt<float, Cuda>, NcclCommunicator, Sgd<float>> engine(
+        model, comm, test::momentum_sgd(), offload ? moved : StrategyConfig{}, 42);
+    for (int step = 0; step < 3; ++step) {
+      const std::int64_t synchronized = checkpoint_boundary_synchronizations();
+      runs[offload ? 1 : 0].losses.push_back(train_one_step(engine, model, step));
+      const CheckpointCounts& c = engine.last_checkpoint_counts();
+      CHECK(c.checkpoints == cfg.n_layer);
+      CHECK(c.inputs_offloaded == (offload ? cfg.n_layer : 0));
+      CHECK(c.bytes_offloaded == (offload ? cfg.n_layer * input_bytes : 0));
+      CHECK(c.inputs_in_one_buffer == (offload && step > 0 ? cfg.n_layer : 0));  // the first step measures
+      // Each block's forward and recomputation, begun and ended.
+      CHECK(checkpoint_boundary_synchronizations() - synchronized == (offload ? 4 * cfg.n_layer : 0));
+    }
+    runs[offload ? 1 : 0].parameters = engine.full_parameters();
+  }
+  CHECK(runs[1].losses == runs[0].losses);
+  CHECK(runs[1].parameters == runs[0].parameters);
 }
