@@ -284,6 +284,14 @@ foreach(pair "1=zero1_offload (ShardOptimizerState" "3=zero3_offload_optimizer (
   expect(deepspeed-config-stage-${stage}-offload-optimizer EXIT 0 ARGS ${one_step}
          --deepspeed-config ${WORK_DIR}/deepspeed-offload-optimizer-${stage}.json SAYS "strategy ${says}, OffloadOptimizer<Cpu>")
 endforeach()
+# deepspeed_refusal(NAME JSON SAYS...): polyshard-train given the config JSON (written to a file
+# named after NAME) stops with exit 2, printing each of SAYS. A macro: expect's failures reach
+# the caller's scope.
+macro(deepspeed_refusal name json)
+  file(WRITE ${WORK_DIR}/deepspeed-${name}.json "${json}")
+  expect(deepspeed-config-${name} EXIT 2 ARGS ${one_step} --deepspeed-config ${WORK_DIR}/deepspeed-${name}.json
+         SAYS ${ARGN})
+endmacro()
 # What cannot be honoured is refused, naming the file and the key.
 set(refused "polyshard-train cannot honour")
 set(contiguous "zero_optimization.contiguous_gradients: ${refused}")
@@ -310,23 +318,12 @@ foreach(case
   list(GET case 0 name)
   list(GET case 1 json)
   list(GET case 2 says)
-  file(WRITE ${WORK_DIR}/deepspeed-${name}.json "${json}")
-  expect(deepspeed-config-${name} EXIT 2 ARGS ${one_step} --deepspeed-config ${WORK_DIR}/deepspeed-${name}.json
-         SAYS "--deepspeed-config ${WORK_DIR}/deepspeed-${name}.json" "${says}")
+  deepspeed_refusal(${name} "${json}" "--deepspeed-config ${WORK_DIR}/deepspeed-${name}.json" "${says}")
 endforeach()
 # The activation-checkpointing settings reach the engine, which refuses them on a host model (and
 # the contiguous buffer without cpu_checkpointing).
-foreach(case
-    "checkpoint-boundary-sync|synchronize_checkpoint_boundary|synchronize_checkpoint_boundary = true waits for a device"
-    "cpu-checkpointing|cpu_checkpointing|cpu_checkpointing = true moves a device model's"
-    "contiguous-checkpoints|contiguous_memory_optimization|contiguous_memory_optimization = true places")
-  string(REPLACE "|" ";" case "${case}")
-  list(GET case 0 name)
-  list(GET case 1 key)
-  list(GET case 2 says)
-  file(WRITE ${WORK_DIR}/deepspeed-${name}.json "{\"activation_checkpointing\": {\"${key}\": true}}")
-  expect(deepspeed-config-${name} EXIT 2 ARGS ${one_step} --deepspeed-config ${WORK_DIR}/deepspeed-${name}.json
-         SAYS "StrategyConfig::${says}")
+foreach(key synchronize_checkpoint_boundary cpu_checkpointing contiguous_memory_optimization)
+  deepspeed_refusal(${key} "{\"activation_checkpointing\": {\"${key}\": true}}" "StrategyConfig::${key} = true")
 endforeach()
 # StrategyConfig's flags reach the engine, which refuses a field its strategy does not read.
 expect(strategy-setting-reaches-the-engine EXIT 2 ARGS ${one_step} --allgather-bucket-size 10
