@@ -132,7 +132,6 @@ TEMPLATE_TEST_CASE("a device engine's checkpoint resumes on the host, and the ho
 TEST_CASE("cpu_checkpointing under ActivationCheckpointing<Block>: every block's input waits in host memory, in one "
           "buffer after the first step, and the run is the same bit for bit",
           "[cuda][engine]") {
-  using Checkpointed = Strategy<ShardParameters<true>, WrapByType<Block>, ActivationCheckpointing<Block>>;
   const GptConfig cfg = test::tiny_gpt();
   const std::int64_t input_bytes = 6 * cfg.block_size * cfg.n_embd * std::int64_t(sizeof(float));  // rows x T x C
   StrategyConfig moved;
@@ -144,7 +143,7 @@ TEST_CASE("cpu_checkpointing under ActivationCheckpointing<Block>: every block's
     CAPTURE(offload);
     NcclCommunicator comm = one_gpu();
     Gpt<float, Cuda> model(cfg);
-    Engine<Checkpointed, Gpt<float, Cuda>, NcclCommunicator, Sgd<float>> engine(
+    Engine<ZeRO3Checkpointed, Gpt<float, Cuda>, NcclCommunicator, Sgd<float>> engine(
         model, comm, test::momentum_sgd(), offload ? moved : StrategyConfig{}, 42);
     for (int step = 0; step < 3; ++step) {
       const std::int64_t synchronized = checkpoint_boundary_synchronizations();
