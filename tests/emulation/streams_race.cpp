@@ -2,7 +2,12 @@
 // emulated-tsan build runs this and expects its verdicts): a kernel on stream `a` writes the
 // buffer, and stream `b` copies it to the host.
 //   argv[1] "unordered": nothing orders the copy after the kernel. On a GPU the copy may read the
-//     buffer half-written; here the two streams' threads race, and TSan must report it.
+//     buffer half-written; here the two streams' threads race, and TSan must report it. The
+//     kernel holds its writes until the copy is done, told by a relaxed atomic flag, which gives
+//     TSan no ordering: the copy's reads come first and the kernel's writes after them in every
+//     run, so no order the emulator's own locks happen to give the two threads hides the race.
+//     (Left to the scheduler, a kernel that finished before the copy was enqueued was ordered
+//     before it through those locks, and about one run in forty reported nothing.)
 //   argv[1] "ordered": `b` waits on an event recorded on `a` after the kernel, so the copy sees
 //     every element written, and TSan must report nothing.
 // What this proves: a grid's accesses reach TSan as its stream thread's (grid.cpp), so a missing
@@ -10,17 +15,21 @@
 #ifndef POLYSHARD_CUDA_EMULATION
 #define POLYSHARD_CUDA_EMULATION
 #endif
+#include <atomic>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "polyshard/emulation/device.hpp"
 
 namespace {
 
-__global__ void fill_kernel(int* out, int n) {
-  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (i < n) out[i] = 3 * i + 1;
+/// One emulated thread: waits until `go` is set, then writes every element. Relaxed: the flag
+/// orders nothing for TSan.
+__global__ void fill_kernel(int* out, int n, const std::atomic<int>* go) {
+  while (go->load(std::memory_order_relaxed) == 0) std::this_thread::yield();
+  for (int i = 0; i < n; ++i) out[i] = 3 * i + 1;
 }
 
 bool ok(cudaError_t e, const char* what) {
@@ -47,13 +56,17 @@ int main(int argc, char** argv) {
       !ok(cudaEventCreateWithFlags(&written, cudaEventDisableTiming), "cudaEventCreate"))
     return 2;
   std::vector<int> host(n, -1);
-  polyshard::emulation::launch<fill_kernel>(dim3(n / 256), dim3(256), 0, a, d, n);
+  // Ordered, the copy waits for the kernel, which must not wait for the copy.
+  std::atomic<int> go{which == "ordered" ? 1 : 0};
+  polyshard::emulation::launch<fill_kernel>(dim3(1), dim3(1), 0, a, d, n, &go);
   if (which == "ordered" &&
       (!ok(cudaEventRecord(written, a), "cudaEventRecord") || !ok(cudaStreamWaitEvent(b, written, 0), "cudaStreamWaitEvent")))
     return 2;
   if (!ok(cudaMemcpyAsync(host.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost, b), "cudaMemcpyAsync") ||
-      !ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize"))
+      !ok(cudaStreamSynchronize(b), "cudaStreamSynchronize"))
     return 2;
+  go.store(1, std::memory_order_relaxed);  // unordered: the kernel writes after the copy read
+  if (!ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize")) return 2;
   if (which == "ordered") {
     for (int i = 0; i < n; ++i)
       if (host[static_cast<std::size_t>(i)] != 3 * i + 1) {
