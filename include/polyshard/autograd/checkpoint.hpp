@@ -239,8 +239,6 @@ class OffloadedInput {
     if (const auto previous = previous_.lock()) previous->prefetch();
   }
   std::int64_t bytes() const { return static_cast<std::int64_t>(storage_->bytes()); }
-  /// Whether the copy back has started (a prefetch, or a restore).
-  bool coming_back() const { return up_ != nullptr; }
 
  private:
   std::shared_ptr<Storage<T, D>> storage_;
