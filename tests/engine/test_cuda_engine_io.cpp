@@ -129,6 +129,61 @@ TEMPLATE_TEST_CASE("a device engine's checkpoint resumes on the host, and the ho
   CHECK(test::max_difference(resumed.full_parameters(), gpu.full_parameters()) <= 2e-5);
 }
 
+TEMPLATE_TEST_CASE("state_dict_to_cpu: a full state dict in host memory, or else in each rank's device memory, "
+                   "every parameter whole from the masters, to the same bits",
+                   "[cuda][engine][io]", DDP, FsdpPerBlock, FsdpCpuOffload) {
+  const int world = GENERATE(1, 2);
+  CAPTURE(world);
+  if (!test::have_devices(world)) return;
+  struct Seen {
+    test::Parameters dict, parameters;  // full_state_dict's, and full_parameters()'s (the oracle)
+    std::vector<bool> in_host_memory, memory_matches;
+    std::int64_t tracked = 0, whole = 0;  // bytes the dict holds, and the padded units'
+  };
+  std::vector<Seen> seen(2 * static_cast<std::size_t>(world));  // [to_cpu][rank]
+  TempDir dir;
+  run_on_gpus(world, [&](int r, NcclCommunicator& comm) {
+    for (const bool to_cpu : {true, false}) {
+      Seen& out = seen[static_cast<std::size_t>((to_cpu ? 0 : world) + r)];
+      StrategyConfig config;
+      config.state_dict_to_cpu = to_cpu;
+      Gpt<float, Cuda> model(test::tiny_gpt());
+      Engine<TestType, Gpt<float, Cuda>, NcclCommunicator, Sgd<float>> engine(model, comm, test::momentum_sgd(),
+                                                                              config, 42);
+      train_one_step(engine, model, 0);  // every rank the same batch: the masters move
+      {
+        MemoryTracker tracker;
+        TrackerScope scope(tracker);
+        const auto dict = full_state_dict(engine);
+        out.tracked = tracker.current(MemoryCategory::Other);
+        for (const auto& p : dict) {
+          out.in_host_memory.push_back(p.in_host_memory);
+          cudaPointerAttributes a{};
+          POLYSHARD_CUDA_CHECK(cudaPointerGetAttributes(&a, to_cpu ? p.host.data() : p.device.data()));
+          out.memory_matches.push_back(to_cpu ? a.type != cudaMemoryTypeDevice
+                                              : a.type == cudaMemoryTypeDevice && a.device == r);
+          out.dict.emplace_back(p.name, p.to_host().to_vector());
+        }
+      }
+      for (const auto& u : engine.units().units) out.whole += u.padded * std::int64_t(sizeof(float));
+      out.parameters = engine.full_parameters();
+      // Rank 0 writes the same file either way (from the device, without state_dict_to_cpu).
+      save_full_weights(engine, dir / (to_cpu ? "host.safetensors" : "device.safetensors"));
+    }
+  });
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    const Seen& s = seen[i];
+    CHECK(s.dict == s.parameters);  // fp32: the masters are the parameters, bit for bit
+    CHECK(s.dict == seen[i % std::size_t(world)].dict);
+    const bool to_cpu = i < std::size_t(world);
+    INFO((to_cpu ? "state_dict_to_cpu, rank " : "on the device, rank ") << i % std::size_t(world));
+    CHECK(std::all_of(s.in_host_memory.begin(), s.in_host_memory.end(), [&](bool h) { return h == to_cpu; }));
+    CHECK(std::all_of(s.memory_matches.begin(), s.memory_matches.end(), [](bool m) { return m; }));
+    CHECK(s.tracked == s.whole);  // every unit, whole, and nothing else left behind
+  }
+  CHECK(read_file(dir / "host.safetensors", "weights") == read_file(dir / "device.safetensors", "weights"));
+}
+
 TEST_CASE("cpu_checkpointing under ActivationCheckpointing<Block>: every block's input waits in host memory, in one "
           "buffer after the first step, and the run is the same bit for bit",
           "[cuda][engine]") {

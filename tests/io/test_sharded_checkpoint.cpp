@@ -33,6 +33,9 @@ struct CheckpointRun {
   int good_steps = 0;
   std::int64_t resumed_step = -1;  // TrainingState::step read from the loaded checkpoint
   std::vector<std::string> errors;  // per rank, "" when it succeeded
+  Parameters state_dict;                   // full_state_dict's, as float, when asked for
+  bool state_dict_in_host_memory = true;   // every parameter of it, on every rank
+  bool state_dicts_agree = true;           // every rank's the same as rank 0's
 };
 
 struct RunSpec {
@@ -41,6 +44,7 @@ struct RunSpec {
   std::optional<fs::path> load = {}, save = {};
   std::optional<fs::path> init = {}, export_to = {};  // full weights in, full weights out
   std::optional<fs::path> init_hf = {}, export_hf = {};  // Hugging Face save_pretrained directories
+  bool state_dict = false;  // take full_state_dict at the end
   GptConfig model = tiny_gpt();
 };
 
@@ -82,6 +86,11 @@ CheckpointRun run(const RunSpec& spec, StrategyConfig config = {}) {
         save_checkpoint(engine, *spec.save, {.step = spec.first_step + spec.steps, .seed = 7, .extra = {{"run", "test"}}});
       if (spec.export_to) save_full_weights(engine, *spec.export_to, tied_parameters<Gpt<float>>::of(model));
       if (spec.export_hf) save_hf_gpt2_pretrained(engine, spec.model, *spec.export_hf);
+      if (spec.state_dict)
+        for (const auto& p : full_state_dict(engine)) {
+          out.state_dict_in_host_memory = out.state_dict_in_host_memory && p.in_host_memory;
+          out.state_dict.emplace_back(p.name, p.to_host().to_vector());
+        }
       out.parameters = engine.full_parameters();
       out.loss_scale = engine.loss_scaler().scale();
       out.good_steps = engine.loss_scaler().good_steps();
@@ -92,6 +101,8 @@ CheckpointRun run(const RunSpec& spec, StrategyConfig config = {}) {
   CheckpointRun result = std::move(results[0]);
   for (std::size_t r = 1; r < results.size(); ++r) {
     result.errors.push_back(results[r].errors[0]);
+    result.state_dict_in_host_memory = result.state_dict_in_host_memory && results[r].state_dict_in_host_memory;
+    result.state_dicts_agree = result.state_dicts_agree && results[r].state_dict == result.state_dict;
     for (std::size_t i = 0; i < result.losses.size() && i < results[r].losses.size(); ++i)
       result.losses[i] += results[r].losses[i];
   }
@@ -417,6 +428,40 @@ TEST_CASE("full weights leave a sharded engine as one PyTorch state dict and loa
   const CheckpointRun wrong = run<Zero3Blocks>({.world = 2, .init = file, .model = wider});
   for (const std::string& e : wrong.errors) CHECK(!e.empty());
   CHECK_THAT(wrong.errors[0], Catch::Contains("does not match the model") && Catch::Contains("different shapes for"));
+}
+
+TEST_CASE("a full state dict gives every rank every parameter whole, from the master weights, in host memory on a "
+          "host model",
+          "[io][checkpoint]") {
+  // The oracle: ZeRO-1 keeps every parameter whole on every rank and trains bit for bit like ZeRO-3
+  // at the same world size (fp32), so its full_parameters() reads them without a gather.
+  const CheckpointRun zero1 = run<ZeRO<1>>({.world = 3, .steps = 2});
+  REQUIRE(succeeded(zero1));
+  for (const bool to_cpu : {true, false}) {
+    CAPTURE(to_cpu);
+    StrategyConfig config;
+    config.state_dict_to_cpu = to_cpu;  // a host model computes on the host: host memory either way
+    const CheckpointRun zero3 = run<ZeRO<3>>({.world = 3, .steps = 2, .state_dict = true}, config);
+    REQUIRE(succeeded(zero3));
+    CHECK(zero3.state_dict_in_host_memory);
+    CHECK(zero3.state_dicts_agree);
+    CHECK(bit_identical(zero3.state_dict, zero1.parameters));
+  }
+  // Under bf16 compute it holds the fp32 masters, of which the parameters are the rounding.
+  using Zero3Bf16 = Strategy<ShardParameters<true>, Bf16Mixed>;
+  const CheckpointRun bf16 = run<Zero3Bf16>({.world = 2, .steps = 2, .state_dict = true});
+  REQUIRE(succeeded(bf16));
+  CHECK(bf16.state_dicts_agree);
+  REQUIRE(bf16.state_dict.size() == bf16.parameters.size());
+  CHECK_FALSE(bit_identical(bf16.state_dict, bf16.parameters));
+  for (std::size_t i = 0; i < bf16.state_dict.size(); ++i) {
+    const auto& [name, masters] = bf16.state_dict[i];
+    INFO(name);
+    REQUIRE(name == bf16.parameters[i].first);
+    std::vector<float> rounded;
+    for (const float m : masters) rounded.push_back(static_cast<float>(bfloat16(m)));
+    CHECK(rounded == bf16.parameters[i].second);
+  }
 }
 
 TEST_CASE("Hugging Face GPT-2 directories leave a sharded engine and load into any other", "[io][checkpoint]") {

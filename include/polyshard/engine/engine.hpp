@@ -572,6 +572,8 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
       });
   }
   Comm& communicator() { return comm_; }
+  /// The run-time settings the engine was built with.
+  const StrategyConfig& config() const { return config_; }
   /// Records compute and communication spans into `trace` (null: none) from now on.
   void set_trace(Trace* trace) { trace_ = trace; }
   /// The communicator shards are spread over: the whole world, or this rank's group under

@@ -1,12 +1,15 @@
-// Full state dicts of an Engine's model, whatever its sharding: gathered into one safetensors
-// file written by rank 0, and loaded by every rank reading only the slices its shards need.
+// Full state dicts of an Engine's model, whatever its sharding: gathered in memory (host or
+// device, as state_dict_to_cpu says), or into one safetensors file written by rank 0, and loaded
+// by every rank reading only the slices its shards need.
 #pragma once
 
 #include <filesystem>
 #include <functional>
+#include <algorithm>
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "polyshard/comm/host_values.hpp"
@@ -101,36 +104,122 @@ void read_full_unit(const SafetensorsFile& file, const Layout& unit, std::int64_
 }
 }  // namespace detail
 
+/// One parameter of `engine`'s model, whole, from the master weights (the most precise copy
+/// under every precision): what a full state dict (FSDP's state_dict()) returns for it.
+/// StrategyConfig::state_dict_to_cpu chose its memory: host memory (true, the default), or the
+/// memory of the model's device (false; on a host model, host memory too). A view of its unit's
+/// gathered buffer, which training does not change.
+template <FloatElement T, Device D>
+struct FullParameter {
+  std::string name;
+  bool in_host_memory = true;
+  Tensor<T, Cpu> host;  ///< the values, where in_host_memory; empty otherwise
+  Tensor<T, D> device;  ///< the values, where not in_host_memory; empty otherwise
+
+  /// The values in host memory, copied down where they are on the device.
+  Tensor<T, Cpu> to_host() const {
+    if (in_host_memory) return host;
+    Tensor<T, Cpu> out = Tensor<T, Cpu>::empty(device.shape(), MemoryCategory::Other);
+    copy_across(device, out);
+    return out;
+  }
+};
+
+namespace detail {
+/// Unit `unit`'s master weights, whole (padded), gathered from every rank's part: into `host`
+/// (`to_host`), or else into `device`, in the memory of the engine's device, without passing
+/// through the host when the masters are there. `may_alias`: where the masters are whole in host
+/// memory, `host` may be a view of the engine's own (for a save, which ends before the next
+/// step). A collective.
+template <class E>
+void gather_masters(E& engine, std::size_t unit, bool to_host, bool may_alias, Tensor<typename E::MT>& host,
+                    Tensor<typename E::MT, typename E::device>& device) {
+  using MT = typename E::MT;
+  using D = typename E::device;
+  const std::int64_t padded = engine.units().units[unit].padded;
+  engine.access_optimizer(unit, [&](auto&, auto params) {
+    const bool whole = static_cast<std::int64_t>(params.size()) == padded;
+    if constexpr (E::masters_on_host) {
+      if (whole && may_alias && to_host) {
+        host = Tensor<MT>::wrap(params.data(), Shape{padded});
+      } else if (whole) {
+        host = Tensor<MT>::from({padded}, std::span<const MT>(params), MemoryCategory::Other);
+      } else {
+        host = Tensor<MT>::empty({padded}, MemoryCategory::Other);
+        all_gather_host<D>(engine.shard_comm(), std::span<const MT>(params), host.span());
+      }
+      if (!to_host) device = on_device<D>(std::exchange(host, Tensor<MT>()), MemoryCategory::Other);
+    } else {
+      // The masters are in the device's memory: gathered there, and copied down if asked.
+      device = Tensor<MT, D>::empty({padded}, MemoryCategory::Other);
+      if (whole) device.copy_from(Tensor<MT, D>::wrap(params.data(), Shape{padded}));
+      else engine.shard_comm().all_gather(std::span<const MT>(params), device.span());
+      if (to_host) {
+        host = Tensor<MT>::empty({padded}, MemoryCategory::Other);
+        copy_across(std::exchange(device, Tensor<MT, D>()), host);
+      }
+    }
+  });
+}
+}  // namespace detail
+
+/// FSDP's full state dict of `engine`'s parameters: every parameter by name, whole, from the
+/// master weights, sorted by name, on every rank (a collective: every rank calls it). In host
+/// memory under StrategyConfig::state_dict_to_cpu (the default), one unit at a time passing
+/// through the device; without it, in the memory of the model's device. The persistent buffers
+/// are whole on every rank already (engine.model()); tied aliases are the caller's to add
+/// (tied_parameters), as save_full_weights writes them.
+template <class E>
+std::vector<FullParameter<typename E::MT, typename E::device>> full_state_dict(E& engine) {
+  using MT = typename E::MT;
+  using D = typename E::device;
+  const bool to_host = std::same_as<D, Cpu> || engine.config().state_dict_to_cpu;
+  std::vector<FullParameter<MT, D>> out;
+  for (std::size_t u = 0; u < engine.units().units.size(); ++u) {
+    Tensor<MT> host;
+    Tensor<MT, D> device;
+    detail::gather_masters(engine, u, to_host, false, host, device);
+    for (const auto& e : engine.units().units[u].entries) {
+      FullParameter<MT, D>& p = out.emplace_back();
+      p.name = e.name;
+      p.in_host_memory = to_host;
+      if (to_host) p.host = host.flat_view(e.offset, e.numel()).reshape(e.shape);
+      else p.device = device.flat_view(e.offset, e.numel()).reshape(e.shape);
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  return out;
+}
+
 /// Gathers the master weights of `engine`'s model (a collective: every rank calls it) and writes
 /// them from rank 0 as one safetensors file with PyTorch names and shapes, atomically, with rank
-/// 0's persistent buffers: a PyTorch state_dict (FSDP's full state dict with rank0_only and
-/// state_dict_to_cpu). `tied`
-/// aliases (tied_parameters<Gpt<float>>::of(model)) are written too; stored as `dtype` if given.
-/// `layout`: another library's names and matrix layout (hf_gpt2_layout()); polyshard's by default.
+/// 0's persistent buffers: a PyTorch state_dict (FSDP's full state dict with rank0_only). Under
+/// state_dict_to_cpu (the default) each unit is gathered into host memory; without it, as FSDP's
+/// state_dict() on the compute device, the whole model is gathered into device memory first
+/// and rank 0 copies it down to write it. `tied` aliases (tied_parameters<Gpt<float>>::of(model))
+/// are written too; stored as `dtype` if given. `layout`: another library's names and matrix
+/// layout (hf_gpt2_layout()); polyshard's by default.
 template <class E>
 void save_full_weights(E& engine, const std::filesystem::path& path, const std::vector<TiedParameter>& tied = {},
                        std::optional<DType> dtype = std::nullopt, const WeightLayout& layout = {}) {
   using MT = typename E::MT;
+  using D = typename E::device;
   auto& comm = engine.communicator();
-  // The master weights, whole: the most precise copy of the parameters under every precision.
-  std::vector<Tensor<MT>> whole;
-  for (std::size_t u = 0; u < engine.units().units.size(); ++u) {
-    const std::int64_t padded = engine.units().units[u].padded;
-    engine.access_optimizer_on_host(u, false, [&](auto&, auto params) {
-      if (static_cast<std::int64_t>(params.size()) == padded) {
-        // The span outlives this call only where the engine keeps its masters on the host.
-        if constexpr (E::masters_on_host) whole.push_back(Tensor<MT>::wrap(params.data(), Shape{padded}));
-        else whole.push_back(Tensor<MT>::from({padded}, std::span<const MT>(params), MemoryCategory::Communication));
-      } else {
-        whole.push_back(Tensor<MT>::empty({padded}, MemoryCategory::Communication));
-        all_gather_host<typename E::device>(engine.shard_comm(), std::span<const MT>(params), whole.back().span());
-      }
-    });
-  }
+  const bool to_host = std::same_as<D, Cpu> || engine.config().state_dict_to_cpu;
+  std::vector<Tensor<MT>> whole(engine.units().units.size());
+  std::vector<Tensor<MT, D>> on_device(whole.size());
+  for (std::size_t u = 0; u < whole.size(); ++u)
+    detail::gather_masters(engine, u, to_host, true, whole[u], on_device[u]);
   std::string error = detail::attempt([&] {
-    if (comm.rank() == 0) detail::write_full_weights(path, engine.model(), engine.units(), whole, tied, dtype, layout);
+    if (comm.rank() != 0) return;
+    if (!to_host)
+      for (std::size_t u = 0; u < whole.size(); ++u) {
+        whole[u] = Tensor<MT>::empty(on_device[u].shape(), MemoryCategory::Other);
+        copy_across(on_device[u], whole[u]);
+      }
+    detail::write_full_weights(path, engine.model(), engine.units(), whole, tied, dtype, layout);
   });
-  detail::agree_or_throw<typename E::device>(comm, error, "save_full_weights", path);
+  detail::agree_or_throw<D>(comm, error, "save_full_weights", path);
 }
 
 /// Loads a full state dict (save_full_weights', save_state_dict's, or PyTorch's in nn.Linear

@@ -99,7 +99,8 @@ struct StrategyConfig {
   std::int64_t max_in_cpu = 1'000'000'000;
   std::int64_t sub_group_size = 1'000'000'000'000;
 
-  // Checkpoints (FSDP).
+  // Full state dicts (FSDP): full_state_dict() gathers the parameters into host memory (true),
+  // or leaves them in the memory of the model's device (false).
   bool state_dict_to_cpu = true;
 
   // Activation checkpointing (DeepSpeed's activation_checkpointing section): what the checkpoints
@@ -133,8 +134,6 @@ inline void refuse_unread_fields(const StrategyConfig& c) {
   POLYSHARD_CHECK(c.sub_group_size == d.sub_group_size, "StrategyConfig::sub_group_size (", c.sub_group_size,
                   ") is not read: polyshard steps a unit's optimizer shard at once; leave it at its default "
                   "(1000000000000)");
-  POLYSHARD_CHECK(c.state_dict_to_cpu, "StrategyConfig::state_dict_to_cpu = false: full state dicts and "
-                  "checkpoints are always gathered into host memory (save_full_weights, save_checkpoint); leave it true");
 }
 
 namespace detail {
