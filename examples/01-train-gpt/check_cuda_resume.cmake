@@ -1,6 +1,7 @@
 # Checkpoints of polyshard-train --device cuda: ZeRO-3 in bf16 on one GPU saved at step 3 and
 # resumed on the GPU to step 6 logs the same losses, digit for digit, as 6 uninterrupted steps;
-# the same checkpoint resumes on the host, and weights exported on the GPU start a host run.
+# the same checkpoint resumes on the host, and weights exported on the GPU (gathered through host
+# memory or, without state_dict_to_cpu, on the device: the same file) start a host run.
 # Prints "SKIPPED: no CUDA device" (CTest's skip) where no GPU is usable.
 set(common --layers 2 --heads 2 --embd 32 --seq 32 --batch 8 --log-every 100 --strategy zero3
            --precision bf16-mixed --world-size 1)
@@ -24,6 +25,15 @@ if(NOT resumed_steps EQUAL 3)
   message(FATAL_ERROR "the GPU's checkpoint resumed on the host logged ${on_host}, not steps 3 to 5")
 endif()
 train(exported --device cuda --steps 3 --export ${WORK_DIR}/cuda-weights.safetensors)
+# Without state_dict_to_cpu the weights are gathered in device memory before rank 0 copies them
+# down to write them: the same file, byte for byte.
+train(exported_on_device --device cuda --steps 3 --state-dict-to-cpu false
+      --export ${WORK_DIR}/cuda-weights-on-device.safetensors)
+file(SHA256 ${WORK_DIR}/cuda-weights.safetensors through_host)
+file(SHA256 ${WORK_DIR}/cuda-weights-on-device.safetensors through_device)
+if(NOT through_host STREQUAL through_device)
+  message(FATAL_ERROR "--state-dict-to-cpu false exported another file than the default")
+endif()
 train(started --device cpu --steps 1 --lr 1e-12 --init ${WORK_DIR}/cuda-weights.safetensors)
 train(fresh --device cpu --steps 1 --lr 1e-12)
 if(started STREQUAL fresh)

@@ -241,7 +241,9 @@ inline bool parse(int argc, char** argv, Options& o) {
       ->type_name("N");
   settings->add_option("--sub-group-size", c.sub_group_size, "elements the optimizer steps at once")->type_name("N")
       ->transform(at_least(1));
-  settings->add_option("--state-dict-to-cpu", c.state_dict_to_cpu, "full state dicts gathered to host memory")
+  settings
+      ->add_option("--state-dict-to-cpu", c.state_dict_to_cpu,
+                   "full state dicts (--export, --export-hf) gathered in host memory, or else on the device")
       ->type_name("BOOL");
   settings
       ->add_option("--cpu-checkpointing", c.cpu_checkpointing,
