@@ -464,6 +464,27 @@ TEST_CASE("a full state dict gives every rank every parameter whole, from the ma
   }
 }
 
+#if defined(POLYSHARD_HAVE_LIBURING)
+TEST_CASE("full weights and a full state dict leave ZeRO-Infinity's file whole, each unit its own masters",
+          "[io][checkpoint][nvme]") {
+  // At world size 1 each unit's masters are whole, and they live in the file between uses: each
+  // must be copied out before the next unit's are read into memory the first ones gave back.
+  TempDir dir;
+  StrategyConfig config;
+  config.nvme_path = dir.path().string();
+  config.max_in_cpu = 0;  // every shard and master in the file
+  using InfinityBlocks = with_t<ZeROInfinityParameters, WrapByType<Block>>;
+  const fs::path file = dir / "model.safetensors";
+  const CheckpointRun nvme = run<InfinityBlocks>({.world = 1, .steps = 2, .export_to = file, .state_dict = true}, config);
+  REQUIRE(succeeded(nvme));
+  Gpt<float> model(tiny_gpt());
+  FlatParameters<float> flat(model);
+  load_state_dict(model, file);
+  CHECK(bit_identical(sorted_parameters(model), nvme.parameters));
+  CHECK(bit_identical(nvme.state_dict, nvme.parameters));
+}
+#endif
+
 TEST_CASE("Hugging Face GPT-2 directories leave a sharded engine and load into any other", "[io][checkpoint]") {
   TempDir dir;
   const fs::path hf = dir / "hf";

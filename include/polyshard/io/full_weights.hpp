@@ -3,9 +3,9 @@
 // by every rank reading only the slices its shards need.
 #pragma once
 
+#include <algorithm>
 #include <filesystem>
 #include <functional>
-#include <algorithm>
 #include <optional>
 #include <set>
 #include <string>
@@ -129,8 +129,8 @@ namespace detail {
 /// Unit `unit`'s master weights, whole (padded), gathered from every rank's part: into `host`
 /// (`to_host`), or else into `device`, in the memory of the engine's device, without passing
 /// through the host when the masters are there. `may_alias`: where the masters are whole in host
-/// memory, `host` may be a view of the engine's own (for a save, which ends before the next
-/// step). A collective.
+/// memory and stay there (not swapped out to NVMe after the access), `host` may be a view of the
+/// engine's own (for a save, which ends before the next step). A collective.
 template <class E>
 void gather_masters(E& engine, std::size_t unit, bool to_host, bool may_alias, Tensor<typename E::MT>& host,
                     Tensor<typename E::MT, typename E::device>& device) {
@@ -140,7 +140,7 @@ void gather_masters(E& engine, std::size_t unit, bool to_host, bool may_alias, T
   engine.access_optimizer(unit, [&](auto&, auto params) {
     const bool whole = static_cast<std::int64_t>(params.size()) == padded;
     if constexpr (E::masters_on_host) {
-      if (whole && may_alias && to_host) {
+      if (whole && may_alias && to_host && E::masters_resident) {
         host = Tensor<MT>::wrap(params.data(), Shape{padded});
       } else if (whole) {
         host = Tensor<MT>::from({padded}, std::span<const MT>(params), MemoryCategory::Other);
