@@ -130,13 +130,14 @@ TEMPLATE_TEST_CASE("a device engine's checkpoint resumes on the host, and the ho
 }
 
 TEMPLATE_TEST_CASE("state_dict_to_cpu: a full state dict in host memory, or else in each rank's device memory, "
-                   "every parameter whole from the masters, to the same bits",
+                   "every parameter whole from the masters, to the same bits, and back into a fresh engine",
                    "[cuda][engine][io]", DDP, FsdpPerBlock, FsdpCpuOffload) {
   const int world = GENERATE(1, 2);
   CAPTURE(world);
   if (!test::have_devices(world)) return;
   struct Seen {
     test::Parameters dict, parameters;  // full_state_dict's, and full_parameters()'s (the oracle)
+    test::Parameters loaded;            // a fresh engine's after load_full_state_dict(dict)
     std::vector<bool> in_host_memory, memory_matches;
     std::int64_t tracked = 0, whole = 0;  // bytes the dict holds, and the padded units'
   };
@@ -164,6 +165,12 @@ TEMPLATE_TEST_CASE("state_dict_to_cpu: a full state dict in host memory, or else
                                               : a.type == cudaMemoryTypeDevice && a.device == r);
           out.dict.emplace_back(p.name, p.to_host().to_vector());
         }
+        // Back into a fresh engine from another seed, from either memory.
+        Gpt<float, Cuda> fresh_model(test::tiny_gpt());
+        Engine<TestType, Gpt<float, Cuda>, NcclCommunicator, Sgd<float>> fresh(fresh_model, comm,
+                                                                               test::momentum_sgd(), config, 7);
+        load_full_state_dict(fresh, dict);
+        out.loaded = fresh.full_parameters();
       }
       for (const auto& u : engine.units().units) out.whole += u.padded * std::int64_t(sizeof(float));
       out.parameters = engine.full_parameters();
@@ -175,6 +182,7 @@ TEMPLATE_TEST_CASE("state_dict_to_cpu: a full state dict in host memory, or else
     const Seen& s = seen[i];
     CHECK(s.dict == s.parameters);  // fp32: the masters are the parameters, bit for bit
     CHECK(s.dict == seen[i % std::size_t(world)].dict);
+    CHECK(s.loaded == s.parameters);
     const bool to_cpu = i < std::size_t(world);
     INFO((to_cpu ? "state_dict_to_cpu, rank " : "on the device, rank ") << i % std::size_t(world));
     CHECK(std::all_of(s.in_host_memory.begin(), s.in_host_memory.end(), [&](bool h) { return h == to_cpu; }));

@@ -36,6 +36,7 @@ struct CheckpointRun {
   Parameters state_dict;                   // full_state_dict's, as float, when asked for
   bool state_dict_in_host_memory = true;   // every parameter of it, on every rank
   bool state_dicts_agree = true;           // every rank's the same as rank 0's
+  std::vector<FullParameter<float, Cpu>> dict;  // rank 0's full_state_dict, itself
 };
 
 struct RunSpec {
@@ -45,6 +46,7 @@ struct RunSpec {
   std::optional<fs::path> init = {}, export_to = {};  // full weights in, full weights out
   std::optional<fs::path> init_hf = {}, export_hf = {};  // Hugging Face save_pretrained directories
   bool state_dict = false;  // take full_state_dict at the end
+  const std::vector<FullParameter<float, Cpu>>* init_dict = nullptr;  // loaded at the start, in memory
   GptConfig model = tiny_gpt();
 };
 
@@ -70,6 +72,7 @@ CheckpointRun run(const RunSpec& spec, StrategyConfig config = {}) {
       if (spec.load) out.resumed_step = load_checkpoint(engine, *spec.load).step;
       if (spec.init) load_full_weights(engine, *spec.init, tied_parameters<Gpt<float>>::of(model));
       if (spec.init_hf) load_hf_gpt2_pretrained(engine, *spec.init_hf);
+      if (spec.init_dict) load_full_state_dict(engine, *spec.init_dict);
       const std::int64_t batch = 6;
       BatchSampler sampler(tiny_data(), 8, batch, 7);
       const RowRange rows = rank_rows(batch, comm.rank(), world);
@@ -86,11 +89,13 @@ CheckpointRun run(const RunSpec& spec, StrategyConfig config = {}) {
         save_checkpoint(engine, *spec.save, {.step = spec.first_step + spec.steps, .seed = 7, .extra = {{"run", "test"}}});
       if (spec.export_to) save_full_weights(engine, *spec.export_to, tied_parameters<Gpt<float>>::of(model));
       if (spec.export_hf) save_hf_gpt2_pretrained(engine, spec.model, *spec.export_hf);
-      if (spec.state_dict)
-        for (const auto& p : full_state_dict(engine)) {
+      if (spec.state_dict) {
+        out.dict = full_state_dict(engine);
+        for (const auto& p : out.dict) {
           out.state_dict_in_host_memory = out.state_dict_in_host_memory && p.in_host_memory;
           out.state_dict.emplace_back(p.name, p.to_host().to_vector());
         }
+      }
       out.parameters = engine.full_parameters();
       out.loss_scale = engine.loss_scaler().scale();
       out.good_steps = engine.loss_scaler().good_steps();
@@ -464,6 +469,38 @@ TEST_CASE("a full state dict gives every rank every parameter whole, from the ma
   }
 }
 
+TEST_CASE("a full state dict in memory loads into another strategy on another world size, and one that does not "
+          "fit is refused on every rank, naming each difference",
+          "[io][checkpoint]") {
+  const CheckpointRun zero3 = run<ZeRO<3>>({.world = 3, .steps = 2, .state_dict = true});
+  REQUIRE(succeeded(zero3));
+  const CheckpointRun fresh = run<ZeRO<1>>({.world = 2});
+  REQUIRE(succeeded(fresh));
+  CHECK_FALSE(bit_identical(fresh.parameters, zero3.parameters));  // training moved them
+  // Each rank of ZeRO-1 on 2 ranks, and DDP on 1, copies its slices: the same parameters, bit for bit.
+  const CheckpointRun zero1 = run<ZeRO<1>>({.world = 2, .init_dict = &zero3.dict});
+  REQUIRE(succeeded(zero1));
+  CHECK(bit_identical(zero1.parameters, zero3.parameters));
+  const CheckpointRun ddp = run<DDP>({.world = 1, .init_dict = &zero3.dict});
+  REQUIRE(succeeded(ddp));
+  CHECK(bit_identical(ddp.parameters, zero3.parameters));
+
+  std::vector<FullParameter<float, Cpu>> wrong = zero3.dict;
+  wrong.pop_back();                             // missing
+  wrong[0].name = "transformer.h.9.attn.bias";  // unexpected (and its own name missing)
+  const auto matrix = std::find_if(wrong.begin(), wrong.end(), [](const auto& p) { return p.host.rank() == 2; });
+  REQUIRE(matrix != wrong.end());
+  const std::string reshaped = matrix->name;
+  matrix->host = matrix->host.reshape(Shape{-1});
+  const CheckpointRun refused = run<ZeRO<1>>({.world = 2, .init_dict = &wrong});
+  for (const std::string& e : refused.errors) CHECK_THAT(e, Catch::Contains("does not match the model"));
+  CHECK_THAT(refused.errors[0], Catch::Contains("missing parameters") && Catch::Contains("'" + zero3.dict[0].name + "'") &&
+                                    Catch::Contains("'" + zero3.dict.back().name + "'") &&
+                                    Catch::Contains("unexpected parameters 'transformer.h.9.attn.bias'") &&
+                                    Catch::Contains("different shapes for '" + reshaped + " (state dict (") &&
+                                    Catch::Contains("), model ("));
+}
+
 #if defined(POLYSHARD_HAVE_LIBURING)
 TEST_CASE("full weights and a full state dict leave ZeRO-Infinity's file whole, each unit its own masters",
           "[io][checkpoint][nvme]") {
@@ -475,7 +512,8 @@ TEST_CASE("full weights and a full state dict leave ZeRO-Infinity's file whole, 
   config.max_in_cpu = 0;  // every shard and master in the file
   using InfinityBlocks = with_t<ZeROInfinityParameters, WrapByType<Block>>;
   const fs::path file = dir / "model.safetensors";
-  const CheckpointRun nvme = run<InfinityBlocks>({.world = 1, .steps = 2, .export_to = file, .state_dict = true}, config);
+  const CheckpointRun nvme =
+      run<InfinityBlocks>({.world = 1, .steps = 2, .export_to = file, .state_dict = true}, config);
   REQUIRE(succeeded(nvme));
   Gpt<float> model(tiny_gpt());
   FlatParameters<float> flat(model);

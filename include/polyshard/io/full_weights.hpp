@@ -1,11 +1,12 @@
 // Full state dicts of an Engine's model, whatever its sharding: gathered in memory (host or
 // device, as state_dict_to_cpu says), or into one safetensors file written by rank 0, and loaded
-// by every rank reading only the slices its shards need.
+// from either by every rank reading only the slices its shards need.
 #pragma once
 
 #include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -189,6 +190,66 @@ std::vector<FullParameter<typename E::MT, typename E::device>> full_state_dict(E
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   return out;
+}
+
+/// Loads a full state dict held in memory (full_state_dict's, from an engine of any strategy and
+/// world size over the same model, its tensors in host or device memory) into `engine`, as FSDP's
+/// load_state_dict takes a full one: every rank copies from `dict` only the slices of its own
+/// shards into its master weights, then rebuilds its parameters; optimizer state and buffers are
+/// untouched. Names and shapes must match the model's parameters exactly; a dict that does not
+/// fit changes nothing, on any rank, and the error names every difference. A collective.
+template <class E, FloatElement T, Device D>
+void load_full_state_dict(E& engine, const std::vector<FullParameter<T, D>>& dict) {
+  using MT = typename E::MT;
+  std::map<std::string, const FullParameter<T, D>*> by_name;
+  std::string error = detail::attempt([&] {
+    for (const FullParameter<T, D>& p : dict) by_name.emplace(p.name, &p);
+    std::vector<std::string> missing, unexpected, misshaped;
+    std::set<std::string> names;
+    for (const auto& unit : engine.units().units)
+      for (const auto& e : unit.entries) {
+        names.insert(e.name);
+        const auto it = by_name.find(e.name);
+        if (it == by_name.end()) {
+          missing.push_back(e.name);
+          continue;
+        }
+        const Shape& shape = it->second->in_host_memory ? it->second->host.shape() : it->second->device.shape();
+        const auto dims = [](const Shape& s) {
+          return detail::shape_string(std::vector<std::int64_t>(s.begin(), s.end()));
+        };
+        if (shape != e.shape)
+          misshaped.push_back(e.name + " (state dict " + dims(shape) + ", model " + dims(e.shape) + ")");
+      }
+    for (const FullParameter<T, D>& p : dict)
+      if (!names.count(p.name)) unexpected.push_back(p.name);
+    const std::string msg = detail::mismatch_message(
+        "load_full_state_dict: the state dict does not match the model:", "parameters", missing, unexpected, misshaped);
+    if (!msg.empty()) throw Error(msg);
+  });
+  detail::agree_or_throw<typename E::device>(engine.communicator(), error, "load_full_state_dict", "its state dict");
+  for (std::size_t u = 0; u < engine.units().units.size(); ++u) {
+    const auto& unit = engine.units().units[u];
+    engine.access_optimizer_on_host(u, true, [&](auto&, auto params) {
+      std::fill(params.begin(), params.end(), MT(0));  // the padding
+      const std::int64_t offset = engine.optimizer_offset(u);
+      for (const detail::SpanSlice& s : detail::span_slices(unit, offset, std::int64_t(params.size()))) {
+        const FullParameter<T, D>& p = *by_name.at(unit.entries[s.entry].name);
+        const std::int64_t n = s.end - s.begin;
+        Tensor<T> values;
+        if (p.in_host_memory) {
+          values = p.host.contiguous().reshape(Shape{-1}).flat_view(s.begin, n);
+        } else {
+          values = Tensor<T>::empty({n}, MemoryCategory::Other);
+          copy_across(p.device.contiguous().reshape(Shape{-1}).flat_view(s.begin, n), values);
+        }
+        const std::span<const T> from = values.span();
+        std::transform(from.begin(), from.end(), params.begin() + s.span_offset,
+                       [](T x) { return static_cast<MT>(x); });
+      }
+    });
+  }
+  engine.refresh_parameters_from_master();
 }
 
 /// Gathers the master weights of `engine`'s model (a collective: every rank calls it) and writes
