@@ -494,11 +494,12 @@ TEST_CASE("a full state dict in memory loads into another strategy on another wo
   matrix->host = matrix->host.reshape(Shape{-1});
   const CheckpointRun refused = run<ZeRO<1>>({.world = 2, .init_dict = &wrong});
   for (const std::string& e : refused.errors) CHECK_THAT(e, Catch::Contains("does not match the model"));
-  CHECK_THAT(refused.errors[0], Catch::Contains("missing parameters") && Catch::Contains("'" + zero3.dict[0].name + "'") &&
-                                    Catch::Contains("'" + zero3.dict.back().name + "'") &&
-                                    Catch::Contains("unexpected parameters 'transformer.h.9.attn.bias'") &&
-                                    Catch::Contains("different shapes for '" + reshaped + " (state dict (") &&
-                                    Catch::Contains("), model ("));
+  CHECK_THAT(refused.errors[0],
+             Catch::Contains("missing parameters") && Catch::Contains("'" + zero3.dict[0].name + "'") &&
+                 Catch::Contains("'" + zero3.dict.back().name + "'") &&
+                 Catch::Contains("unexpected parameters 'transformer.h.9.attn.bias'") &&
+                 Catch::Contains("different shapes for '" + reshaped + " (state dict (") &&
+                 Catch::Contains("), model ("));
 }
 
 #if defined(POLYSHARD_HAVE_LIBURING)
