@@ -117,6 +117,8 @@ struct FullParameter {
   Tensor<T, Cpu> host;  ///< the values, where in_host_memory; empty otherwise
   Tensor<T, D> device;  ///< the values, where not in_host_memory; empty otherwise
 
+  const Shape& shape() const { return in_host_memory ? host.shape() : device.shape(); }
+
   /// The values in host memory, copied down where they are on the device.
   Tensor<T, Cpu> to_host() const {
     if (in_host_memory) return host;
@@ -127,6 +129,12 @@ struct FullParameter {
 };
 
 namespace detail {
+/// Whether `engine`'s full state dicts go to host memory: state_dict_to_cpu, or a host model.
+template <class E>
+bool state_dict_in_host_memory(const E& engine) {
+  return std::same_as<typename E::device, Cpu> || engine.config().state_dict_to_cpu;
+}
+
 /// Unit `unit`'s master weights, whole (padded), gathered from every rank's part: into `host`
 /// (`to_host`), or else into `device`, in the memory of the engine's device, without passing
 /// through the host when the masters are there. `may_alias`: where the masters are whole in host
@@ -174,7 +182,7 @@ template <class E>
 std::vector<FullParameter<typename E::MT, typename E::device>> full_state_dict(E& engine) {
   using MT = typename E::MT;
   using D = typename E::device;
-  const bool to_host = std::same_as<D, Cpu> || engine.config().state_dict_to_cpu;
+  const bool to_host = detail::state_dict_in_host_memory(engine);
   std::vector<FullParameter<MT, D>> out;
   for (std::size_t u = 0; u < engine.units().units.size(); ++u) {
     Tensor<MT> host;
@@ -206,6 +214,9 @@ void load_full_state_dict(E& engine, const std::vector<FullParameter<T, D>>& dic
     for (const FullParameter<T, D>& p : dict) by_name.emplace(p.name, &p);
     std::vector<std::string> missing, unexpected, misshaped;
     std::set<std::string> names;
+    const auto dims = [](const Shape& s) {
+      return detail::shape_string(std::vector<std::int64_t>(s.begin(), s.end()));
+    };
     for (const auto& unit : engine.units().units)
       for (const auto& e : unit.entries) {
         names.insert(e.name);
@@ -214,12 +225,8 @@ void load_full_state_dict(E& engine, const std::vector<FullParameter<T, D>>& dic
           missing.push_back(e.name);
           continue;
         }
-        const Shape& shape = it->second->in_host_memory ? it->second->host.shape() : it->second->device.shape();
-        const auto dims = [](const Shape& s) {
-          return detail::shape_string(std::vector<std::int64_t>(s.begin(), s.end()));
-        };
-        if (shape != e.shape)
-          misshaped.push_back(e.name + " (state dict " + dims(shape) + ", model " + dims(e.shape) + ")");
+        if (it->second->shape() != e.shape)
+          misshaped.push_back(e.name + " (state dict " + dims(it->second->shape()) + ", model " + dims(e.shape) + ")");
       }
     for (const FullParameter<T, D>& p : dict)
       if (!names.count(p.name)) unexpected.push_back(p.name);
@@ -266,7 +273,7 @@ void save_full_weights(E& engine, const std::filesystem::path& path, const std::
   using MT = typename E::MT;
   using D = typename E::device;
   auto& comm = engine.communicator();
-  const bool to_host = std::same_as<D, Cpu> || engine.config().state_dict_to_cpu;
+  const bool to_host = detail::state_dict_in_host_memory(engine);
   std::vector<Tensor<MT>> whole(engine.units().units.size());
   std::vector<Tensor<MT, D>> on_device(whole.size());
   for (std::size_t u = 0; u < whole.size(); ++u)
