@@ -37,12 +37,13 @@ TEMPLATE_TEST_CASE("offloaded state of a device engine lives in pinned host memo
       else CHECK_FALSE(is_pageable(u.param_shard));  // on the device
     }
     // The host optimizer's state (SGD's momentum) is pinned with the masters, as DeepSpeed pins it.
-    for (const auto& optimizer : engine.optimizers())
-      for (const auto& [name, state] : optimizer.state()) {
-        INFO(name);
-        if constexpr (steps_on_host) CHECK(is_pageable(state) == !pin);
-        else CHECK_FALSE(is_pageable(state));  // on the device
-      }
+    for (const auto& groups : engine.optimizers())
+      for (const auto& optimizer : groups)
+        for (const auto& [name, state] : optimizer.state()) {
+          INFO(name);
+          if constexpr (steps_on_host) CHECK(is_pageable(state) == !pin);
+          else CHECK_FALSE(is_pageable(state));  // on the device
+        }
     // The master weights, or the parameter shards, and the momentum at least (world size 1: every
     // shard is the whole unit), fp32.
     const std::size_t offloaded = std::size_t(parameters) * sizeof(float) * (steps_on_host ? 2 : 1);

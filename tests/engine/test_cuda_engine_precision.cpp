@@ -98,3 +98,19 @@ TEMPLATE_TEST_CASE("the compute copy the fused step writes is the masters rounde
     CHECK(differing == 0);
   }
 }
+
+TEMPLATE_TEST_CASE("sub_group_size on the GPU: each sub-group stepped apart lands on the bits of one step a unit",
+                   "[cuda][engine]", (Strategy<ShardParameters<true>, WrapByType<Block>, Bf16Mixed>),
+                   (Strategy<ShardGradients, OffloadOptimizer<Cpu>, WrapByType<Block>, Bf16Mixed>)) {
+  // The fused kernels writing each sub-group's slice of the bf16 copy on the device; the host
+  // optimizer stepping the offloaded state in sub-groups.
+  using S = TestType;
+  const AdamWConfig adamw{.lr = 1e-2};
+  StrategyConfig pieces;
+  pieces.sub_group_size = 37;
+  const auto whole = train_on_gpu<S, AdamW<float>>(3, adamw);
+  const auto cut = train_on_gpu<S, AdamW<float>>(3, adamw, std::numeric_limits<double>::infinity(), pieces);
+  CHECK(test::max_difference(cut.parameters, whole.parameters) == 0.0);
+  CHECK(cut.losses == whole.losses);
+  CHECK(test::max_difference(whole.parameters, train_on_gpu<S, AdamW<float>>(0, adamw).parameters) > 1e-3);
+}

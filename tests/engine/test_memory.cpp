@@ -298,6 +298,33 @@ TEST_CASE("memory: NVMe offload brings back at most optimizer_buffer_count conse
 }
 #endif
 
+#ifdef POLYSHARD_HAVE_LIBURING
+TEST_CASE("memory: under NVMe offload, sub_group_size bounds the optimizer state a step brings back",
+          "[engine][memory]") {
+  using Infinity = Strategy<ShardParameters<true>, OffloadOptimizer<Nvme>, WrapByType<Block>>;
+  test::TempDir nvme;
+  StrategyConfig whole;
+  whole.nvme_path = nvme.path().string();
+  whole.optimizer_buffer_count = 1;  // one sub-group's state and one unit's masters at a time: exact peaks
+  StrategyConfig pieces = whole;
+  pieces.sub_group_size = 100;  // a block's shard is 2,197 elements at world size 1, 733 at 3
+  const auto check = [&]<class S>(S, const char* label) {
+    for (int world : {1, 3}) {
+      INFO(label << " at world size " << world);
+      for (const Held& h : hold<S>(world, pieces)) {
+        const StepPeakMemory peak = host_step_peak_memory<S>(h.units, world, 1, pieces, h.buckets);
+        CHECK(double(h.peak_at(MemoryCategory::OptimizerState)) == peak.optimizer_state);
+        CHECK(peak.optimizer_state < host_step_peak_memory<S>(h.units, world, 1, whole, h.buckets).optimizer_state);
+      }
+    }
+  };
+  check(Infinity{}, "OffloadOptimizer<Nvme>");
+  check(with_t<Infinity, Bf16Mixed>{}, "OffloadOptimizer<Nvme>, bf16: the masters come back a unit at a time");
+  check(OnNvme{}, "OffloadParameters<Nvme>");
+  check(with_t<OnNvme, Bf16Mixed>{}, "OffloadParameters<Nvme>, bf16");
+}
+#endif
+
 namespace {
 /// Each unit's activation bytes on every rank after a step of `world` ranks, and the rows each had.
 template <class S>

@@ -108,7 +108,10 @@ TEST_CASE("ZeRO-Infinity: the state is in the file between steps, and access_opt
           "[engine][nvme]") {
   constexpr int world = 2;
   TempDir dir;
-  const StrategyConfig config = nvme_config(dir, 4096, 2, 2, false);
+  StrategyConfig config = nvme_config(dir, 4096, 2, 2, false);
+  // In one piece a unit, and in sub-groups of 37 elements, which access_optimizer shows whole.
+  config.sub_group_size = GENERATE(StrategyConfig{}.sub_group_size, std::int64_t{37});
+  CAPTURE(config.sub_group_size);
   const AdamWConfig adamw{.lr = 1e-2};
   struct Seen {
     std::vector<std::vector<float>> nvme_states, memory_states, restored, after_throw;
@@ -136,8 +139,9 @@ TEST_CASE("ZeRO-Infinity: the state is in the file between steps, and access_opt
         comm.barrier();
         s.files_while_training = files_in(dir.path());
         comm.barrier();
-        for (const auto& opt : engine.optimizers())
-          for (const auto& [name, t] : opt.state()) s.elements_between_steps |= t.storage()->materialized();
+        for (const auto& groups : engine.optimizers())
+          for (const auto& opt : groups)
+            for (const auto& [name, t] : opt.state()) s.elements_between_steps |= t.storage()->materialized();
         // A restore writes through to the file: read back, the new values are there.
         engine.access_optimizer(1, [&](auto& opt, auto) {
           for (auto& [name, t] : opt.state()) t.fill(name == "exp_avg" ? 0.25f : 0.5f);
@@ -387,4 +391,30 @@ TEST_CASE("ZeRO-Infinity with the parameter shards on NVMe reads the next gather
   const std::int64_t three_buffers = forward_peak(3, shard);
   CHECK(shard > 0);
   CHECK(three_buffers - one_buffer == shard);
+}
+
+TEST_CASE("ZeRO-Infinity: sub_group_size brings the state back a sub-group at a time and trains as in one piece",
+          "[engine][nvme]") {
+  const int buffers = GENERATE(1, 2);
+  const int world = GENERATE(1, 3);
+  CAPTURE(buffers, world);
+  TempDir dir;
+  StrategyConfig config = nvme_config(dir, 4096, 2, buffers, false);
+  config.sub_group_size = 37;  // a block's shard is 510 elements at world size 1, 170 at 3: 14 and 5 pieces
+  const AdamWConfig adamw{.lr = 1e-2};
+  const auto memory = train<ZeRO3PerBlock, AdamW<float>>(world, 3, 6, adamw);
+  const auto nvme = train<InfinityPerBlock, AdamW<float>>(world, 3, 6, adamw, no_clip, config);
+  CHECK(max_difference(nvme.parameters, memory.parameters) == 0.0);
+  CHECK(nvme.losses == memory.losses);
+  // bf16: the fp32 masters come back a unit at a time, the moments a sub-group at a time.
+  CHECK(max_difference(train<with_t<InfinityPerBlock, Bf16Mixed>, AdamW<float>>(world, 3, 6, adamw, no_clip, config)
+                           .parameters,
+                       train<with_t<ZeRO3PerBlock, Bf16Mixed>, AdamW<float>>(world, 3, 6, adamw).parameters) == 0.0);
+  // The parameter shards in the file too.
+  StrategyConfig shards = parameter_config(dir, 1, 0);
+  shards.optimizer_buffer_count = buffers;
+  shards.sub_group_size = 37;
+  CHECK(max_difference(train<InfinityParametersPerBlock, AdamW<float>>(world, 3, 6, adamw, no_clip, shards).parameters,
+                       memory.parameters) == 0.0);
+  CHECK(files_in(dir.path()) == 0);
 }

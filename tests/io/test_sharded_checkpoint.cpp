@@ -277,9 +277,8 @@ TEST_CASE("a checkpoint loads onto any world size, sharding and wrap policy unch
 
   // Load, then save again without a step: the parameters gathered after loading, and every
   // master weight and optimizer state element of the new checkpoint, equal the original's.
-  auto reload = [&]<class S>(int world, const std::string& name) {
+  auto reload = [&]<class S>(int world, const std::string& name, StrategyConfig config = {}) {
     INFO(name << " on " << world << " rank(s)");
-    StrategyConfig config;
     if constexpr (S::sharding::hybrid) config.hybrid_group_size = 2;
     const CheckpointRun b = run<S>({.world = world, .first_step = 3, .load = saved, .save = dir / name}, config);
     REQUIRE(succeeded(b));
@@ -299,6 +298,10 @@ TEST_CASE("a checkpoint loads onto any world size, sharding and wrap policy unch
   reload.operator()<Strategy<ShardParameters<false>, WrapBySize<40>>>(3, "fsdp_grad_op_x3");
   reload.operator()<Strategy<ShardParameters<true>, Bf16Mixed>>(4, "zero3_bf16_whole");
   reload.operator()<Strategy<HybridShard<ShardParameters<true>>>>(4, "hybrid");
+  // An engine that steps its units in sub-groups reads and writes the same tensors.
+  StrategyConfig pieces;
+  pieces.sub_group_size = 37;
+  reload.operator()<Zero3Blocks>(3, "zero3_sub_groups", pieces);
   CHECK(read_checkpoint_metadata(dir / "ddp3").files.size() == 1);
   CHECK(read_checkpoint_metadata(dir / "zero1x3").files.size() == 3);
 }
@@ -587,6 +590,14 @@ TEST_CASE("resuming on another strategy with the same reduction order is bit-ide
   const CheckpointRun zero3 = run<ZeRO<3>>({.world = 2, .first_step = 2, .steps = 2, .load = dir / "zero1"});
   REQUIRE(succeeded(zero3));
   CHECK(bit_identical(zero3.parameters, whole.parameters));
+  // Saved by an engine stepping in sub-groups of 37 elements, resumed by one stepping whole units.
+  StrategyConfig pieces;
+  pieces.sub_group_size = 37;
+  REQUIRE(succeeded(run<ZeRO<1>>({.world = 2, .steps = 2, .save = dir / "zero1_sub_groups"}, pieces)));
+  const CheckpointRun from_pieces =
+      run<ZeRO<3>>({.world = 2, .first_step = 2, .steps = 2, .load = dir / "zero1_sub_groups"});
+  REQUIRE(succeeded(from_pieces));
+  CHECK(bit_identical(from_pieces.parameters, whole.parameters));
 
   const CheckpointRun ddp = run<DDP>({.world = 1, .steps = 4});
   REQUIRE(succeeded(ddp));

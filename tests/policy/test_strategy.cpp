@@ -294,25 +294,16 @@ TEST_CASE("StrategyConfig carries the reference documents' defaults", "[policy]"
   CHECK_FALSE(c.move_grads_to_cpu.has_value());     // FSDP: None, cpu_offload's value
 }
 
-TEST_CASE("StrategyConfig fields no strategy reads are refused away from their defaults, naming them", "[policy]") {
-  CHECK_NOTHROW(refuse_unread_fields(StrategyConfig{}));
-  const auto refused = [](auto set) {
-    StrategyConfig c;
-    set(c);
-    try {
-      refuse_unread_fields(c);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("(accepted)");
-  };
-  CHECK_THAT(refused([](StrategyConfig& c) { c.sub_group_size = 7; }), Catch::Contains("sub_group_size (7)"));
-  // Fields that are read stay free.
-  CHECK(refused([](StrategyConfig& c) { c.state_dict_to_cpu = false; }) == "(accepted)");
-  CHECK(refused([](StrategyConfig& c) { c.bucket_cap_mb = 1; }) == "(accepted)");
-  CHECK(refused([](StrategyConfig& c) { c.reduce_bucket_size = 10; }) == "(accepted)");
-  CHECK(refused([](StrategyConfig& c) { c.allgather_bucket_size = 10; }) == "(accepted)");
-  CHECK(refused([](StrategyConfig& c) { c.optimizer_buffer_count = 2; }) == "(accepted)");
+TEST_CASE("sub_group_sizes cuts an optimizer span into sub_group_size pieces, the rest last", "[policy]") {
+  using V = std::vector<std::int64_t>;
+  CHECK(sub_group_sizes(10, 4) == V{4, 4, 2});
+  CHECK(sub_group_sizes(12, 4) == V{4, 4, 4});
+  CHECK(sub_group_sizes(3, 4) == V{3});
+  CHECK(sub_group_sizes(5, 1) == V{1, 1, 1, 1, 1});
+  CHECK(sub_group_sizes(0, 4) == V{0});  // an empty span is one empty group
+  CHECK(sub_group_sizes(2'197, StrategyConfig{}.sub_group_size) == V{2'197});
+  CHECK_THROWS_WITH(sub_group_sizes(10, 0), Catch::Contains("sub_group_size") && Catch::Contains("got 0"));
+  CHECK_THROWS_WITH(sub_group_sizes(10, -3), Catch::Contains("sub_group_size") && Catch::Contains("got -3"));
 }
 
 TEST_CASE("StrategyConfig fields a composition does not read are refused for it, and free for one that does",
@@ -482,6 +473,12 @@ TEST_CASE("offloaded_state_bytes_in_step bounds the state NVMe offload brings ba
   STATIC_REQUIRE(offloaded_state_bytes_in_step<ZeROInfinity>(400, 1, 1, 1) == 1'600.0);
   // Mixed precision brings each unit's fp32 masters back with its moments: 2 * (2 + 1) * 4 * 400 / 4.
   STATIC_REQUIRE(offloaded_state_bytes_in_step<with_t<ZeROInfinity, Bf16Mixed>>(400, 4, 2) == 2'400.0);
+  // sub_group_size 30 brings the moments back 30 elements at a time: 4 * 2 * 4 * 30; the masters
+  // still come back a unit's shard at a time: 2 * 4 * (2 * 30 + 100).
+  STATIC_REQUIRE(offloaded_state_bytes_in_step<ZeROInfinity>(400, 4, 4, 2, 30) == 960.0);
+  STATIC_REQUIRE(offloaded_state_bytes_in_step<with_t<ZeROInfinity, Bf16Mixed>>(400, 4, 2, 2, 30) == 1'280.0);
+  // A sub-group larger than the shard is the shard.
+  STATIC_REQUIRE(offloaded_state_bytes_in_step<ZeROInfinity>(400, 4, 4, 2, 1'000) == 3'200.0);
   // Strategies whose state never leaves memory bring nothing back: it is in model_state_bytes.
   STATIC_REQUIRE(offloaded_state_bytes_in_step<ZeRO<3>>(400, 4, 4) == 0.0);
   STATIC_REQUIRE(offloaded_state_bytes_in_step<ZeROOffload>(400, 4, 4) == 0.0);

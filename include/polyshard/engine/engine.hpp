@@ -27,6 +27,7 @@
 #include "polyshard/engine/loss_scaler.hpp"
 #include "polyshard/engine/model_contract.hpp"
 #include "polyshard/engine/offload.hpp"
+#include "polyshard/engine/optimizer_groups.hpp"
 #include "polyshard/engine/sharding/no_shard.hpp"
 #include "polyshard/engine/sharding/shard_gradients.hpp"
 #include "polyshard/engine/sharding/shard_optimizer_state.hpp"
@@ -194,7 +195,6 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
   EngineOver(Model& model, Comm& comm, typename Opt::config_type optimizer, StrategyConfig config = {},
              std::uint64_t seed = 0)
       : model_(model), comm_(comm), config_(config), scaler_(config) {
-    refuse_unread_fields(config);
     refuse_fields_not_read_by<S, device>(config);
     if constexpr (State::master_is_full || State::master_is_shard)
       POLYSHARD_CHECK(!config.delayed_parameter_update, "StrategyConfig::delayed_parameter_update: under this ",
@@ -227,7 +227,8 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
       std::optional<HostAllocatorScope> pinned;
       if constexpr (!std::same_as<device, Cpu> && std::same_as<typename State::step_device, Cpu>)
         if (config.pin_memory) pinned.emplace(Storage<MT, device>::staging_allocator());
-      optimizers_.emplace_back(optimizer, static_cast<std::size_t>(Behaviour::optimizer_params(u).numel()));
+      optimizers_.emplace_back(optimizer, static_cast<std::size_t>(Behaviour::optimizer_params(u).numel()),
+                               config.sub_group_size);
     }
     plan_buckets();
     placement_.place(units_, optimizers_, config, comm.rank());  // NVMe: the state moves to nvme_path
@@ -510,16 +511,22 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
   /// Unit `unit`'s gradient buckets, in the order they are launched (engine/gradient_buckets.hpp).
   const std::vector<GradientBucket>& gradient_buckets(std::size_t unit) const { return buckets_.at(unit); }
   const std::vector<State>& unit_states() const { return units_; }
-  const std::vector<UnitOptimizer>& optimizers() const { return optimizers_; }
-  /// Calls `f(optimizer, params)` with unit `unit`'s optimizer, its state resident in memory, and
+  /// Each unit's optimizers, one per sub-group of its optimizer span (StrategyConfig::sub_group_size).
+  const std::vector<OptimizerGroups<UnitOptimizer>>& optimizers() const { return optimizers_; }
+  /// Calls `f(optimizer, params)` with unit `unit`'s optimizer seen as one over its span
+  /// (OptimizerGroupsView: state() as long as the span), its state resident in memory, and
   /// the master weights it updates (the whole unit, or this rank's shard), then puts the state
-  /// back where the offload policy keeps it. Checkpoints read and restore state through this.
+  /// back where the offload policy keeps it, with what f wrote. Checkpoints read and restore
+  /// state through this.
   template <class F>
   decltype(auto) access_optimizer(std::size_t unit, F&& f) {
     POLYSHARD_CHECK(unit < units_.size(), "Engine::access_optimizer: unit ", unit, " of ", units_.size());
     complete_delayed_update();
-    return placement_.with_resident(
-        unit, [&]() -> decltype(auto) { return f(optimizers_[unit], Behaviour::optimizer_params(units_[unit]).span()); });
+    return placement_.with_resident(unit, [&]() -> decltype(auto) {
+      OptimizerGroupsView<UnitOptimizer> view(optimizers_[unit]);
+      auto call = [&]() -> decltype(auto) { return f(view, Behaviour::optimizer_params(units_[unit]).span()); };
+      return detail::then_put_back(call, [&] { view.write_back(); }, [] {});
+    });
   }
   /// Whether the master weights and optimizer state live in host memory (a host engine, or an
   /// offloaded device engine): access_optimizer_on_host then hands out the engine's own memory.
@@ -538,11 +545,13 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
       const auto params = Behaviour::optimizer_params(units_[unit]);
       const Tensor<MT> host = host_staging_tensor<MT, device>(params.shape(), MemoryCategory::Other);
       copy_across(params, host);
-      HostOptimizerView<UnitOptimizer, device> view(optimizers_[unit]);
+      OptimizerGroupsView<UnitOptimizer> groups(optimizers_[unit]);
+      HostOptimizerView<OptimizerGroupsView<UnitOptimizer>, device> view(groups);
       f(view, host.span());
       if (write_back) {
         copy_across(host, params);
         view.write_back();
+        groups.write_back();
       }
     }
   }
@@ -651,13 +660,29 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
   /// is read (no write-back).
   void update_unit(std::size_t i, double lr, double grad_scale) {
     optimizers_[i].set_lr(lr);
+    step_unit(i, step_grads(units_[i]), grad_scale, /*fuse_compute_copy=*/true);
+  }
+
+  /// Unit i's optimizer step over `grads`, sub-group by sub-group, each sub-group's state
+  /// brought in before its step and sent back after it where the offload policy keeps it away
+  /// (NVMe). With `fuse_compute_copy`, an optimizer that can writes the compute copy in the
+  /// same pass.
+  template <class Grads>
+  void step_unit(std::size_t i, const Grads& grads, double grad_scale, bool fuse_compute_copy) {
     State& u = units_[i];
+    const auto around = [&](std::size_t group, const auto& step) {
+      placement_.fetch_group(i, group);  // NVMe: the group's state read back, the next group's on its way
+      step();
+      placement_.store_group(i, group);  // NVMe: written back behind the next group's step
+    };
     if constexpr (fuses_compute_copy) {
-      u.compute_copy_current = u.step_trainable(optimizers_[i], Behaviour::optimizer_params(u), step_grads(u),
-                                                grad_scale, Behaviour::compute_copy(u));
-    } else {
-      u.step_trainable(optimizers_[i], Behaviour::optimizer_params(u), step_grads(u), grad_scale);
+      if (fuse_compute_copy) {
+        u.compute_copy_current = u.step_groups(optimizers_[i], Behaviour::optimizer_params(u), grads, grad_scale,
+                                               around, Behaviour::compute_copy(u));
+        return;
+      }
     }
+    u.step_groups(optimizers_[i], Behaviour::optimizer_params(u), grads, grad_scale, around);
   }
 
   /// Makes unit u's parameters (on every rank, where the policy all-gathers them) equal its
@@ -722,14 +747,14 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
     for (std::size_t i = 0; i < units_.size(); ++i) {
       State& u = units_[i];
       if (!plan.updated_early) {
-        placement_.fetch(i);  // NVMe: unit i's state (and shard) read back, unit i+1's on its way
+        placement_.fetch(i);  // NVMe: unit i's masters (and shard) read back, unit i+1's on their way
         update_unit(i, plan.lr, grad_scale);
       }
       {
         Trace::Span span(trace_, "write back unit " + std::to_string(i), "communication", 1);
         write_back_unit(u, step_site("the parameter update of " + unit_name(u)));
       }
-      if (!plan.updated_early) placement_.store(i);  // NVMe: written back behind the next unit's step
+      if (!plan.updated_early) placement_.store(i);  // NVMe: the masters written back behind the next unit's step
     }
     placement_.settle();
     zero_grad();
@@ -1068,8 +1093,9 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
         optimizers_[i].set_lr(lr);
       }
       delayed_ = std::async(std::launch::async, [this, grads = std::move(grads), grad_scale] {
+        // Forward reads the compute copy meanwhile: the write-back casts it once forward is done.
         for (std::size_t i = 0; i < units_.size(); ++i)
-          units_[i].step_trainable(optimizers_[i], Behaviour::optimizer_params(units_[i]), grads[i], grad_scale);
+          step_unit(i, grads[i], grad_scale, /*fuse_compute_copy=*/false);
       });
     }
   }
@@ -1355,7 +1381,7 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
   /// The model's buffers, whole on every rank and outside the units.
   std::vector<detail::ModuleBuffer<Comm>> buffers_;
   std::vector<CommHandle> buffer_broadcasts_;  // started by sync_buffers(false), in order
-  std::vector<UnitOptimizer> optimizers_;
+  std::vector<OptimizerGroups<UnitOptimizer>> optimizers_;
   Placement placement_;  // where optimizer state lives between steps
   LossScaler<typename precision::loss_scale> scaler_;
   std::vector<PendingReduction> pending_;

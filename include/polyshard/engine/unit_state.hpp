@@ -137,12 +137,37 @@ struct UnitState {
     return nullptr;
   }
 
-  /// optimizer.step(params, grads) over the rank's optimizer span `params` (the whole unit, or
-  /// its shard when the span is shorter), leaving the frozen elements as they were: their
-  /// values bit for bit, and their optimizer state (zero while they were never trained). The
-  /// optimizers are elementwise, so the trainable elements get the bits of a step without
-  /// frozen neighbours. The frozen part of the span is copied aside and put back: the
-  /// Optimizer concept updates its whole span in one call.
+  /// step_trainable over each sub-group of `groups` (engine/optimizer_groups.hpp), the slices
+  /// of the rank's optimizer span `params` (the whole unit, or its shard when the span is
+  /// shorter), its gradients and its compute copy that the group updates. `around(k, step)`
+  /// calls step() for group k, with what the group needs brought in around it (its state, from
+  /// NVMe). True when every group wrote the compute copy.
+  template <class Groups, class P, class G, Device E, class Around, class Compute = std::nullptr_t>
+  bool step_groups(Groups& groups, const Tensor<P, E>& params, const Tensor<G, E>& grads, double grad_scale,
+                   Around&& around, const Compute& compute = nullptr) const {
+    const std::int64_t begin = params.numel() == layout->padded ? 0 : shard_begin();
+    bool wrote_compute = true;
+    for (std::size_t k = 0; k < groups.size(); ++k) {
+      const std::int64_t at = groups.offset(k), n = groups.numel(k);
+      around(k, [&] {
+        bool wrote = false;
+        if constexpr (std::is_same_v<Compute, std::nullptr_t>)
+          wrote = step_trainable(groups[k], params.flat_view(at, n), grads.flat_view(at, n), grad_scale, begin + at);
+        else
+          wrote = step_trainable(groups[k], params.flat_view(at, n), grads.flat_view(at, n), grad_scale, begin + at,
+                                 compute.flat_view(at, n));
+        wrote_compute = wrote_compute && wrote;
+      });
+    }
+    return wrote_compute;
+  }
+
+  /// optimizer.step(params, grads) over `params`, elements [begin, begin + params.numel()) of
+  /// the unit, leaving the frozen elements as they were: their values bit for bit, and their
+  /// optimizer state (zero while they were never trained). The optimizers are elementwise, so
+  /// the trainable elements get the bits of a step without frozen neighbours. The frozen part
+  /// of the span is copied aside and put back: the Optimizer concept updates its whole span in
+  /// one call.
   ///
   /// Every gradient counts times `grad_scale` (the loss scale undone, the clipping): the
   /// library's optimizers multiply as they read; an optimizer of the Optimizer concept's
@@ -153,10 +178,9 @@ struct UnitState {
   /// the span is frozen, and the function returns true; otherwise the caller casts it.
   template <class Opt, class P, class G, Device E, class Compute = std::nullptr_t>
   bool step_trainable(Opt& optimizer, const Tensor<P, E>& params, const Tensor<G, E>& grads, double grad_scale,
-                      const Compute& compute = nullptr) const {
+                      std::int64_t begin, const Compute& compute = nullptr) const {
     constexpr bool scales_grads = requires { optimizer.step(params.span(), std::span<const G>(grads.span()), 1.0); };
     const std::int64_t n = params.numel();
-    const std::int64_t begin = n == layout->padded ? 0 : shard_begin();
     std::vector<std::pair<std::int64_t, std::int64_t>> mine;  // frozen ranges within the span, from its start
     std::int64_t count = 0;
     for (const auto& [lo, hi] : frozen) {

@@ -127,9 +127,7 @@ struct CheckpointFiles {
 /// names need no state in memory: nothing is read back from NVMe for them.
 template <class E>
 std::vector<std::string> optimizer_state_names(const E& engine) {
-  std::vector<std::string> names;
-  for (const auto& [name, tensor] : engine.optimizers().at(0).state()) names.push_back(name);
-  return names;
+  return engine.optimizers().at(0).state_names();
 }
 
 /// The parameters of checkpoint `m` and where their pieces go, for units laid out as `units`

@@ -3,9 +3,11 @@
 // DeepSpeed through Lightning).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "polyshard/core/device.hpp"
 #include "polyshard/core/error.hpp"
@@ -97,6 +99,9 @@ struct StrategyConfig {
   int params_buffer_count = 5;
   std::int64_t params_buffer_size = 100'000'000;
   std::int64_t max_in_cpu = 1'000'000'000;
+  // The most elements the optimizer steps at once (DeepSpeed's sub_group_size): each unit's
+  // optimizer span is stepped in sub-groups of at most this many, each with state of its own,
+  // which an offload to NVMe brings into memory one sub-group at a time.
   std::int64_t sub_group_size = 1'000'000'000'000;
 
   // Full state dicts (FSDP): full_state_dict() gathers the parameters into host memory (true),
@@ -125,15 +130,15 @@ struct StrategyConfig {
   std::optional<bool> move_grads_to_cpu{};
 };
 
-/// Refuses the fields no strategy reads yet when they are set away from their reference defaults:
-/// a user moving a DeepSpeed or FSDP run over would otherwise get a run that silently ignores
-/// them. Throws polyshard::Error naming the field, its value and what polyshard does instead.
-/// Engine's constructor calls it.
-inline void refuse_unread_fields(const StrategyConfig& c) {
-  const StrategyConfig d;
-  POLYSHARD_CHECK(c.sub_group_size == d.sub_group_size, "StrategyConfig::sub_group_size (", c.sub_group_size,
-                  ") is not read: polyshard steps a unit's optimizer shard at once; leave it at its default "
-                  "(1000000000000)");
+/// The sizes of the sub-groups a span of `numel` elements is stepped in: as many of
+/// `group_size` as fit, then the rest. A span of 0 elements is one empty group.
+inline std::vector<std::int64_t> sub_group_sizes(std::int64_t numel, std::int64_t group_size) {
+  POLYSHARD_CHECK(group_size >= 1, "StrategyConfig::sub_group_size (elements the optimizer steps at once) must be ",
+                  "at least 1, got ", group_size);
+  std::vector<std::int64_t> sizes;
+  for (std::int64_t at = 0; at < numel; at += group_size) sizes.push_back(std::min(group_size, numel - at));
+  if (sizes.empty()) sizes.push_back(0);
+  return sizes;
 }
 
 namespace detail {

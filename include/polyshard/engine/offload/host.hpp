@@ -23,6 +23,8 @@ struct OffloadPlacement<Offload> : ParametersInMemory {
   template <class State, class Opt>
   void place(std::vector<State>&, std::vector<Opt>&, const StrategyConfig&, int) {}
   void fetch(std::size_t) {}
+  void fetch_group(std::size_t, std::size_t) {}
+  void store_group(std::size_t, std::size_t) {}
   void store(std::size_t) {}
   void settle() {}
   template <class F>

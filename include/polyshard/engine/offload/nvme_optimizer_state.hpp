@@ -1,12 +1,13 @@
 // OffloadOptimizer<Nvme> (ZeRO-Infinity's offload_optimizer with device nvme): every unit's
 // optimizer state, and its master weights where they are a copy of their own (mixed precision, or
 // a device model's host masters), live in a file under nvme_path between steps. The step reads
-// them back unit by unit, reading the next unit's while one unit steps and writing each back
-// behind it.
+// the masters back unit by unit and the state sub-group by sub-group (sub_group_size), reading
+// the next one while one steps and writing each back behind it.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -38,30 +39,83 @@ inline void create_nvme_file(std::optional<UringFile>& file, const StrategyConfi
                                 .pin_memory = config.pin_memory});
 }
 
-/// Lays out, in `swap`, every optimizer's state tensors (exp_avg and exp_avg_sq for Adam) as
-/// unit i's.
-template <class Opt>
-void add_optimizer_state(NvmeSwap& swap, std::vector<Opt>& optimizers, std::int64_t& end,
-                         std::vector<const void*>& seen) {
-  for (std::size_t i = 0; i < optimizers.size(); ++i)
-    for (const auto& [name, tensor] : optimizers[i].state()) swap.add(i, tensor.storage(), end, seen);
+/// Lays out, in `swap`, the state tensors (exp_avg and exp_avg_sq for Adam) of every unit's
+/// sub-groups, in order, one swap unit per sub-group; `first_group` gets where each unit's start
+/// (and, last, their count).
+template <class Groups>
+void add_optimizer_state(NvmeSwap& swap, std::vector<Groups>& optimizers, std::vector<std::size_t>& first_group,
+                         std::int64_t& end, std::vector<const void*>& seen) {
+  first_group.clear();
+  std::size_t g = 0;
+  for (Groups& groups : optimizers) {
+    first_group.push_back(g);
+    for (const auto& optimizer : groups) {
+      for (const auto& [name, tensor] : optimizer.state()) swap.add(g, tensor.storage(), end, seen);
+      ++g;
+    }
+  }
+  first_group.push_back(g);
+}
+
+/// The sub-groups of all units, counted.
+template <class Groups>
+std::size_t count_sub_groups(const std::vector<Groups>& optimizers) {
+  std::size_t n = 0;
+  for (const Groups& groups : optimizers) n += groups.size();
+  return n;
+}
+
+/// Entries [first, last) of `swap`.
+struct SwapEntries {
+  NvmeSwap* swap;
+  std::size_t first, last;
+};
+
+/// fn() with the given entries of each swap in memory, then each written back and every swap
+/// settled. If bringing them in or fn throws, what came in is freed unwritten: the file keeps
+/// what it had.
+template <class F>
+std::invoke_result_t<F&> with_entries_resident(std::initializer_list<SwapEntries> entries, F& fn) {
+  const auto abandon = [&] {
+    for (const SwapEntries& e : entries) e.swap->settle_quietly();
+  };
+  try {
+    for (const SwapEntries& e : entries)
+      for (std::size_t i = e.first; i < e.last; ++i) e.swap->acquire(i);
+  } catch (...) {
+    abandon();
+    throw;
+  }
+  return then_put_back(
+      fn,
+      [&] {
+        std::vector<NvmeSwap*> swaps;
+        for (const SwapEntries& e : entries) {
+          for (std::size_t i = e.first; i < e.last; ++i) e.swap->store(i);
+          swaps.push_back(e.swap);
+        }
+        settle_all(swaps);
+      },
+      abandon);
 }
 
 inline void check_optimizer_buffer_count(const StrategyConfig& config, const char* policy) {
-  POLYSHARD_CHECK(config.optimizer_buffer_count >= 1, policy, ": optimizer_buffer_count (units whose ",
+  POLYSHARD_CHECK(config.optimizer_buffer_count >= 1, policy, ": optimizer_buffer_count (sub-groups whose ",
                   "optimizer state may be in memory at once) must be at least 1, got ", config.optimizer_buffer_count);
 }
 }  // namespace detail
 
 /// One file per rank, `polyshard-optimizer-state-rank<r>-pid<p>-<n>.swp` under
-/// StrategyConfig::nvme_path, holding every unit's state tensors (exp_avg and exp_avg_sq for
-/// Adam) and, where the masters are not the parameter shards themselves, its fp32 master
-/// weights, one after the other, each at an offset aligned for O_DIRECT (as DeepSpeed's
-/// offload_optimizer nvme keeps the fp32 partitions with the moments). A unit's state is in
-/// memory only from the read before its optimizer step to the end of the write after it, and
-/// at most optimizer_buffer_count units' state is in memory at once. Between steps none is: the
-/// optimizers' state() tensors and the separate masters then have no elements, and
-/// access_optimizer (or with_masters) brings one unit's back. The parameter shards stay in memory.
+/// StrategyConfig::nvme_path, holding every sub-group's state tensors (exp_avg and exp_avg_sq
+/// for Adam) and, where the masters are not the parameter shards themselves, every unit's fp32
+/// master weights, one after the other, each at an offset aligned for O_DIRECT (as DeepSpeed's
+/// offload_optimizer nvme keeps the fp32 partitions with the moments). A sub-group's state is in
+/// memory only from the read before its step to the end of the write after it, and at most
+/// optimizer_buffer_count sub-groups' state is in memory at once; a unit's masters likewise,
+/// from the read before its first sub-group steps to the write after its parameters are written
+/// back, optimizer_buffer_count units' at most. Between steps none is: the optimizers' state()
+/// tensors and the separate masters then have no elements, and access_optimizer (or
+/// with_masters) brings one unit's back. The parameter shards stay in memory.
 template <class Offload>
   requires(Offload::to_nvme && !Offload::offloads_parameters)
 class OffloadPlacement<Offload> : public ParametersInMemory {
@@ -72,56 +126,61 @@ class OffloadPlacement<Offload> : public ParametersInMemory {
   /// Lays the state of `optimizers` (one per unit) out in a new file under config.nvme_path,
   /// writes it there as the optimizers built it, and frees it. Throws polyshard::Error naming
   /// the option when nvme_path, block_size, queue_depth or optimizer_buffer_count is unusable.
-  template <class State, class Opt>
-  void place(std::vector<State>& units, std::vector<Opt>& optimizers, const StrategyConfig& config, int rank) {
+  template <class State, class Groups>
+  void place(std::vector<State>& units, std::vector<Groups>& optimizers, const StrategyConfig& config, int rank) {
     detail::check_optimizer_buffer_count(config, "OffloadOptimizer<Nvme>");
-    state_ = NvmeSwap("optimizer state", optimizers.size(), config.optimizer_buffer_count);
+    state_ = NvmeSwap("optimizer state", detail::count_sub_groups(optimizers), config.optimizer_buffer_count);
+    masters_ = NvmeSwap("master weights", units.size(), config.optimizer_buffer_count);
     std::int64_t end = 0;
     std::vector<const void*> seen;
-    detail::add_optimizer_state(state_, optimizers, end, seen);
+    detail::add_optimizer_state(state_, optimizers, first_group_, end, seen);
     // Masters that are the parameter shards stay: the gathers read them.
     if constexpr (!State::master_is_shard)
-      for (std::size_t i = 0; i < units.size(); ++i) state_.add(i, units[i].master.storage(), end, seen);
+      for (std::size_t i = 0; i < units.size(); ++i) masters_.add(i, units[i].master.storage(), end, seen);
     detail::create_nvme_file(file_, config, "polyshard-optimizer-state-rank" + std::to_string(rank), end);
     state_.place(*file_);
+    masters_.place(*file_);
     // The freed blocks would stay cached in host memory, which offloading is meant to free.
     CachingHostAllocator::instance().release_cached();
   }
 
-  /// Unit `unit`'s state in memory, and the next unit's read started when a buffer is free.
-  void fetch(std::size_t unit) { state_.acquire_and_read_ahead(unit, unit + 1); }
-  /// Starts writing unit `unit`'s state back; its memory is freed once the write is done.
-  void store(std::size_t unit) { state_.store(unit); }
-  /// Waits for every read and write and frees every unit's state; throws the first I/O failure.
-  void settle() { state_.settle(); }
+  /// Unit `unit`'s separate masters in memory, and the next unit's read started when a buffer is free.
+  void fetch(std::size_t unit) { masters_.acquire_and_read_ahead(unit, unit + 1); }
+  /// Sub-group `k` of unit `unit`: its state in memory, and the next sub-group's read started
+  /// when a buffer is free.
+  void fetch_group(std::size_t unit, std::size_t k) {
+    const std::size_t g = first_group_[unit] + k;
+    state_.acquire_and_read_ahead(g, g + 1);
+  }
+  /// Starts writing the state of sub-group `k` of unit `unit` back; its memory is freed once the write is done.
+  void store_group(std::size_t unit, std::size_t k) { state_.store(first_group_[unit] + k); }
+  /// Starts writing unit `unit`'s masters back.
+  void store(std::size_t unit) { masters_.store(unit); }
+  /// Waits for every read and write and frees all state and masters; throws the first I/O failure.
+  void settle() { detail::settle_all({&state_, &masters_}); }
 
-  /// Calls fn() with unit `unit`'s state in memory, then writes it back and frees it. If fn
-  /// throws, the state in the file stays as it was.
+  /// Calls fn() with unit `unit`'s masters and the state of every sub-group of it in memory,
+  /// then writes them back and frees them. If fn throws, the file stays as it was.
   template <class F>
   std::invoke_result_t<F&> with_resident(std::size_t unit, F&& fn) {
-    state_.acquire(unit);
-    return detail::then_put_back(
-        fn,
-        [&] {
-          store(unit);
-          settle();
-        },
-        [&] { state_.settle_quietly(); });
+    return detail::with_entries_resident(
+        {{&masters_, unit, unit + 1}, {&state_, first_group_[unit], first_group_[unit + 1]}}, fn);
   }
 
   /// fn() with unit `unit`'s master weights in memory, written back after (a refresh of the
   /// parameter shard from the masters after a checkpoint restore).
   template <class F>
   std::invoke_result_t<F&> with_masters(std::size_t unit, F&& fn) {
-    return with_resident(unit, std::forward<F>(fn));
+    return detail::with_entries_resident({{&masters_, unit, unit + 1}}, fn);
   }
 
   /// The file, for tests and diagnostics (empty before place()).
   const std::optional<UringFile>& file() const { return file_; }
 
  private:
-  NvmeSwap state_;
-  std::optional<UringFile> file_;  // last: destroyed first, finishing I/O into the storages
+  NvmeSwap state_, masters_;
+  std::vector<std::size_t> first_group_;  // unit i's sub-groups are state_'s [first_group_[i], first_group_[i + 1])
+  std::optional<UringFile> file_;         // last: destroyed first, finishing I/O into the storages
 };
 
 #else

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
@@ -283,5 +284,23 @@ class NvmeSwap {
   int buffers_ = 1;
   UringFile* file_ = nullptr;
 };
+
+namespace detail {
+/// settle() on every one of `swaps`, also after one of them throws; then throws the first failure.
+inline void settle_all(std::span<NvmeSwap* const> swaps) {
+  std::exception_ptr first;
+  for (NvmeSwap* swap : swaps) {
+    try {
+      swap->settle();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+inline void settle_all(std::initializer_list<NvmeSwap*> swaps) {
+  settle_all(std::span<NvmeSwap* const>(swaps.begin(), swaps.size()));
+}
+}  // namespace detail
 
 }  // namespace polyshard

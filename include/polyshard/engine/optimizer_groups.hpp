@@ -1,0 +1,141 @@
+// OptimizerGroups: a unit's optimizer span stepped in sub-groups of at most
+// StrategyConfig::sub_group_size elements (DeepSpeed's sub_group_size), each with an optimizer,
+// and so optimizer state storages, of its own: an offload to NVMe brings one sub-group's state
+// into memory at a time. OptimizerGroupsView shows the groups as one optimizer over the span, the
+// shape checkpoints read and write whatever the grouping.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "polyshard/core/error.hpp"
+#include "polyshard/core/memory_tracker.hpp"
+#include "polyshard/policy/config.hpp"
+#include "polyshard/tensor/tensor.hpp"
+
+namespace polyshard {
+
+/// One optimizer of type Opt per sub-group of a unit's optimizer span, group k over elements
+/// [offset(k), offset(k) + numel(k)) of it. They step the same steps at the same learning rate,
+/// so their step counts and learning rates are always equal.
+template <class Opt>
+class OptimizerGroups {
+ public:
+  using optimizer_type = Opt;
+  using param_type = typename Opt::param_type;
+
+  /// Groups over a span of `numel` elements, each built as Opt(config, its size).
+  template <class Config>
+  OptimizerGroups(const Config& config, std::size_t numel, std::int64_t group_size) {
+    std::int64_t at = 0;
+    for (const std::int64_t n : sub_group_sizes(static_cast<std::int64_t>(numel), group_size)) {
+      groups_.emplace_back(config, static_cast<std::size_t>(n));
+      offsets_.push_back(at);
+      at += n;
+    }
+    numel_ = numel;
+  }
+
+  std::size_t size() const { return groups_.size(); }
+  Opt& operator[](std::size_t k) { return groups_[k]; }
+  const Opt& operator[](std::size_t k) const { return groups_[k]; }
+  auto begin() { return groups_.begin(); }
+  auto end() { return groups_.end(); }
+  auto begin() const { return groups_.begin(); }
+  auto end() const { return groups_.end(); }
+  /// Where group k starts in the span, and its size.
+  std::int64_t offset(std::size_t k) const { return offsets_[k]; }
+  std::int64_t numel(std::size_t k) const { return static_cast<std::int64_t>(groups_[k].numel()); }
+
+  /// The span's size.
+  std::size_t numel() const { return numel_; }
+  std::int64_t step_count() const { return groups_.front().step_count(); }
+  void set_step_count(std::int64_t step) {
+    for (Opt& g : groups_) g.set_step_count(step);
+  }
+  double lr() const { return groups_.front().lr(); }
+  void set_lr(double lr) {
+    for (Opt& g : groups_) g.set_lr(lr);
+  }
+  std::size_t state_bytes() const {
+    std::size_t bytes = 0;
+    for (const Opt& g : groups_) bytes += g.state_bytes();
+    return bytes;
+  }
+  int states_per_param() const
+    requires requires(const Opt& o) { o.states_per_param(); }
+  {
+    return groups_.front().states_per_param();
+  }
+  /// The names of the state tensors, PyTorch's, in the optimizer's order.
+  std::vector<std::string> state_names() const {
+    std::vector<std::string> names;
+    for (const auto& [name, tensor] : groups_.front().state()) names.push_back(name);
+    return names;
+  }
+
+ private:
+  std::vector<Opt> groups_;
+  std::vector<std::int64_t> offsets_;
+  std::size_t numel_ = 0;
+};
+
+/// OptimizerGroups seen as one optimizer over the whole span, for what reads and writes state
+/// tensors (checkpoints, tests): state() has one tensor per kind as long as the span. One group's
+/// tensors are its own; several groups' are copies, which write_back() puts into the groups.
+/// Offers param_type, state(), numel(), step_count(), set_step_count(), states_per_param().
+template <class Opt>
+class OptimizerGroupsView {
+ public:
+  using param_type = typename Opt::param_type;
+  using StateList = decltype(std::declval<const Opt&>().state());
+  using StateTensor = typename StateList::value_type::second_type;
+
+  explicit OptimizerGroupsView(OptimizerGroups<Opt>& groups) : groups_(groups) {
+    if (groups.size() == 1) {
+      state_ = groups[0].state();
+      return;
+    }
+    for (const std::string& name : groups.state_names())
+      state_.emplace_back(name, StateTensor::empty({static_cast<std::int64_t>(groups.numel())}, MemoryCategory::Other));
+    copy(/*into_groups=*/false);
+  }
+
+  const StateList& state() const { return state_; }
+  std::size_t numel() const { return groups_.numel(); }
+  std::int64_t step_count() const { return groups_.step_count(); }
+  void set_step_count(std::int64_t step) { groups_.set_step_count(step); }
+  int states_per_param() const { return static_cast<int>(state_.size()); }
+
+  /// Puts the view's state, as changed since construction, into the groups.
+  void write_back() {
+    if (groups_.size() > 1) copy(/*into_groups=*/true);
+  }
+
+ private:
+  void copy(bool into_groups) {
+    for (std::size_t k = 0; k < groups_.size(); ++k) {
+      const StateList mine = groups_[k].state();
+      POLYSHARD_CHECK(mine.size() == state_.size(), "OptimizerGroupsView: sub-group ", k, " keeps ", mine.size(),
+                      " state tensors, sub-group 0 ", state_.size());
+      for (std::size_t s = 0; s < mine.size(); ++s) {
+        const StateTensor& part = mine[s].second;
+        POLYSHARD_CHECK(part.numel() == groups_.numel(k), "OptimizerGroupsView: the optimizer's ", mine[s].first,
+                        " has ", part.numel(), " values for a sub-group of ", groups_.numel(k), " elements: ",
+                        "sub_group_size needs one value per element");
+        const StateTensor whole = state_[s].second.flat_view(groups_.offset(k), groups_.numel(k));
+        if (into_groups) part.copy_from(whole);
+        else whole.copy_from(part);
+      }
+    }
+  }
+
+  OptimizerGroups<Opt>& groups_;
+  StateList state_;
+};
+
+}  // namespace polyshard
