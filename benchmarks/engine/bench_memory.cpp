@@ -77,7 +77,8 @@ std::vector<RankMemory> measure(int world, const GptConfig& cfg, std::int64_t ba
 template <class S>
 void row(bench::Table& table, const char* name, int world, const GptConfig& cfg, std::int64_t batch,
          StrategyConfig config = {}) {
-  if constexpr (S::offload::to_nvme) config.optimizer_buffer_count = 1;  // one unit's state in memory at a time
+  // One sub-group's state (and one unit's masters) in memory at a time: an exact peak.
+  if constexpr (S::offload::to_nvme) config.optimizer_buffer_count = 1;
   if constexpr (S::offload::to_nvme && S::offload::offloads_parameters) {
     config.params_buffer_count = 1;  // and one unit's parameter shard read in at a time
     config.max_in_cpu = 0;           // every shard in the file
@@ -132,6 +133,13 @@ int main(int argc, char** argv) {
                                                                                       world, cfg, batch, nvme);
     row<Strategy<ShardParameters<true>, OffloadParameters<Nvme>, PerBlock>>(table, "zero_infinity_parameters", world,
                                                                             cfg, batch, nvme);
+    // sub_group_size: the moments come back 16,384 elements at a time, not a unit's shard at once.
+    StrategyConfig pieces = nvme;
+    pieces.sub_group_size = 16'384;
+    row<Strategy<ShardParameters<true>, OffloadOptimizer<Nvme>, PerBlock>>(table, "zero_infinity sub_group 16384",
+                                                                           world, cfg, batch, pieces);
+    row<Strategy<ShardParameters<true>, OffloadOptimizer<Nvme>, Bf16Mixed, PerBlock>>(
+        table, "zero_infinity bf16 sub_group 16384", world, cfg, batch, pieces);
 #endif
   }
   table.print();

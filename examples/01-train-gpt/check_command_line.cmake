@@ -210,7 +210,7 @@ file(WRITE ${every_key} [=[
   "zero_optimization": {
     "stage": 2, "contiguous_gradients": true, "overlap_comm": true, "reduce_scatter": true,
     "reduce_bucket_size": 2e8, "allgather_partitions": true, "allgather_bucket_size": 200000000,
-    "round_robin_gradients": false, "elastic_checkpoint": false, "sub_group_size": 1e12,
+    "round_robin_gradients": false, "elastic_checkpoint": false, "sub_group_size": 1000,
     "offload_optimizer": {"device": "cpu", "nvme_path": "/local_nvme", "pin_memory": false, "buffer_count": 4,
                           "fast_init": false, "ratio": 1.0}
   },
@@ -226,7 +226,7 @@ expect(deepspeed-config-every-key EXIT 0 ARGS ${tiny_model} --deepspeed-config $
 expect(deepspeed-config-as-flags EXIT 0 ARGS ${tiny_model} --strategy zero_offload --precision fp16-mixed --batch 8
        --accum 2 --clip 0.5 --log-every 100 --optimizer adamw --lr 3e-3 --betas 0.8,0.95 --eps 1e-6
        --weight-decay 0.1 --initial-scale-power 12 --loss-scale-window 2 --checkpoint-activations
-       --metrics ${WORK_DIR}/deepspeed-flags.jsonl)
+       --sub-group-size 1000 --metrics ${WORK_DIR}/deepspeed-flags.jsonl)
 set(runs "")
 foreach(run deepspeed-config deepspeed-flags)
   file(READ ${WORK_DIR}/${run}.jsonl text)
