@@ -8,6 +8,7 @@
 #include <string>
 
 #include "engine_fixture.hpp"
+#include "io/temp_dir.hpp"
 
 using namespace polyshard;
 
@@ -253,3 +254,28 @@ TEST_CASE("forward refuses requires_grad flags changed behind the engine's back"
   CHECK_THAT(error, Catch::Contains("parameter 'transformer.wte.weight' was frozen") &&
                         Catch::Contains("call refresh_trainable()"));
 }
+
+#ifdef POLYSHARD_HAVE_LIBURING
+TEST_CASE("frozen parameters: bf16 ZeRO-Infinity in sub-groups that hold the masters ends as ZeRO-3 in memory",
+          "[engine][nvme]") {
+  // A frozen range keeps the fused step from writing the bf16 copy, so each sub-group casts its
+  // own masters into its slice of it before they go back to the file.
+  const Freezing frozen{{wte, "transformer.h.1.mlp.c_fc.weight"}};
+  test::TempDir dir;
+  StrategyConfig nvme;
+  nvme.nvme_path = dir.path().string();
+  nvme.optimizer_buffer_count = 2;
+  nvme.sub_group_size = 37;
+  using Memory = Strategy<ShardParameters<true>, WrapByType<Block>, Bf16Mixed>;
+  using Infinity = Strategy<ShardParameters<true>, OffloadOptimizer<Nvme>, WrapByType<Block>, Bf16Mixed>;
+  for (int world : {1, 2}) {
+    CAPTURE(world);
+    const FrozenRun memory = train_frozen<Memory>(world, frozen);
+    const FrozenRun offloaded = train_frozen<Infinity>(world, frozen, nvme);
+    CHECK(test::max_difference(offloaded.final, memory.final) == 0.0);
+    CHECK(difference_in(offloaded.final, offloaded.initial, frozen.names) == 0.0);
+    CHECK(test::max_difference(offloaded.final, offloaded.initial) > 0.5 * adamw.lr);
+    CHECK(offloaded.frozen_state_zero);
+  }
+}
+#endif

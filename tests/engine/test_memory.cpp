@@ -305,7 +305,7 @@ TEST_CASE("memory: under NVMe offload, sub_group_size bounds the optimizer state
   test::TempDir nvme;
   StrategyConfig whole;
   whole.nvme_path = nvme.path().string();
-  whole.optimizer_buffer_count = 1;  // one sub-group's state and one unit's masters at a time: exact peaks
+  whole.optimizer_buffer_count = 1;  // one sub-group's state and masters at a time: exact peaks
   StrategyConfig pieces = whole;
   pieces.sub_group_size = 100;  // a block's shard is 2,197 elements at world size 1, 733 at 3
   const auto check = [&]<class S>(S, const char* label) {
@@ -319,7 +319,7 @@ TEST_CASE("memory: under NVMe offload, sub_group_size bounds the optimizer state
     }
   };
   check(Infinity{}, "OffloadOptimizer<Nvme>");
-  check(with_t<Infinity, Bf16Mixed>{}, "OffloadOptimizer<Nvme>, bf16: the masters come back a unit at a time");
+  check(with_t<Infinity, Bf16Mixed>{}, "OffloadOptimizer<Nvme>, bf16: the masters come back with the moments");
   check(OnNvme{}, "OffloadParameters<Nvme>");
   check(with_t<OnNvme, Bf16Mixed>{}, "OffloadParameters<Nvme>, bf16");
 }

@@ -406,7 +406,7 @@ TEST_CASE("ZeRO-Infinity: sub_group_size brings the state back a sub-group at a 
   const auto nvme = train<InfinityPerBlock, AdamW<float>>(world, 3, 6, adamw, no_clip, config);
   CHECK(max_difference(nvme.parameters, memory.parameters) == 0.0);
   CHECK(nvme.losses == memory.losses);
-  // bf16: the fp32 masters come back a unit at a time, the moments a sub-group at a time.
+  // bf16: the fp32 masters come back with the moments, a sub-group at a time.
   CHECK(max_difference(train<with_t<InfinityPerBlock, Bf16Mixed>, AdamW<float>>(world, 3, 6, adamw, no_clip, config)
                            .parameters,
                        train<with_t<ZeRO3PerBlock, Bf16Mixed>, AdamW<float>>(world, 3, 6, adamw).parameters) == 0.0);

@@ -89,6 +89,28 @@ TEST_CASE("OptimizerGroupsView writes what it was given back into the groups", "
   }
 }
 
+TEST_CASE("OptimizerGroups can hold the master weights, and the view puts them together again", "[engine][optim]") {
+  OptimizerGroups<Sgd<float>> groups(SgdConfig{.lr = 0.1}, 10, 4);
+  const Tensor<float> master = Tensor<float>::empty({10}, MemoryCategory::OptimizerState);
+  for (std::int64_t i = 0; i < 10; ++i) master.data()[i] = static_cast<float>(i);
+  CHECK_FALSE(groups.hold_masters());
+  CHECK(groups.params(2, master).data() == master.data() + 8);  // the span's slice
+  groups.hold_masters_apart(master);
+  REQUIRE(groups.hold_masters());
+  CHECK_FALSE(master.storage()->materialized());  // the groups hold the elements now
+  CHECK(groups.master(1).to_vector() == std::vector<float>{4, 5, 6, 7});
+  CHECK(groups.params(2, master).data() == groups.master(2).data());
+  {
+    OptimizerGroupsView<Sgd<float>> view(groups, master);
+    REQUIRE(master.storage()->materialized());
+    CHECK(master.to_vector() == std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+    master.data()[9] = -1.0f;
+    view.write_back();
+  }
+  CHECK_FALSE(master.storage()->materialized());  // given back with the view
+  CHECK(groups.master(2).to_vector() == std::vector<float>{8, -1});
+}
+
 TEST_CASE("the engine cuts each unit's optimizer span into sub_group_size pieces", "[engine]") {
   StrategyConfig config;
   config.sub_group_size = 37;

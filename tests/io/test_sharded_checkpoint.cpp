@@ -525,6 +525,30 @@ TEST_CASE("full weights and a full state dict leave ZeRO-Infinity's file whole, 
   CHECK(bit_identical(sorted_parameters(model), nvme.parameters));
   CHECK(bit_identical(nvme.state_dict, nvme.parameters));
 }
+
+TEST_CASE("ZeRO-Infinity in bf16 stepping in sub-groups saves and resumes bit for bit, its masters in the sub-groups",
+          "[io][checkpoint][nvme]") {
+  // The fp32 masters live in the file with each sub-group's moments; a checkpoint puts each
+  // unit's together and a load splits them again, here into the file and into memory.
+  TempDir dir;
+  StrategyConfig config;
+  config.nvme_path = dir.path().string();
+  config.optimizer_buffer_count = 1;
+  config.sub_group_size = 37;
+  using InfinityBf16 = with_t<with_t<ZeROInfinity, WrapByType<Block>>, Bf16Mixed>;
+  using MemoryBf16 = Strategy<ShardParameters<true>, WrapByType<Block>, Bf16Mixed>;
+  const CheckpointRun whole = run<InfinityBf16>({.world = 2, .steps = 4}, config);
+  REQUIRE(succeeded(whole));
+  REQUIRE(succeeded(run<InfinityBf16>({.world = 2, .steps = 2, .save = dir / "ckpt"}, config)));
+  const CheckpointRun resumed =
+      run<InfinityBf16>({.world = 2, .first_step = 2, .steps = 2, .load = dir / "ckpt"}, config);
+  REQUIRE(succeeded(resumed));
+  CHECK(bit_identical(resumed.parameters, whole.parameters));
+  const CheckpointRun in_memory = run<MemoryBf16>({.world = 2, .first_step = 2, .steps = 2, .load = dir / "ckpt"});
+  REQUIRE(succeeded(in_memory));
+  CHECK(bit_identical(in_memory.parameters, whole.parameters));
+  CHECK(bit_identical(run<MemoryBf16>({.world = 2, .steps = 4}).parameters, whole.parameters));
+}
 #endif
 
 TEST_CASE("Hugging Face GPT-2 directories leave a sharded engine and load into any other", "[io][checkpoint]") {

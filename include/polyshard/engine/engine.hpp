@@ -222,16 +222,17 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
       Behaviour::allocate(u, seed);
       if (config.sync_models_at_startup) sync_from_rank0(u);
       u.bind();
-      // Under pin_memory, a device model's optimizer that steps in host memory keeps its state
-      // page-locked too, as DeepSpeed pins the offloaded optimizer state (allocated here).
       std::optional<HostAllocatorScope> pinned;
-      if constexpr (!std::same_as<device, Cpu> && std::same_as<typename State::step_device, Cpu>)
-        if (config.pin_memory) pinned.emplace(Storage<MT, device>::staging_allocator());
+      pin_host_optimizer_state(pinned, config);
       optimizers_.emplace_back(optimizer, static_cast<std::size_t>(Behaviour::optimizer_params(u).numel()),
                                config.sub_group_size);
     }
     plan_buckets();
-    placement_.place(units_, optimizers_, config, comm.rank());  // NVMe: the state moves to nvme_path
+    {
+      std::optional<HostAllocatorScope> pinned;  // the masters an offload to NVMe hands to the sub-groups
+      pin_host_optimizer_state(pinned, config);
+      placement_.place(units_, optimizers_, config, comm.rank());  // NVMe: the state moves to nvme_path
+    }
     buffers_ = detail::module_buffers<Comm>(model);
     if (config.sync_models_at_startup)
       broadcast_buffers("the start-up sync of the module buffers from rank 0", /*blocking=*/true);
@@ -523,7 +524,7 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
     POLYSHARD_CHECK(unit < units_.size(), "Engine::access_optimizer: unit ", unit, " of ", units_.size());
     complete_delayed_update();
     return placement_.with_resident(unit, [&]() -> decltype(auto) {
-      OptimizerGroupsView<UnitOptimizer> view(optimizers_[unit]);
+      OptimizerGroupsView<UnitOptimizer> view(optimizers_[unit], Behaviour::optimizer_params(units_[unit]));
       auto call = [&]() -> decltype(auto) { return f(view, Behaviour::optimizer_params(units_[unit]).span()); };
       return detail::then_put_back(call, [&] { view.write_back(); }, [] {});
     });
@@ -545,7 +546,7 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
       const auto params = Behaviour::optimizer_params(units_[unit]);
       const Tensor<MT> host = host_staging_tensor<MT, device>(params.shape(), MemoryCategory::Other);
       copy_across(params, host);
-      OptimizerGroupsView<UnitOptimizer> groups(optimizers_[unit]);
+      OptimizerGroupsView<UnitOptimizer> groups(optimizers_[unit], params);
       HostOptimizerView<OptimizerGroupsView<UnitOptimizer>, device> view(groups);
       f(view, host.span());
       if (write_back) {
@@ -575,8 +576,10 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
   /// where the policy all-gathers updated shards.
   void refresh_parameters_from_master() {
     complete_delayed_update();
-    for (std::size_t i = 0; i < units_.size(); ++i)  // NVMe parameters: the shard and masters of each in turn
+    for (std::size_t i = 0; i < units_.size(); ++i)  // NVMe: the shard and masters of each in turn
       placement_.with_masters(i, [&] {
+        // Masters the sub-groups hold, put together for the write-back.
+        const OptimizerGroupsView<UnitOptimizer> masters(optimizers_[i], Behaviour::optimizer_params(units_[i]));
         write_back_unit(units_[i], "the refresh of " + unit_name(units_[i]) + " from its master weights");
       });
   }
@@ -636,6 +639,15 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
     }
   };
 
+  /// Under pin_memory, a device model's optimizer that steps in host memory keeps its state
+  /// page-locked too, as DeepSpeed pins the offloaded optimizer state: `scope` then makes the
+  /// host allocations made in it page-locked.
+  static void pin_host_optimizer_state([[maybe_unused]] std::optional<HostAllocatorScope>& scope,
+                                       [[maybe_unused]] const StrategyConfig& config) {
+    if constexpr (!std::same_as<device, Cpu> && std::same_as<typename State::step_device, Cpu>)
+      if (config.pin_memory) scope.emplace(Storage<MT, device>::staging_allocator());
+  }
+
   using StepPlan = detail::StepPlan;
   bool needs_grad_norm(double max_grad_norm) const { return std::isfinite(max_grad_norm) || track_grad_norm_; }
 
@@ -670,19 +682,31 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
   template <class Grads>
   void step_unit(std::size_t i, const Grads& grads, double grad_scale, bool fuse_compute_copy) {
     State& u = units_[i];
+    OptimizerGroups<UnitOptimizer>& groups = optimizers_[i];
     const auto around = [&](std::size_t group, const auto& step) {
       placement_.fetch_group(i, group);  // NVMe: the group's state read back, the next group's on its way
-      step();
-      placement_.store_group(i, group);  // NVMe: written back behind the next group's step
-    };
-    if constexpr (fuses_compute_copy) {
-      if (fuse_compute_copy) {
-        u.compute_copy_current = u.step_groups(optimizers_[i], Behaviour::optimizer_params(u), grads, grad_scale,
-                                               around, Behaviour::compute_copy(u));
-        return;
+      bool current = step();
+      // Masters the group holds leave with it (NVMe): its slice of the compute copy is cast now.
+      if constexpr (requires(State& s) { Behaviour::compute_copy(s); }) {
+        if (!current && groups.hold_masters()) {
+          cast_across(groups.master(group),
+                      Behaviour::compute_copy(u).flat_view(groups.offset(group), groups.numel(group)));
+          current = true;
+        }
       }
+      placement_.store_group(i, group);  // NVMe: written back behind the next group's step
+      return current;
+    };
+    bool current = false;
+    if constexpr (fuses_compute_copy) {
+      if (fuse_compute_copy)
+        current = u.step_groups(groups, Behaviour::optimizer_params(u), grads, grad_scale, around,
+                                Behaviour::compute_copy(u));
+      else current = u.step_groups(groups, Behaviour::optimizer_params(u), grads, grad_scale, around);
+    } else {
+      current = u.step_groups(groups, Behaviour::optimizer_params(u), grads, grad_scale, around);
     }
-    u.step_groups(optimizers_[i], Behaviour::optimizer_params(u), grads, grad_scale, around);
+    if (current) u.compute_copy_current = true;
   }
 
   /// Makes unit u's parameters (on every rank, where the policy all-gathers them) equal its

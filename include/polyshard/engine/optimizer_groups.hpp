@@ -1,8 +1,9 @@
 // OptimizerGroups: a unit's optimizer span stepped in sub-groups of at most
 // StrategyConfig::sub_group_size elements (DeepSpeed's sub_group_size), each with an optimizer,
-// and so optimizer state storages, of its own: an offload to NVMe brings one sub-group's state
-// into memory at a time. OptimizerGroupsView shows the groups as one optimizer over the span, the
-// shape checkpoints read and write whatever the grouping.
+// and so optimizer state storages, of its own, and where an offload to NVMe asks for it master
+// weights of its own: the offload brings one sub-group's state and masters into memory at a time.
+// OptimizerGroupsView shows the groups as one optimizer over the span, the shape checkpoints read
+// and write whatever the grouping.
 #pragma once
 
 #include <cstddef>
@@ -27,6 +28,9 @@ class OptimizerGroups {
  public:
   using optimizer_type = Opt;
   using param_type = typename Opt::param_type;
+  using StateList = decltype(std::declval<const Opt&>().state());
+  /// The tensor type of the state, in the memory the optimizer steps in.
+  using StateTensor = typename StateList::value_type::second_type;
 
   /// Groups over a span of `numel` elements, each built as Opt(config, its size).
   template <class Config>
@@ -71,6 +75,28 @@ class OptimizerGroups {
   {
     return groups_.front().states_per_param();
   }
+  /// Gives each group master weights of its own, copied from its slice of `master` (the unit's,
+  /// over the whole span), and frees `master`'s elements: they then live in the groups, which an
+  /// offload to NVMe moves group by group. OptimizerGroupsView puts them together again.
+  void hold_masters_apart(const StateTensor& master) {
+    POLYSHARD_CHECK(master.numel() == static_cast<std::int64_t>(numel_), "OptimizerGroups: masters of ",
+                    master.numel(), " elements for a span of ", numel_);
+    for (std::size_t k = 0; k < groups_.size(); ++k) {
+      StateTensor own = StateTensor::empty({numel(k)}, master.storage()->category());
+      own.copy_from(master.flat_view(offset(k), numel(k)));
+      masters_.push_back(std::move(own));
+    }
+    master.storage()->release();
+  }
+  /// Whether the groups hold the master weights (hold_masters_apart).
+  bool hold_masters() const { return !masters_.empty(); }
+  /// Group k's own master weights (hold_masters()).
+  const StateTensor& master(std::size_t k) const { return masters_[k]; }
+  /// What group k steps: its own masters, or its slice of the span's, `span_params`.
+  StateTensor params(std::size_t k, const StateTensor& span_params) const {
+    return hold_masters() ? masters_[k] : span_params.flat_view(offset(k), numel(k));
+  }
+
   /// The names of the state tensors, PyTorch's, in the optimizer's order.
   std::vector<std::string> state_names() const {
     std::vector<std::string> names;
@@ -80,6 +106,7 @@ class OptimizerGroups {
 
  private:
   std::vector<Opt> groups_;
+  std::vector<StateTensor> masters_;  // hold_masters_apart's, else empty
   std::vector<std::int64_t> offsets_;
   std::size_t numel_ = 0;
 };
@@ -87,15 +114,25 @@ class OptimizerGroups {
 /// OptimizerGroups seen as one optimizer over the whole span, for what reads and writes state
 /// tensors (checkpoints, tests): state() has one tensor per kind as long as the span. One group's
 /// tensors are its own; several groups' are copies, which write_back() puts into the groups.
+/// Where the groups hold the master weights, the view gives the unit's `master` its elements for
+/// its lifetime, filled from the groups, and write_back() puts them back too.
 /// Offers param_type, state(), numel(), step_count(), set_step_count(), states_per_param().
 template <class Opt>
 class OptimizerGroupsView {
  public:
   using param_type = typename Opt::param_type;
-  using StateList = decltype(std::declval<const Opt&>().state());
-  using StateTensor = typename StateList::value_type::second_type;
+  using StateList = typename OptimizerGroups<Opt>::StateList;
+  using StateTensor = typename OptimizerGroups<Opt>::StateTensor;
 
-  explicit OptimizerGroupsView(OptimizerGroups<Opt>& groups) : groups_(groups) {
+  /// `master`: the unit's master weights over the span (Behaviour::optimizer_params), which
+  /// have no elements where the groups hold them; only read then.
+  explicit OptimizerGroupsView(OptimizerGroups<Opt>& groups, const StateTensor& master = {})
+      : groups_(groups), master_(master) {
+    if (groups.hold_masters()) {
+      master_.storage()->materialize();
+      for (std::size_t k = 0; k < groups.size(); ++k)
+        master_.flat_view(groups.offset(k), groups.numel(k)).copy_from(groups.master(k));
+    }
     if (groups.size() == 1) {
       state_ = groups[0].state();
       return;
@@ -111,9 +148,18 @@ class OptimizerGroupsView {
   void set_step_count(std::int64_t step) { groups_.set_step_count(step); }
   int states_per_param() const { return static_cast<int>(state_.size()); }
 
-  /// Puts the view's state, as changed since construction, into the groups.
+  ~OptimizerGroupsView() {
+    if (groups_.hold_masters()) master_.storage()->release();
+  }
+  OptimizerGroupsView(const OptimizerGroupsView&) = delete;
+  OptimizerGroupsView& operator=(const OptimizerGroupsView&) = delete;
+
+  /// Puts the view's state and masters, as changed since construction, into the groups.
   void write_back() {
     if (groups_.size() > 1) copy(/*into_groups=*/true);
+    if (groups_.hold_masters())
+      for (std::size_t k = 0; k < groups_.size(); ++k)
+        groups_.master(k).copy_from(master_.flat_view(groups_.offset(k), groups_.numel(k)));
   }
 
  private:
@@ -135,6 +181,7 @@ class OptimizerGroupsView {
   }
 
   OptimizerGroups<Opt>& groups_;
+  StateTensor master_;
   StateList state_;
 };
 

@@ -137,29 +137,29 @@ struct UnitState {
     return nullptr;
   }
 
-  /// step_trainable over each sub-group of `groups` (engine/optimizer_groups.hpp), the slices
-  /// of the rank's optimizer span `params` (the whole unit, or its shard when the span is
-  /// shorter), its gradients and its compute copy that the group updates. `around(k, step)`
-  /// calls step() for group k, with what the group needs brought in around it (its state, from
-  /// NVMe). True when every group wrote the compute copy.
+  /// step_trainable over each sub-group of `groups` (engine/optimizer_groups.hpp): what the
+  /// group steps (its slice of the rank's optimizer span `params`, the whole unit or its shard
+  /// when the span is shorter, or its own masters), and its slices of the gradients and of the
+  /// compute copy. `around(k, step)` calls step() for group k, with what the group needs brought
+  /// in around it (its state, from NVMe), and returns whether the compute copy's slice is
+  /// current: step()'s result, true when the optimizer wrote it. True when every group's is.
   template <class Groups, class P, class G, Device E, class Around, class Compute = std::nullptr_t>
   bool step_groups(Groups& groups, const Tensor<P, E>& params, const Tensor<G, E>& grads, double grad_scale,
                    Around&& around, const Compute& compute = nullptr) const {
     const std::int64_t begin = params.numel() == layout->padded ? 0 : shard_begin();
-    bool wrote_compute = true;
+    bool current = true;
     for (std::size_t k = 0; k < groups.size(); ++k) {
       const std::int64_t at = groups.offset(k), n = groups.numel(k);
-      around(k, [&] {
-        bool wrote = false;
+      current = around(k, [&] {
+        const Tensor<P, E> mine = groups.params(k, params);
         if constexpr (std::is_same_v<Compute, std::nullptr_t>)
-          wrote = step_trainable(groups[k], params.flat_view(at, n), grads.flat_view(at, n), grad_scale, begin + at);
+          return step_trainable(groups[k], mine, grads.flat_view(at, n), grad_scale, begin + at);
         else
-          wrote = step_trainable(groups[k], params.flat_view(at, n), grads.flat_view(at, n), grad_scale, begin + at,
-                                 compute.flat_view(at, n));
-        wrote_compute = wrote_compute && wrote;
-      });
+          return step_trainable(groups[k], mine, grads.flat_view(at, n), grad_scale, begin + at,
+                                compute.flat_view(at, n));
+      }) && current;
     }
-    return wrote_compute;
+    return current;
   }
 
   /// optimizer.step(params, grads) over `params`, elements [begin, begin + params.numel()) of

@@ -53,6 +53,25 @@ void write_full_weights(const std::filesystem::path& path, const Model& model, c
   writer.write(path);
 }
 
+/// Walks the parameters of units laid out as `units` against a source of named tensors:
+/// `expected(e)` gives the name and shape entry `e` must have there, `found(name)` the shape the
+/// source holds under that name, or null. Adds each name to `names`, those the source lacks to
+/// `missing`, and those of another shape to `misshaped` ("name (<source> [a, b], model [c, d])").
+template <class Plan, class Expected, class Found>
+void compare_parameter_shapes(const Plan& units, const char* source, Expected&& expected, Found&& found,
+                              std::set<std::string>& names, std::vector<std::string>& missing,
+                              std::vector<std::string>& misshaped) {
+  for (const auto& unit : units.units)
+    for (const auto& e : unit.entries) {
+      const auto [name, shape] = expected(e);
+      names.insert(name);
+      const std::optional<std::vector<std::int64_t>> have = found(name);
+      if (!have) missing.push_back(name);
+      else if (*have != shape)
+        misshaped.push_back(name + " (" + source + " " + shape_string(*have) + ", model " + shape_string(shape) + ")");
+    }
+}
+
 /// Checks that `file` holds exactly the parameters of units laid out as `units`, with their
 /// shapes (and perhaps `tied` aliases), and the persistent buffers of `model` with their shapes
 /// and dtypes; throws naming every difference.
@@ -62,17 +81,16 @@ void check_full_weights(const SafetensorsFile& file, const Model& model, const P
                         const WeightLayout& layout) {
   std::vector<std::string> missing, unexpected, misshaped, wrong_buffers;
   std::set<std::string> names = compare_persistent_buffers(model, &file, missing, wrong_buffers);
-  for (const auto& unit : units.units)
-    for (const auto& e : unit.entries) {
-      const std::string name = layout.file_name(e.name);
-      names.insert(name);
-      std::vector<std::int64_t> shape(e.shape.begin(), e.shape.end());
-      if (layout.transposed(e.name) && shape.size() == 2) std::swap(shape[0], shape[1]);
-      const SafetensorsTensorInfo* t = file.find(name);
-      if (!t) missing.push_back(name);
-      else if (!std::equal(t->shape.begin(), t->shape.end(), shape.begin(), shape.end()))
-        misshaped.push_back(name + " (file " + shape_string(t->shape) + ", model " + shape_string(shape) + ")");
-    }
+  const auto expected = [&](const auto& e) {
+    std::vector<std::int64_t> shape(e.shape.begin(), e.shape.end());
+    if (layout.transposed(e.name) && shape.size() == 2) std::swap(shape[0], shape[1]);
+    return std::pair(layout.file_name(e.name), shape);
+  };
+  const auto found = [&](const std::string& name) -> std::optional<std::vector<std::int64_t>> {
+    if (const SafetensorsTensorInfo* t = file.find(name)) return t->shape;
+    return std::nullopt;
+  };
+  compare_parameter_shapes(units, "file", expected, found, names, missing, misshaped);
   for (const SafetensorsTensorInfo& t : file.tensors()) {
     const bool alias = std::any_of(tied.begin(), tied.end(), [&](const TiedParameter& tie) { return tie.alias == t.name; });
     if (!names.count(t.name) && !alias && !layout.ignored(t.name)) unexpected.push_back(t.name);
@@ -214,20 +232,14 @@ void load_full_state_dict(E& engine, const std::vector<FullParameter<T, D>>& dic
     for (const FullParameter<T, D>& p : dict) by_name.emplace(p.name, &p);
     std::vector<std::string> missing, unexpected, misshaped;
     std::set<std::string> names;
-    const auto dims = [](const Shape& s) {
-      return detail::shape_string(std::vector<std::int64_t>(s.begin(), s.end()));
+    const auto dims = [](const Shape& s) { return std::vector<std::int64_t>(s.begin(), s.end()); };
+    const auto expected = [&](const auto& e) { return std::pair(e.name, dims(e.shape)); };
+    const auto found = [&](const std::string& name) -> std::optional<std::vector<std::int64_t>> {
+      const auto it = by_name.find(name);
+      if (it == by_name.end()) return std::nullopt;
+      return dims(it->second->shape());
     };
-    for (const auto& unit : engine.units().units)
-      for (const auto& e : unit.entries) {
-        names.insert(e.name);
-        const auto it = by_name.find(e.name);
-        if (it == by_name.end()) {
-          missing.push_back(e.name);
-          continue;
-        }
-        if (it->second->shape() != e.shape)
-          misshaped.push_back(e.name + " (state dict " + dims(it->second->shape()) + ", model " + dims(e.shape) + ")");
-      }
+    detail::compare_parameter_shapes(engine.units(), "state dict", expected, found, names, missing, misshaped);
     for (const FullParameter<T, D>& p : dict)
       if (!names.count(p.name)) unexpected.push_back(p.name);
     const std::string msg = detail::mismatch_message(

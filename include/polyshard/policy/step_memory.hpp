@@ -77,9 +77,9 @@ class StepMemoryWalk {
 ///             reduced; a unit's reduction completes when the next unit's backward is done
 ///             (overlap_comm; else at once), freeing its whole gradients and the copies it read
 ///   step      each unit's updated shard is all-gathered from a copy (whole-parameter policies
-///             that shard the optimizer); under OffloadOptimizer<Nvme> the state comes back
-///             from the file sub-group by sub-group (sub_group_size) and separate masters unit
-///             by unit, optimizer_buffer_count consecutive ones of each at most
+///             that shard the optimizer); under OffloadOptimizer<Nvme> the state and separate
+///             masters come back from the file sub-group by sub-group (sub_group_size),
+///             optimizer_buffer_count consecutive ones at most
 /// Buffer by buffer (c, r: sizes of the compute and reduce dtypes; p, s: a unit's padded
 /// elements and its shard):
 ///   parameters      a gathered unit c p; on the host under a 16-bit compute type the gathered
@@ -93,9 +93,8 @@ class StepMemoryWalk {
 ///                   several buckets, in place: nothing); the all-gather after the step reads a
 ///                   copy c s of the rank's shard
 ///   optimizer state under NVMe offload, at most optimizer_buffer_count consecutive sub-groups'
-///                   state plus as many consecutive units' separate masters (an upper bound,
-///                   reached when the writes lag; exact for one buffer where the largest
-///                   sub-group is in the unit with the largest shard)
+///                   state and separate masters (an upper bound, reached when the writes lag;
+///                   exact for one buffer)
 /// `buckets` are the units' gradient bucket counts (Engine::gradient_buckets(i).size()); empty:
 /// one bucket a unit. One micro-batch per step: a backward after another one of the same step,
 /// or under no_sync, carries gradients aside (not predicted). HybridShard is not predicted.
@@ -249,19 +248,15 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
       walk.sub(Walk::communication, c * p(i) / n);
     }
   if constexpr (S::offload::to_nvme) {
-    // The state comes back sub-group by sub-group, the masters unit by unit (unless they are
-    // the shards: the host steps where they live), optimizer_buffer_count of each at most.
-    std::vector<double> shards, groups;
-    for (std::size_t i = 0; i <= last; ++i) {
-      shards.push_back(p(i) / n);
+    // The state comes back sub-group by sub-group (sub_group_size), optimizer_buffer_count at
+    // most, with the group's masters unless they are the shards (the host steps where they live).
+    std::vector<double> groups;
+    for (std::size_t i = 0; i <= last; ++i)
       for (const std::int64_t g : sub_group_sizes(static_cast<std::int64_t>(p(i) / n), config.sub_group_size))
         groups.push_back(static_cast<double>(g));
-    }
     const double masters = std::is_same_v<MT, CT> ? 0.0 : 1.0;
-    walk.add(Walk::optimizer_state,
-             sizeof(MT) * (static_cast<double>(states_per_param) *
-                               detail::largest_window_sum(groups, config.optimizer_buffer_count) +
-                           masters * detail::largest_window_sum(shards, config.optimizer_buffer_count)));
+    walk.add(Walk::optimizer_state, sizeof(MT) * (static_cast<double>(states_per_param) + masters) *
+                                        detail::largest_window_sum(groups, config.optimizer_buffer_count));
   }
   if constexpr (shards_in_file) {
     // The step reads each unit's shard in (and the next one's ahead), params_buffer_count of

@@ -1,8 +1,8 @@
 // OffloadOptimizer<Nvme> (ZeRO-Infinity's offload_optimizer with device nvme): every unit's
 // optimizer state, and its master weights where they are a copy of their own (mixed precision, or
 // a device model's host masters), live in a file under nvme_path between steps. The step reads
-// the masters back unit by unit and the state sub-group by sub-group (sub_group_size), reading
-// the next one while one steps and writing each back behind it.
+// them back sub-group by sub-group (sub_group_size), reading the next one while one steps and
+// writing each back behind it.
 #pragma once
 
 #include <cstddef>
@@ -39,19 +39,23 @@ inline void create_nvme_file(std::optional<UringFile>& file, const StrategyConfi
                                 .pin_memory = config.pin_memory});
 }
 
-/// Lays out, in `swap`, the state tensors (exp_avg and exp_avg_sq for Adam) of every unit's
-/// sub-groups, in order, one swap unit per sub-group; `first_group` gets where each unit's start
-/// (and, last, their count).
-template <class Groups>
-void add_optimizer_state(NvmeSwap& swap, std::vector<Groups>& optimizers, std::vector<std::size_t>& first_group,
-                         std::int64_t& end, std::vector<const void*>& seen) {
+/// Lays out, in `swap`, one swap unit per sub-group of every unit, in order: the group's state
+/// tensors (exp_avg and exp_avg_sq for Adam) and, where the unit's master weights are a copy of
+/// their own (mixed precision, a device model's host masters), the group's share of them, which
+/// the group holds from then on (OptimizerGroups::hold_masters_apart). `first_group` gets where
+/// each unit's groups start (and, last, their count).
+template <class State, class Groups>
+void add_sub_groups(NvmeSwap& swap, std::vector<State>& units, std::vector<Groups>& optimizers,
+                    std::vector<std::size_t>& first_group, std::int64_t& end, std::vector<const void*>& seen) {
   first_group.clear();
   std::size_t g = 0;
-  for (Groups& groups : optimizers) {
+  for (std::size_t i = 0; i < optimizers.size(); ++i) {
+    Groups& groups = optimizers[i];
+    if constexpr (!State::master_is_shard && !State::master_is_full) groups.hold_masters_apart(units[i].master);
     first_group.push_back(g);
-    for (const auto& optimizer : groups) {
-      for (const auto& [name, tensor] : optimizer.state()) swap.add(g, tensor.storage(), end, seen);
-      ++g;
+    for (std::size_t k = 0; k < groups.size(); ++k, ++g) {
+      if (groups.hold_masters()) swap.add(g, groups.master(k).storage(), end, seen);
+      for (const auto& [name, tensor] : groups[k].state()) swap.add(g, tensor.storage(), end, seen);
     }
   }
   first_group.push_back(g);
@@ -107,15 +111,13 @@ inline void check_optimizer_buffer_count(const StrategyConfig& config, const cha
 
 /// One file per rank, `polyshard-optimizer-state-rank<r>-pid<p>-<n>.swp` under
 /// StrategyConfig::nvme_path, holding every sub-group's state tensors (exp_avg and exp_avg_sq
-/// for Adam) and, where the masters are not the parameter shards themselves, every unit's fp32
-/// master weights, one after the other, each at an offset aligned for O_DIRECT (as DeepSpeed's
-/// offload_optimizer nvme keeps the fp32 partitions with the moments). A sub-group's state is in
-/// memory only from the read before its step to the end of the write after it, and at most
-/// optimizer_buffer_count sub-groups' state is in memory at once; a unit's masters likewise,
-/// from the read before its first sub-group steps to the write after its parameters are written
-/// back, optimizer_buffer_count units' at most. Between steps none is: the optimizers' state()
-/// tensors and the separate masters then have no elements, and access_optimizer (or
-/// with_masters) brings one unit's back. The parameter shards stay in memory.
+/// for Adam) and, where the masters are not the parameter shards themselves, its fp32 master
+/// weights, one after the other, each at an offset aligned for O_DIRECT (as DeepSpeed's
+/// offload_optimizer nvme keeps the fp32 partitions with the moments). A sub-group's state and
+/// masters are in memory only from the read before its step to the end of the write after it,
+/// and at most optimizer_buffer_count sub-groups' are in memory at once. Between steps none is:
+/// the optimizers' state() tensors and the separate masters then have no elements, and
+/// access_optimizer (or with_masters) brings one unit's back. The parameter shards stay in memory.
 template <class Offload>
   requires(Offload::to_nvme && !Offload::offloads_parameters)
 class OffloadPlacement<Offload> : public ParametersInMemory {
@@ -130,55 +132,48 @@ class OffloadPlacement<Offload> : public ParametersInMemory {
   void place(std::vector<State>& units, std::vector<Groups>& optimizers, const StrategyConfig& config, int rank) {
     detail::check_optimizer_buffer_count(config, "OffloadOptimizer<Nvme>");
     state_ = NvmeSwap("optimizer state", detail::count_sub_groups(optimizers), config.optimizer_buffer_count);
-    masters_ = NvmeSwap("master weights", units.size(), config.optimizer_buffer_count);
     std::int64_t end = 0;
     std::vector<const void*> seen;
-    detail::add_optimizer_state(state_, optimizers, first_group_, end, seen);
     // Masters that are the parameter shards stay: the gathers read them.
-    if constexpr (!State::master_is_shard)
-      for (std::size_t i = 0; i < units.size(); ++i) masters_.add(i, units[i].master.storage(), end, seen);
+    detail::add_sub_groups(state_, units, optimizers, first_group_, end, seen);
     detail::create_nvme_file(file_, config, "polyshard-optimizer-state-rank" + std::to_string(rank), end);
     state_.place(*file_);
-    masters_.place(*file_);
     // The freed blocks would stay cached in host memory, which offloading is meant to free.
     CachingHostAllocator::instance().release_cached();
   }
 
-  /// Unit `unit`'s separate masters in memory, and the next unit's read started when a buffer is free.
-  void fetch(std::size_t unit) { masters_.acquire_and_read_ahead(unit, unit + 1); }
-  /// Sub-group `k` of unit `unit`: its state in memory, and the next sub-group's read started
-  /// when a buffer is free.
+  void fetch(std::size_t) {}
+  /// Sub-group `k` of unit `unit`: its state and masters in memory, and the next sub-group's
+  /// read started when a buffer is free.
   void fetch_group(std::size_t unit, std::size_t k) {
     const std::size_t g = first_group_[unit] + k;
     state_.acquire_and_read_ahead(g, g + 1);
   }
-  /// Starts writing the state of sub-group `k` of unit `unit` back; its memory is freed once the write is done.
+  /// Starts writing sub-group `k` of unit `unit` back; its memory is freed once the write is done.
   void store_group(std::size_t unit, std::size_t k) { state_.store(first_group_[unit] + k); }
-  /// Starts writing unit `unit`'s masters back.
-  void store(std::size_t unit) { masters_.store(unit); }
+  void store(std::size_t) {}
   /// Waits for every read and write and frees all state and masters; throws the first I/O failure.
-  void settle() { detail::settle_all({&state_, &masters_}); }
+  void settle() { state_.settle(); }
 
-  /// Calls fn() with unit `unit`'s masters and the state of every sub-group of it in memory,
-  /// then writes them back and frees them. If fn throws, the file stays as it was.
+  /// Calls fn() with the state and masters of every sub-group of unit `unit` in memory, then
+  /// writes them back and frees them. If fn throws, the file stays as it was.
   template <class F>
   std::invoke_result_t<F&> with_resident(std::size_t unit, F&& fn) {
-    return detail::with_entries_resident(
-        {{&masters_, unit, unit + 1}, {&state_, first_group_[unit], first_group_[unit + 1]}}, fn);
+    return detail::with_entries_resident({{&state_, first_group_[unit], first_group_[unit + 1]}}, fn);
   }
 
-  /// fn() with unit `unit`'s master weights in memory, written back after (a refresh of the
-  /// parameter shard from the masters after a checkpoint restore).
+  /// fn() with unit `unit`'s master weights in memory (in its sub-groups), written back after (a
+  /// refresh of the parameter shard from the masters after a checkpoint restore).
   template <class F>
   std::invoke_result_t<F&> with_masters(std::size_t unit, F&& fn) {
-    return detail::with_entries_resident({{&masters_, unit, unit + 1}}, fn);
+    return with_resident(unit, std::forward<F>(fn));
   }
 
   /// The file, for tests and diagnostics (empty before place()).
   const std::optional<UringFile>& file() const { return file_; }
 
  private:
-  NvmeSwap state_, masters_;
+  NvmeSwap state_;
   std::vector<std::size_t> first_group_;  // unit i's sub-groups are state_'s [first_group_[i], first_group_[i + 1])
   std::optional<UringFile> file_;         // last: destroyed first, finishing I/O into the storages
 };

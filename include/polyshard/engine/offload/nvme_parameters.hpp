@@ -24,7 +24,7 @@ namespace polyshard {
 #if defined(POLYSHARD_HAVE_LIBURING)
 
 /// One file per rank, `polyshard-offload-rank<r>-pid<p>-<n>.swp` under StrategyConfig::nvme_path,
-/// with three swaps in it (engine/offload/nvme_swap.hpp):
+/// with two swaps in it (engine/offload/nvme_swap.hpp):
 ///   parameter shards  read in for each gather of their unit (forward, and backward again; the
 ///                     unit after the prefetched ones read ahead, as read_parameters_ahead) and
 ///                     dropped once the gather has read them; brought in for the unit's optimizer
@@ -33,16 +33,13 @@ namespace polyshard {
 ///                     one is refused when the engine is built). The first units, in unit order,
 ///                     whose shards add up to at most max_in_cpu elements stay in host memory
 ///                     instead, read by nothing but their gathers, as under OffloadParameters<Cpu>.
-///   master weights    the separate master copy of the weights (mixed precision; in fp32 the
-///                     masters are the shards themselves): in memory from the read before the
-///                     unit's step to the end of the write after it, optimizer_buffer_count units
-///                     at most;
-///   optimizer state   as OffloadOptimizer<Nvme> keeps it: in memory from the read before a
-///                     sub-group's step (sub_group_size) to the end of the write after it,
-///                     optimizer_buffer_count sub-groups at most.
+///   optimizer state   with the separate master copy of the weights (mixed precision; in fp32 the
+///                     masters are the shards themselves), as OffloadOptimizer<Nvme> keeps them:
+///                     in memory from the read before a sub-group's step (sub_group_size) to the
+///                     end of the write after it, optimizer_buffer_count sub-groups at most.
 /// So host memory holds, between steps, the shards max_in_cpu keeps and the file's staging
 /// buffers; during forward and backward, params_buffer_count shards more at most; during the
-/// step, as many shards, optimizer_buffer_count units' masters and as many sub-groups' state.
+/// step, as many shards and optimizer_buffer_count sub-groups' state and masters.
 template <class Offload>
   requires(Offload::to_nvme && Offload::offloads_parameters)
 class OffloadPlacement<Offload> {
@@ -62,7 +59,6 @@ class OffloadPlacement<Offload> {
     POLYSHARD_CHECK(config.max_in_cpu >= 0, "OffloadParameters<Nvme>: max_in_cpu (parameter elements kept in host ",
                     "memory) must not be negative, got ", config.max_in_cpu);
     params_ = NvmeSwap("parameter shard", units.size(), config.params_buffer_count);
-    masters_ = NvmeSwap("master weights", units.size(), config.optimizer_buffer_count);
     state_ = NvmeSwap("optimizer state", detail::count_sub_groups(optimizers), config.optimizer_buffer_count);
     std::vector<std::int64_t> padded;
     for (const State& u : units) padded.push_back(u.layout->padded);
@@ -78,51 +74,41 @@ class OffloadPlacement<Offload> {
       if (i < in_memory) seen.push_back(units[i].param_shard.storage().get());  // nor with the state, as a master
       else params_.add(i, units[i].param_shard.storage(), end, seen);
     }
-    for (std::size_t i = 0; i < units.size(); ++i) masters_.add(i, units[i].master.storage(), end, seen);
-    detail::add_optimizer_state(state_, optimizers, first_group_, end, seen);
+    detail::add_sub_groups(state_, units, optimizers, first_group_, end, seen);
     detail::create_nvme_file(file_, config, "polyshard-offload-rank" + std::to_string(rank), end);
     params_.place(*file_);
-    masters_.place(*file_);
     state_.place(*file_);
     // The freed blocks would stay cached in host memory, which offloading is meant to free.
     CachingHostAllocator::instance().release_cached();
   }
 
-  /// Unit `unit`'s parameter shard and masters in memory, and the next unit's on their way.
-  void fetch(std::size_t unit) {
-    params_.acquire_and_read_ahead(unit, unit + 1);
-    masters_.acquire_and_read_ahead(unit, unit + 1);
-  }
-  /// Sub-group `k` of unit `unit`: its state in memory, and the next sub-group's on its way.
+  /// Unit `unit`'s parameter shard in memory, and the next unit's on its way.
+  void fetch(std::size_t unit) { params_.acquire_and_read_ahead(unit, unit + 1); }
+  /// Sub-group `k` of unit `unit`: its state and masters in memory, and the next sub-group's on its way.
   void fetch_group(std::size_t unit, std::size_t k) {
     const std::size_t g = first_group_[unit] + k;
     state_.acquire_and_read_ahead(g, g + 1);
   }
-  /// Starts writing the state of sub-group `k` of unit `unit` back.
+  /// Starts writing sub-group `k` of unit `unit` back.
   void store_group(std::size_t unit, std::size_t k) { state_.store(first_group_[unit] + k); }
-  /// Starts writing unit `unit`'s updated shard and masters back.
-  void store(std::size_t unit) {
-    params_.store(unit);
-    masters_.store(unit);
-  }
+  /// Starts writing unit `unit`'s updated shard back.
+  void store(std::size_t unit) { params_.store(unit); }
   /// Waits for every read and write and frees what they moved; throws the first I/O failure.
-  void settle() { detail::settle_all({&params_, &masters_, &state_}); }
+  void settle() { detail::settle_all({&params_, &state_}); }
 
-  /// Calls fn() with unit `unit`'s shard, masters and the state of every sub-group of it in
+  /// Calls fn() with unit `unit`'s shard and the state and masters of every sub-group of it in
   /// memory, then writes them back and frees them. If fn throws, the file stays as it was.
   template <class F>
   std::invoke_result_t<F&> with_resident(std::size_t unit, F&& fn) {
-    return detail::with_entries_resident({{&params_, unit, unit + 1},
-                                          {&masters_, unit, unit + 1},
-                                          {&state_, first_group_[unit], first_group_[unit + 1]}},
-                                         fn);
+    return detail::with_entries_resident(
+        {{&params_, unit, unit + 1}, {&state_, first_group_[unit], first_group_[unit + 1]}}, fn);
   }
 
-  /// fn() with unit `unit`'s master weights and parameter shard in memory, then both written
-  /// back (a refresh of the shard from the masters); the optimizer state stays in the file.
+  /// fn() with unit `unit`'s master weights (in its sub-groups) and parameter shard in memory,
+  /// then written back (a refresh of the shard from the masters).
   template <class F>
   std::invoke_result_t<F&> with_masters(std::size_t unit, F&& fn) {
-    return detail::with_entries_resident({{&params_, unit, unit + 1}, {&masters_, unit, unit + 1}}, fn);
+    return with_resident(unit, std::forward<F>(fn));
   }
 
   /// Unit `unit`'s parameter shard in memory for a gather, until release_parameters(unit).
@@ -151,7 +137,7 @@ class OffloadPlacement<Offload> {
   const std::optional<UringFile>& file() const { return file_; }
 
  private:
-  NvmeSwap params_, masters_, state_;
+  NvmeSwap params_, state_;
   std::vector<std::size_t> first_group_;  // unit i's sub-groups are state_'s [first_group_[i], first_group_[i + 1])
   std::optional<UringFile> file_;         // last: destroyed first, finishing I/O into the storages
 };
