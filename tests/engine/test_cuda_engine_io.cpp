@@ -225,3 +225,32 @@ TEST_CASE("cpu_checkpointing under ActivationCheckpointing<Block>: every block's
   CHECK(runs[1].losses == runs[0].losses);
   CHECK(runs[1].parameters == runs[0].parameters);
 }
+
+#ifdef POLYSHARD_HAVE_LIBURING
+TEST_CASE("ZeRO-Infinity on a GPU model, in one group a unit and in sub-groups, trains as the CPU offload does",
+          "[cuda][engine][nvme]") {
+  // The same host step as OffloadOptimizer<Cpu>, its masters and state in a file; in sub-groups
+  // each group casts its own fp32 masters into its slice of the device's bf16 copy before they
+  // go back to the file. The CPU offload in sub-groups too.
+  using InMemory = Strategy<ShardParameters<true>, OffloadOptimizer<Cpu>, WrapByType<Block>, Bf16Mixed>;
+  using OnNvme = Strategy<ShardParameters<true>, OffloadOptimizer<Nvme>, WrapByType<Block>, Bf16Mixed>;
+  const AdamWConfig adamw{.lr = 1e-2};
+  constexpr double no_clip = std::numeric_limits<double>::infinity();
+  const auto memory = train_on_gpu<InMemory, AdamW<float>>(3, adamw);
+  CHECK(test::max_difference(memory.parameters, train_on_gpu<InMemory, AdamW<float>>(0, adamw).parameters) > 1e-3);
+  StrategyConfig pieces;
+  pieces.sub_group_size = 37;
+  const auto memory_pieces = train_on_gpu<InMemory, AdamW<float>>(3, adamw, no_clip, pieces);
+  CHECK(test::max_difference(memory_pieces.parameters, memory.parameters) == 0.0);
+  for (const std::int64_t group : {StrategyConfig{}.sub_group_size, std::int64_t{37}}) {
+    CAPTURE(group);
+    TempDir dir;
+    StrategyConfig nvme;
+    nvme.nvme_path = dir.path().string();
+    nvme.sub_group_size = group;
+    const auto offloaded = train_on_gpu<OnNvme, AdamW<float>>(3, adamw, no_clip, nvme);
+    CHECK(test::max_difference(offloaded.parameters, memory.parameters) == 0.0);
+    CHECK(offloaded.losses == memory.losses);
+  }
+}
+#endif

@@ -99,12 +99,11 @@ TEMPLATE_TEST_CASE("the compute copy the fused step writes is the masters rounde
   }
 }
 
-TEMPLATE_TEST_CASE("sub_group_size on the GPU: each sub-group stepped apart lands on the bits of one step a unit",
-                   "[cuda][engine]", (Strategy<ShardParameters<true>, WrapByType<Block>, Bf16Mixed>),
-                   (Strategy<ShardGradients, OffloadOptimizer<Cpu>, WrapByType<Block>, Bf16Mixed>)) {
-  // The fused kernels writing each sub-group's slice of the bf16 copy on the device; the host
-  // optimizer stepping the offloaded state in sub-groups.
-  using S = TestType;
+TEST_CASE("sub_group_size on the GPU: each sub-group stepped apart lands on the bits of one step a unit",
+          "[cuda][engine]") {
+  // The fused kernels writing each sub-group's slice of the bf16 copy on the device (a host step
+  // in sub-groups: test_cuda_engine_io.cpp's ZeRO-Infinity case).
+  using S = Strategy<ShardParameters<true>, WrapByType<Block>, Bf16Mixed>;
   const AdamWConfig adamw{.lr = 1e-2};
   StrategyConfig pieces;
   pieces.sub_group_size = 37;

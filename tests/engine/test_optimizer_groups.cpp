@@ -117,8 +117,8 @@ TEST_CASE("the engine cuts each unit's optimizer span into sub_group_size pieces
   std::vector<std::vector<std::size_t>> counts(3);
   run_ranks(3, [&](ThreadCommunicator& comm) {
     Gpt<float> model(test::tiny_gpt());
-    Engine<test::FsdpPerBlock, Gpt<float>, ThreadCommunicator, AdamW<float>> engine(model, comm, AdamWConfig{},
-                                                                                     config, 42);
+    Engine<test::FsdpPerBlock, Gpt<float>, ThreadCommunicator, Sgd<float>> engine(model, comm, test::momentum_sgd(),
+                                                                                  config, 42);
     for (std::size_t u = 0; u < engine.optimizers().size(); ++u) {
       const auto& groups = engine.optimizers()[u];
       const std::int64_t span = engine.unit_states()[u].shard;
