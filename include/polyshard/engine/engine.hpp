@@ -579,7 +579,7 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
     for (std::size_t i = 0; i < units_.size(); ++i)  // NVMe: the shard and masters of each in turn
       placement_.with_masters(i, [&] {
         // Masters the sub-groups hold, put together for the write-back.
-        const OptimizerGroupsView<UnitOptimizer> masters(optimizers_[i], Behaviour::optimizer_params(units_[i]));
+        const GroupMasters<UnitOptimizer> masters(optimizers_[i], Behaviour::optimizer_params(units_[i]));
         write_back_unit(units_[i], "the refresh of " + unit_name(units_[i]) + " from its master weights");
       });
   }
@@ -675,9 +675,9 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
     step_unit(i, step_grads(units_[i]), grad_scale, /*fuse_compute_copy=*/true);
   }
 
-  /// Unit i's optimizer step over `grads`, sub-group by sub-group, each sub-group's state
-  /// brought in before its step and sent back after it where the offload policy keeps it away
-  /// (NVMe). With `fuse_compute_copy`, an optimizer that can writes the compute copy in the
+  /// Unit i's optimizer step over `grads`, sub-group by sub-group, each sub-group's state (and
+  /// masters it holds) brought in before its step and sent back after it where the offload
+  /// policy keeps them away (NVMe). With `fuse_compute_copy`, an optimizer that can writes the compute copy in the
   /// same pass.
   template <class Grads>
   void step_unit(std::size_t i, const Grads& grads, double grad_scale, bool fuse_compute_copy) {
@@ -771,14 +771,14 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
     for (std::size_t i = 0; i < units_.size(); ++i) {
       State& u = units_[i];
       if (!plan.updated_early) {
-        placement_.fetch(i);  // NVMe: unit i's masters (and shard) read back, unit i+1's on their way
+        placement_.fetch(i);  // NVMe parameters: unit i's shard read back, unit i+1's on its way
         update_unit(i, plan.lr, grad_scale);
       }
       {
         Trace::Span span(trace_, "write back unit " + std::to_string(i), "communication", 1);
         write_back_unit(u, step_site("the parameter update of " + unit_name(u)));
       }
-      if (!plan.updated_early) placement_.store(i);  // NVMe: the masters written back behind the next unit's step
+      if (!plan.updated_early) placement_.store(i);  // NVMe parameters: the shard written back behind
     }
     placement_.settle();
     zero_grad();

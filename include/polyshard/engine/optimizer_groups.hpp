@@ -111,11 +111,43 @@ class OptimizerGroups {
   std::size_t numel_ = 0;
 };
 
+/// The unit's master weights `master` over the span (Behaviour::optimizer_params) with their
+/// elements for the lifetime of this object, filled from `groups` where the groups hold them
+/// (hold_masters_apart; else `master` is left as it is); write_back() puts them back there.
+template <class Opt>
+class GroupMasters {
+ public:
+  using StateTensor = typename OptimizerGroups<Opt>::StateTensor;
+
+  GroupMasters(OptimizerGroups<Opt>& groups, const StateTensor& master) : groups_(groups), master_(master) {
+    if (!groups.hold_masters()) return;
+    master_.storage()->materialize();
+    for (std::size_t k = 0; k < groups.size(); ++k)
+      master_.flat_view(groups.offset(k), groups.numel(k)).copy_from(groups.master(k));
+  }
+  ~GroupMasters() {
+    if (groups_.hold_masters()) master_.storage()->release();
+  }
+  GroupMasters(const GroupMasters&) = delete;
+  GroupMasters& operator=(const GroupMasters&) = delete;
+
+  /// Puts the masters, as changed since construction, into the groups that hold them.
+  void write_back() {
+    if (groups_.hold_masters())
+      for (std::size_t k = 0; k < groups_.size(); ++k)
+        groups_.master(k).copy_from(master_.flat_view(groups_.offset(k), groups_.numel(k)));
+  }
+
+ private:
+  OptimizerGroups<Opt>& groups_;
+  StateTensor master_;
+};
+
 /// OptimizerGroups seen as one optimizer over the whole span, for what reads and writes state
 /// tensors (checkpoints, tests): state() has one tensor per kind as long as the span. One group's
 /// tensors are its own; several groups' are copies, which write_back() puts into the groups.
 /// Where the groups hold the master weights, the view gives the unit's `master` its elements for
-/// its lifetime, filled from the groups, and write_back() puts them back too.
+/// its lifetime (GroupMasters), and write_back() puts them back too.
 /// Offers param_type, state(), numel(), step_count(), set_step_count(), states_per_param().
 template <class Opt>
 class OptimizerGroupsView {
@@ -127,12 +159,7 @@ class OptimizerGroupsView {
   /// `master`: the unit's master weights over the span (Behaviour::optimizer_params), which
   /// have no elements where the groups hold them; only read then.
   explicit OptimizerGroupsView(OptimizerGroups<Opt>& groups, const StateTensor& master = {})
-      : groups_(groups), master_(master) {
-    if (groups.hold_masters()) {
-      master_.storage()->materialize();
-      for (std::size_t k = 0; k < groups.size(); ++k)
-        master_.flat_view(groups.offset(k), groups.numel(k)).copy_from(groups.master(k));
-    }
+      : groups_(groups), masters_(groups, master) {
     if (groups.size() == 1) {
       state_ = groups[0].state();
       return;
@@ -148,18 +175,10 @@ class OptimizerGroupsView {
   void set_step_count(std::int64_t step) { groups_.set_step_count(step); }
   int states_per_param() const { return static_cast<int>(state_.size()); }
 
-  ~OptimizerGroupsView() {
-    if (groups_.hold_masters()) master_.storage()->release();
-  }
-  OptimizerGroupsView(const OptimizerGroupsView&) = delete;
-  OptimizerGroupsView& operator=(const OptimizerGroupsView&) = delete;
-
   /// Puts the view's state and masters, as changed since construction, into the groups.
   void write_back() {
     if (groups_.size() > 1) copy(/*into_groups=*/true);
-    if (groups_.hold_masters())
-      for (std::size_t k = 0; k < groups_.size(); ++k)
-        groups_.master(k).copy_from(master_.flat_view(groups_.offset(k), groups_.numel(k)));
+    masters_.write_back();
   }
 
  private:
@@ -181,7 +200,7 @@ class OptimizerGroupsView {
   }
 
   OptimizerGroups<Opt>& groups_;
-  StateTensor master_;
+  GroupMasters<Opt> masters_;
   StateList state_;
 };
 

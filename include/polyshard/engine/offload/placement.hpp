@@ -16,13 +16,13 @@ namespace polyshard {
 ///   place(units, optimizers, config, rank)  once the units and their optimizers (OptimizerGroups,
 ///                    one optimizer per sub-group) are built: take their state where it lives
 ///                    between steps;
-///   fetch(unit)      before the unit's optimizer step: its master weights (and parameter shard)
-///                    resident, and the next unit's on their way;
-///   fetch_group(unit, k)  before the step of the unit's sub-group k: its optimizer state
-///                    resident, and the next sub-group's on its way;
+///   fetch(unit)      before the unit's optimizer step: its parameter shard (where it is
+///                    offloaded) resident, and the next unit's on its way;
+///   fetch_group(unit, k)  before the step of the unit's sub-group k: its optimizer state (and
+///                    the masters it holds) resident, and the next sub-group's on its way;
 ///   store_group(unit, k)  after that step: the sub-group's state on its way back;
-///   store(unit)      after the step and the write-back of its parameters: its masters (and
-///                    shard) on their way back;
+///   store(unit)      after the step and the write-back of its parameters: its shard on its
+///                    way back;
 ///   settle()         after the last unit: every unit's state back where it lives between steps;
 ///   with_resident(unit, fn)  fn() with the unit's state and parameter shard resident, then put
 ///                    back (checkpoints);
