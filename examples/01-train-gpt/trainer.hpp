@@ -119,6 +119,7 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
   Model model(cfg);
   model.checkpoint_blocks = o.checkpoint_activations;
   StrategyConfig config = o.settings;
+  config.gradient_accumulation_steps = static_cast<int>(o.accum);  // the engine counts the micro-batches
   config.min_num_params = o.wrap == "block" ? block_wrap_threshold(model) : wrap_threshold(o);
   // --strategy hybrid without --hybrid-group: two groups when the world splits evenly.
   if constexpr (S::sharding::hybrid)
@@ -251,15 +252,15 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
     bool applied = false;
     for (std::int64_t micro = 0; micro < o.accum; ++micro) {
       const Batch batch = sampler.batch(step * o.accum + micro, rank, world);
-      const double weight = static_cast<double>(batch.inputs.size(0)) / static_cast<double>(o.batch);
-      std::optional<typename decltype(engine)::NoSync> no_sync;
-      if (micro + 1 < o.accum) no_sync.emplace(engine);
+      // This rank's share of the micro-batch; the engine divides by the accumulation steps.
+      const double weight = static_cast<double>(batch.inputs.size(0)) / static_cast<double>(micro_rows);
       auto loss = engine.forward(
           [&] { return model.loss(on_device<D>(batch.inputs), on_device<D>(batch.targets)); });
-      local_loss += weight * static_cast<double>(static_cast<float>(loss.value().to_vector()[0]));
-      // The last micro-batch steps as its units' gradients land (an offloaded optimizer).
-      if (micro + 1 < o.accum) engine.backward(loss, weight);
-      else applied = engine.backward_and_step(loss, weight, lr, clip);
+      local_loss += weight / static_cast<double>(o.accum) * static_cast<double>(static_cast<float>(
+                                                                 loss.value().to_vector()[0]));
+      // Only the last micro-batch reduces and steps, as its units' gradients land (an offloaded
+      // optimizer); the others accumulate (StrategyConfig::gradient_accumulation_steps).
+      applied = engine.backward_and_step(loss, weight, lr, clip);
     }
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 

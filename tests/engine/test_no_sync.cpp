@@ -1,5 +1,5 @@
 // Gradient accumulation: micro-batches under no_sync, then one synchronising backward, equal
-// one large batch.
+// one large batch; so do the micro-batches the engine counts (gradient_accumulation_steps).
 #include <catch2/catch.hpp>
 
 #include "divergence.hpp"
@@ -15,6 +15,7 @@ enum class Reduction {
   every_backward,  // no no_sync: each backward reduces
   manual,          // every backward under no_sync, then Engine::reduce()
   manual_twice,    // as manual, and reduce() once more with nothing pending
+  engine_counts,   // gradient_accumulation_steps = micro: backward() and step() for each
 };
 
 /// Two steps on global batches of 6 rows, each as `micro` micro-batches of 6 / micro rows,
@@ -24,7 +25,9 @@ test::Parameters accumulate(int world, int micro, Reduction how = Reduction::las
   test::Parameters out;
   run_ranks(world, [&](ThreadCommunicator& comm) {
     Gpt<float> model(test::tiny_gpt());
-    Engine<S, Gpt<float>, ThreadCommunicator, Sgd<float>> engine(model, comm, test::momentum_sgd(), {}, 42);
+    StrategyConfig config;
+    if (how == Reduction::engine_counts) config.gradient_accumulation_steps = micro;
+    Engine<S, Gpt<float>, ThreadCommunicator, Sgd<float>> engine(model, comm, test::momentum_sgd(), config, 42);
     BatchSampler sampler(test::tiny_data(), 8, 6, 7);
     const std::int64_t rows_per_micro = 6 / micro;
     for (int step = 0; step < 2; ++step) {
@@ -39,8 +42,16 @@ test::Parameters accumulate(int world, int micro, Reduction how = Reduction::las
             how == Reduction::manual_twice)
           no_sync.emplace(engine);
         Var<float> loss = engine.forward([&] { return model.loss(x, y); });
+        if (how == Reduction::engine_counts) {
+          // The share of the micro-batch, which the engine divides by the accumulation steps.
+          engine.backward(loss, double(end - begin) / double(rows_per_micro));
+          if (engine.step(0.1) != last)  // checked here, on the rank's thread: no Catch2 assertion
+            throw std::logic_error("step() updated on a micro-batch that is not its step's last, or not on the last");
+          continue;
+        }
         engine.backward(loss, double(end - begin) / 6.0);
       }
+      if (how == Reduction::engine_counts) continue;
       if (how == Reduction::manual || how == Reduction::manual_twice) engine.reduce();
       if (how == Reduction::manual_twice) engine.reduce();
       engine.step(0.1);
@@ -89,7 +100,93 @@ TEMPLATE_LIST_TEST_CASE("reduce() after backward passes under no_sync is the red
   }
 }
 
+TEMPLATE_LIST_TEST_CASE("gradient_accumulation_steps: the engine's count of micro-batches is the no_sync loop, "
+                        "bit for bit",
+                        "[engine]", Accumulating) {
+  // The rows of a micro-batch are a power of two, so the engine's weight / K is the loop's
+  // weight exactly.
+  for (int world : {1, 3}) {
+    CAPTURE(world);
+    const auto looped = accumulate<TestType>(world, 2);
+    CHECK(test::max_difference(accumulate<TestType>(world, 2, Reduction::engine_counts), looped) == 0);
+  }
+  CHECK(test::max_difference(accumulate<TestType>(1, 3, Reduction::engine_counts), accumulate<TestType>(1, 3)) == 0);
+  CHECK(test::max_difference(accumulate<TestType>(1, 1, Reduction::engine_counts), accumulate<TestType>(1, 1)) == 0);
+}
+
 using test::error_of;
+
+TEST_CASE("gradient_accumulation_steps: a step's first micro-batches reduce nothing and update nothing", "[engine]") {
+  // What rank 0 saw after each micro-batch of two steps of 3, the first step with a micro-batch
+  // that zero_grad() dropped and that was done again.
+  struct Seen {
+    bool boundary_before, updated;
+    int accumulated, optimizer_steps;
+    double reduced_bytes, moved;  // bytes reduced since the step began; largest change of a parameter
+  };
+  std::vector<Seen> seen;
+  int accumulated_after_zero_grad = -1;
+  run_ranks(3, [&](ThreadCommunicator& comm) {
+    Gpt<float> model(test::tiny_gpt());
+    StrategyConfig config;
+    config.gradient_accumulation_steps = 3;
+    Engine<ZeRO<2>, Gpt<float>, ThreadCommunicator, Sgd<float>> engine(model, comm, test::momentum_sgd(), config, 42);
+    BatchSampler sampler(test::tiny_data(), 8, 3, 7);
+    const auto initial = engine.full_parameters();
+    std::vector<Seen> mine;
+    auto micro_batch = [&](int m) {
+      const Batch b = sampler.batch(m, comm.rank(), 3);
+      const bool boundary = engine.is_gradient_accumulation_boundary();
+      engine.backward(engine.forward([&] { return model.loss(b.inputs, b.targets); }));
+      const bool updated = engine.step(0.1);
+      const double reduced = engine.bytes_sent(CollectiveKind::AllReduce) +
+                             engine.bytes_sent(CollectiveKind::ReduceScatter) + engine.bytes_sent(CollectiveKind::Reduce);
+      double moved = 0;  // test::max_difference asserts, which a rank's thread must not
+      const auto now = engine.full_parameters();
+      for (std::size_t p = 0; p < now.size(); ++p)
+        for (std::size_t k = 0; k < now[p].second.size(); ++k)
+          moved = std::max(moved, double(std::abs(now[p].second[k] - initial[p].second[k])));
+      mine.push_back({boundary, updated, engine.accumulated_micro_batches(),
+                      static_cast<int>(engine.optimizers()[0].step_count()), reduced, moved});
+    };
+    for (int step = 0; step < 2; ++step) {
+      engine.reset_stats();
+      for (int m = 0; m < 3; ++m) {
+        micro_batch(3 * step + m);
+        if (step == 0 && m == 0) {
+          engine.zero_grad();
+          if (comm.rank() == 0) accumulated_after_zero_grad = engine.accumulated_micro_batches();
+          mine.pop_back();
+          micro_batch(m);
+        }
+      }
+    }
+    if (comm.rank() == 0) seen = std::move(mine);
+  });
+  CHECK(accumulated_after_zero_grad == 0);
+  REQUIRE(seen.size() == 6);
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    CAPTURE(i);
+    const bool last = i % 3 == 2;
+    const int steps_done = static_cast<int>(i / 3) + (last ? 1 : 0);
+    CHECK(seen[i].boundary_before == last);
+    CHECK(seen[i].updated == last);
+    CHECK(seen[i].accumulated == (last ? 0 : static_cast<int>(i % 3) + 1));
+    CHECK(seen[i].optimizer_steps == steps_done);
+    CHECK((seen[i].reduced_bytes > 0) == last);
+    CHECK((seen[i].moved > 1e-4) == (steps_done > 0));
+  }
+  std::string message;
+  run_ranks(1, [&](ThreadCommunicator& comm) {
+    Gpt<float> model(test::tiny_gpt());
+    StrategyConfig config;
+    config.gradient_accumulation_steps = 0;
+    message = error_of([&] {
+      Engine<ZeRO<2>, Gpt<float>, ThreadCommunicator, Sgd<float>> engine(model, comm, test::momentum_sgd(), config);
+    });
+  });
+  CHECK_THAT(message, Catch::Contains("gradient_accumulation_steps") && Catch::Contains("at least 1, got 0"));
+}
 
 TEST_CASE("stepping with unreduced no_sync gradients is an error", "[engine]") {
   std::string message;

@@ -26,11 +26,20 @@ struct RankRun {
   std::vector<std::size_t> handed_off;
 };
 
-/// Trains a 3-block GPT (4 units) under S for `steps` steps of `micro` micro-batches each; the
-/// last micro-batch of a step runs backward_and_step when `together`, else backward and step.
+/// How a step's micro-batches reach the optimizer.
+enum class How {
+  apart,     // backward for each; step after the last
+  quiet,     // as apart, every backward but the last under no_sync
+  together,  // backward for each but the last, which runs backward_and_step
+  counted,   // gradient_accumulation_steps = micro: backward_and_step for each, the engine counting
+};
+
+/// Trains a 3-block GPT (4 units) under S for `steps` steps of `micro` micro-batches each, as
+/// `how` says.
 template <class S, class Opt>
-RankRun train(ThreadCommunicator& comm, bool together, typename Opt::config_type opt, double clip, int micro,
+RankRun train(ThreadCommunicator& comm, How how, typename Opt::config_type opt, double clip, int micro,
               StrategyConfig config, int steps = 3) {
+  if (how == How::counted) config.gradient_accumulation_steps = micro;
   RankRun run;
   MemoryTracker tracker;
   TrackerScope scope(tracker);
@@ -47,9 +56,21 @@ RankRun train(ThreadCommunicator& comm, bool together, typename Opt::config_type
       const Batch b = sampler.batch(step * micro + m, comm.rank(), comm.size());
       Var<float> loss = engine.forward([&] { return model.loss(b.inputs, b.targets); });
       run.losses.push_back(loss.value().data()[0]);
-      if (m + 1 < micro) {
+      if (how == How::counted) {
+        // The micro-batch's share; the engine divides by the accumulation steps (a power of 2
+        // here: the same weight, bit for bit).
+        const bool applied = engine.backward_and_step(loss, weight * micro, opt.lr, clip);
+        if (m + 1 == micro) {
+          run.applied.push_back(applied);
+          run.handed_off.push_back(engine.units_handed_off_in_backward());
+        } else if (applied || engine.units_handed_off_in_backward() != 0) {
+          throw std::logic_error("a micro-batch before the step's last updated, or handed units to the host step");
+        }
+      } else if (m + 1 < micro) {
+        std::optional<typename decltype(engine)::NoSync> quiet;
+        if (how == How::quiet) quiet.emplace(engine);
         engine.backward(loss, weight);
-      } else if (together) {
+      } else if (how == How::together) {
         run.applied.push_back(engine.backward_and_step(loss, weight, opt.lr, clip));
         run.handed_off.push_back(engine.units_handed_off_in_backward());
       } else {
@@ -69,16 +90,18 @@ RankRun train(ThreadCommunicator& comm, bool together, typename Opt::config_type
   return run;
 }
 
-/// Runs both ways on `world` thread ranks and requires every rank's results to be equal bit for
-/// bit; returns rank 0's overlapped run.
+/// Runs apart (under no_sync where the engine counts) and as `how` says on `world` thread ranks
+/// and requires every rank's results to be equal bit for bit; returns rank 0's run as `how` says.
 template <class S, class Opt = Sgd<float>>
-RankRun both_ways(int world, typename Opt::config_type opt, double clip, int micro = 1, StrategyConfig config = {}) {
+RankRun both_ways(int world, typename Opt::config_type opt, double clip, int micro = 1, StrategyConfig config = {},
+                  How how = How::together) {
   std::vector<RankRun> apart(static_cast<std::size_t>(world)), together(static_cast<std::size_t>(world));
   run_ranks(world, [&](ThreadCommunicator& comm) {
-    apart[static_cast<std::size_t>(comm.rank())] = train<S, Opt>(comm, false, opt, clip, micro, config);
+    apart[static_cast<std::size_t>(comm.rank())] = train<S, Opt>(comm, how == How::counted ? How::quiet : How::apart, opt,
+                                                                   clip, micro, config);
   });
   run_ranks(world, [&](ThreadCommunicator& comm) {
-    together[static_cast<std::size_t>(comm.rank())] = train<S, Opt>(comm, true, opt, clip, micro, config);
+    together[static_cast<std::size_t>(comm.rank())] = train<S, Opt>(comm, how, opt, clip, micro, config);
   });
   for (std::size_t r = 0; r < apart.size(); ++r) {
     INFO("rank " << r);
@@ -126,6 +149,10 @@ TEMPLATE_LIST_TEST_CASE("backward_and_step equals backward then step bit for bit
     }
     SECTION("two micro-batches, the second stepping, world " + std::to_string(world)) {
       both_ways<TestType>(world, test::momentum_sgd(), no_clip, 2);
+    }
+    SECTION("two micro-batches counted by the engine (gradient_accumulation_steps), world " + std::to_string(world)) {
+      const RankRun run = both_ways<TestType>(world, test::momentum_sgd(), no_clip, 2, {}, How::counted);
+      for (const std::size_t n : run.handed_off) CHECK(n >= 2);  // the last micro-batch steps as units land
     }
   }
 }

@@ -379,6 +379,20 @@ TEST_CASE("a corrupt or mismatched checkpoint fails on every rank with what is w
   CHECK(bit_identical(run<Zero3Blocks>({.world = 2}).parameters, fresh));
 }
 
+TEST_CASE("a checkpoint is refused between the micro-batches of one step and saved at its end", "[io][checkpoint]") {
+  // A checkpoint holds no gradients: one saved after 1 of 2 micro-batches would lose its.
+  TempDir dir;
+  StrategyConfig accumulating;
+  accumulating.gradient_accumulation_steps = 2;
+  const CheckpointRun midway = run<ZeRO<2>>({.world = 2, .steps = 1, .save = dir / "midway"}, accumulating);
+  for (const std::string& e : midway.errors)
+    CHECK_THAT(e, Catch::Contains("would lose the gradients of the 1 micro-batch(es)") &&
+                      Catch::Contains("gradient_accumulation_steps 2"));
+  CHECK_FALSE(fs::exists(dir / "midway"));
+  REQUIRE(succeeded(run<ZeRO<2>>({.world = 2, .steps = 4, .save = dir / "at_end"}, accumulating)));
+  CHECK(read_checkpoint_metadata(dir / "at_end").optimizer_step == 2);  // four micro-batches, two steps
+}
+
 TEST_CASE("saving over a checkpoint replaces it whole, a consolidated file holds every weight", "[io][checkpoint]") {
   TempDir dir;
   const fs::path saved = dir / "ckpt";

@@ -267,6 +267,7 @@ TEST_CASE("StrategyConfig carries the reference documents' defaults", "[policy]"
   CHECK(c.allgather_bucket_size == 200'000'000);    // DeepSpeed allgather_bucket_size
   CHECK(c.overlap_comm);                            // DeepSpeed overlap_comm
   CHECK(c.min_num_params == 0);                    // 0: WrapBySize's own threshold applies
+  CHECK(c.gradient_accumulation_steps == 1);        // DeepSpeed gradient_accumulation_steps
   CHECK(c.broadcast_buffers);                       // ShardedDataParallel
   CHECK(c.sync_models_at_startup);                  // ShardedDataParallel
   CHECK(c.auto_refresh_trainable);                  // ShardedDataParallel

@@ -196,6 +196,8 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
              std::uint64_t seed = 0)
       : model_(model), comm_(comm), config_(config), scaler_(config) {
     refuse_fields_not_read_by<S, device>(config);
+    POLYSHARD_CHECK(config.gradient_accumulation_steps >= 1, "StrategyConfig::gradient_accumulation_steps (the "
+                    "micro-batches of one step) must be at least 1, got ", config.gradient_accumulation_steps);
     if constexpr (State::master_is_full || State::master_is_shard)
       POLYSHARD_CHECK(!config.delayed_parameter_update, "StrategyConfig::delayed_parameter_update: under this ",
                       "strategy the master weights are the parameters forward reads, so the host cannot update ",
@@ -283,9 +285,15 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
   }
 
   /// Backward from `loss`, seeded with `weight` times the loss scale; reduces every unit's
-  /// gradients (unless inside no_sync) and waits for the reductions.
+  /// gradients (unless inside no_sync) and waits for the reductions. Under
+  /// StrategyConfig::gradient_accumulation_steps K > 1 the seed is weight / K times the loss
+  /// scale (DeepSpeed divides the loss by its accumulation steps), and only the backward of a
+  /// step's last micro-batch (is_gradient_accumulation_boundary()) reduces: the others
+  /// accumulate local gradients, as under no_sync.
   void backward(const Var<work_type, device>& loss, double weight = 1.0) {
     Trace::Span span(trace_, "backward", "compute");
+    std::optional<NoSync> accumulating;
+    if (!is_gradient_accumulation_boundary()) accumulating.emplace(*this);
     ModuleHooksScope<work_type, device> hooks(*this);
     in_backward_ = true;
     if (!running_order_.empty()) forward_order_ = running_order_;
@@ -299,7 +307,7 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
     std::optional<GradientReadyScope<work_type, device>> ready;
     if (sync_ && config_.overlap_comm && reduces_in_buckets)
       ready.emplace([this](Node<work_type, device>& leaf) { gradient_final(leaf); });
-    const double seed = weight * scaler_.scale();
+    const double seed = weight / config_.gradient_accumulation_steps * scaler_.scale();
     SettleOnError settle_on_error{*this};
     if (loss.value().numel() == 1) {
       // In double: a loss scale fp16 cannot hold (65536 and up) still seeds the loss's gradient
@@ -343,8 +351,12 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
 
   /// Applies the optimizer to every unit with learning rate `lr`. Returns false when the step
   /// was skipped because the (scaled) gradients overflowed; the parameters are then untouched.
-  /// `max_grad_norm` clips the global gradient norm (infinity: no clipping).
+  /// `max_grad_norm` clips the global gradient norm (infinity: no clipping). Under
+  /// StrategyConfig::gradient_accumulation_steps K > 1 it is called after every micro-batch's
+  /// backward, as DeepSpeed's engine.step() is, and only the K-th call of a step updates: the
+  /// others count the micro-batch and return false, leaving the parameters untouched.
   bool step(double lr, double max_grad_norm = std::numeric_limits<double>::infinity()) {
+    if (count_micro_batch()) return false;
     Trace::Span span(trace_, "step", "compute");
     NextStep next_step{*this};
     drain_prefetch();
@@ -382,7 +394,7 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
   bool backward_and_step(const Var<work_type, device>& loss, double weight, double lr,
                          double max_grad_norm = std::numeric_limits<double>::infinity()) {
     handed_off_in_backward_ = 0;
-    if (!steps_in_backward()) {
+    if (!steps_in_backward() || !is_gradient_accumulation_boundary()) {
       backward(loss, weight);
       return step(lr, max_grad_norm);
     }
@@ -424,8 +436,11 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
     for (State& u : units_) write_back_unit(u, step_site("the delayed parameter update of " + unit_name(u)));
   }
 
-  /// Forgets every gradient, writing nothing; a parameter no backward reaches steps with zeros (set_to_none=False).
+  /// Forgets every gradient, writing nothing; a parameter no backward reaches steps with zeros
+  /// (set_to_none=False). The micro-batches counted toward the next step under
+  /// gradient_accumulation_steps go with them: the next one starts a step.
   void zero_grad() {
+    accumulated_micro_batches_ = 0;
     for (State& u : units_) {
       u.local_grads = false;
       u.reduced_has_grad = false;
@@ -494,6 +509,16 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
     std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     return out;
   }
+
+  /// Whether the next backward() and step() are those of a step's last micro-batch, the one
+  /// that reduces and updates (DeepSpeed's is_gradient_accumulation_boundary()): always, unless
+  /// StrategyConfig::gradient_accumulation_steps is above 1.
+  bool is_gradient_accumulation_boundary() const {
+    return accumulated_micro_batches_ + 1 >= config_.gradient_accumulation_steps;
+  }
+  /// The micro-batches of the current step whose step() has been called, their gradients
+  /// accumulated and not yet applied (0 at a step's boundary; see gradient_accumulation_steps).
+  int accumulated_micro_batches() const { return accumulated_micro_batches_; }
 
   /// How many units the last backward_and_step handed to the host thread before backward
   /// reached the root's end: the units whose host step could overlap the rest of backward (0
@@ -636,8 +661,17 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
     ~NextStep() {
       ++e.step_number_;
       e.micro_batch_ = 0;
+      e.accumulated_micro_batches_ = 0;
     }
   };
+
+  /// Under gradient_accumulation_steps: counts a micro-batch that is not the last of its step
+  /// and says so (its step() then updates nothing).
+  bool count_micro_batch() {
+    if (is_gradient_accumulation_boundary()) return false;
+    ++accumulated_micro_batches_;
+    return true;
+  }
 
   /// Under pin_memory, a device model's optimizer that steps in host memory keeps its state
   /// page-locked too, as DeepSpeed pins the offloaded optimizer state: `scope` then makes the
@@ -1436,6 +1470,7 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
   bool sync_ = true;
   std::uint64_t step_number_ = 1;  // the step being accumulated, from 1
   int micro_batch_ = 0;            // forwards with gradients since the last step
+  int accumulated_micro_batches_ = 0;  // step() calls since the last update (gradient_accumulation_steps)
   bool track_grad_norm_ = false;
   double last_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
   CheckpointCounts last_checkpoint_counts_{};

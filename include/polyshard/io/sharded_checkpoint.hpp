@@ -421,9 +421,15 @@ void read_unit_state(CheckpointLoadPlan& plan, std::size_t u, Opt& opt, std::spa
 /// data position and random seed). The directory appears only when complete (temporary
 /// directory, fsync, rename): a process killed mid-save leaves the previous checkpoint whole. A
 /// collective: every rank of the engine's communicator calls it. Files must be visible to all
-/// ranks at `dir` (one machine, or a shared file system).
+/// ranks at `dir` (one machine, or a shared file system). Refused between the micro-batches of
+/// one step (StrategyConfig::gradient_accumulation_steps): a checkpoint holds no gradients.
 template <class E>
 void save_checkpoint(E& engine, const std::filesystem::path& dir, const TrainingState& training = {}) {
+  // Every rank counts the same micro-batches, so every rank refuses alike, before any collective.
+  POLYSHARD_CHECK(engine.accumulated_micro_batches() == 0, "save_checkpoint: '", dir.string(), "' would lose the ",
+                  "gradients of the ", engine.accumulated_micro_batches(), " micro-batch(es) this step has ",
+                  "accumulated (gradient_accumulation_steps ", engine.config().gradient_accumulation_steps,
+                  "), since a checkpoint holds no gradients; save after the step() that applies them");
   auto& comm = engine.communicator();
   std::filesystem::path tmp;
   std::string error = detail::attempt([&] {

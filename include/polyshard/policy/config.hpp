@@ -40,6 +40,12 @@ struct StrategyConfig {
   /// FSDP's min_num_params for size-based wrapping (WrapBySize): a value >= 1 here replaces
   /// the policy's own threshold at run time; 0 keeps the policy's.
   std::int64_t min_num_params = 0;
+  /// DeepSpeed's gradient_accumulation_steps (default 1), the micro-batches of one optimizer
+  /// step, counted by the engine as DeepSpeed's engine counts them: the caller runs forward,
+  /// backward() and step() for every micro-batch; backward() scales the loss by
+  /// 1 / gradient_accumulation_steps and reduces nothing until the step's last micro-batch
+  /// (as under no_sync), and step() updates the parameters only on that one.
+  int gradient_accumulation_steps = 1;
 
   /// HybridShard: ranks per sharding group (consecutive ranks, a node typically); groups
   /// replicate each other. 0: the whole world is one group.
