@@ -78,7 +78,7 @@ template <class S>
 void row(bench::Table& table, const char* name, int world, const GptConfig& cfg, std::int64_t batch,
          StrategyConfig config = {}) {
   // One sub-group's state (and one unit's masters) in memory at a time: an exact peak.
-  if constexpr (S::offload::to_nvme) config.optimizer_buffer_count = 1;
+  if constexpr (S::offload::to_nvme) config.optimizer_buffer_count = nvme_buffers_per_sub_group(2);  // AdamW
   if constexpr (S::offload::to_nvme && S::offload::offloads_parameters) {
     config.params_buffer_count = 1;  // and one unit's parameter shard read in at a time
     config.max_in_cpu = 0;           // every shard in the file

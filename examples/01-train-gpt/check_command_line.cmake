@@ -261,7 +261,7 @@ file(MAKE_DIRECTORY ${WORK_DIR}/deepspeed-nvme)
 file(WRITE ${WORK_DIR}/deepspeed-nvme.json
      "{\"zero_optimization\": {\"stage\": 3, "
      "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"${WORK_DIR}/deepspeed-nvme\", "
-     "\"buffer_count\": 2}, "
+     "\"buffer_count\": 8}, "
      "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"${WORK_DIR}/deepspeed-nvme\", \"buffer_count\": 1, "
      "\"buffer_size\": 1e8, \"max_in_cpu\": 0}}, "
      "\"aio\": {\"block_size\": 1048576, \"queue_depth\": 8, \"single_submit\": false, \"overlap_events\": true, "

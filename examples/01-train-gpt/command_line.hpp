@@ -231,7 +231,9 @@ inline bool parse(int argc, char** argv, Options& o) {
       ->transform(at_least(1));
   settings->add_option("--queue-depth", c.queue_depth, "NVMe: requests in flight")->type_name("N")
       ->transform(detail::number_at_least<int>(1));
-  settings->add_option("--optimizer-buffer-count", c.optimizer_buffer_count, "NVMe: optimizer-state buffers")
+  settings
+      ->add_option("--optimizer-buffer-count", c.optimizer_buffer_count,
+                   "NVMe: optimizer-state buffers (a sub-group takes 4 for Adam)")
       ->type_name("N")->transform(detail::number_at_least<int>(1));
   settings->add_option("--params-buffer-count", c.params_buffer_count, "NVMe parameters: buffers")->type_name("N")
       ->transform(detail::number_at_least<int>(1));

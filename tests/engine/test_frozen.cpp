@@ -264,7 +264,7 @@ TEST_CASE("frozen parameters: bf16 ZeRO-Infinity in sub-groups that hold the mas
   test::TempDir dir;
   StrategyConfig nvme;
   nvme.nvme_path = dir.path().string();
-  nvme.optimizer_buffer_count = 2;
+  nvme.optimizer_buffer_count = 8;  // two AdamW sub-groups in memory
   nvme.sub_group_size = 37;
   using Memory = Strategy<ShardParameters<true>, WrapByType<Block>, Bf16Mixed>;
   using Infinity = Strategy<ShardParameters<true>, OffloadOptimizer<Nvme>, WrapByType<Block>, Bf16Mixed>;

@@ -131,7 +131,7 @@ TEMPLATE_LIST_TEST_CASE("memory: what a rank holds between steps and at most wit
   StrategyConfig config;
   if constexpr (S::offload::to_nvme) {
     config.nvme_path = nvme.path().string();
-    config.optimizer_buffer_count = 1;  // one unit's state in memory at a time, an exact peak
+    config.optimizer_buffer_count = nvme_buffers_per_sub_group(1);  // one unit's momentum at a time: exact peaks
   }
   if constexpr (S::offload::to_nvme && S::offload::offloads_parameters) {
     config.params_buffer_count = 1;  // one unit's shard read in at a time, an exact peak
@@ -277,14 +277,15 @@ TEST_CASE("memory: ZeRO-3 by repeated layer (the preset's WrapRepeated) holds th
 }
 
 #ifdef POLYSHARD_HAVE_LIBURING
-TEST_CASE("memory: NVMe offload brings back at most optimizer_buffer_count consecutive units' state",
+TEST_CASE("memory: NVMe offload brings back at most the consecutive units' state optimizer_buffer_count holds",
           "[engine][memory]") {
   using Infinity = Strategy<ShardParameters<true>, OffloadOptimizer<Nvme>, WrapByType<Block>>;
   test::TempDir nvme;
   StrategyConfig config;
-  config.nvme_path = nvme.path().string();  // the default optimizer_buffer_count, 4
+  config.nvme_path = nvme.path().string();
+  config.optimizer_buffer_count = 4 * nvme_buffers_per_sub_group(1);  // four units' momentum
   StrategyConfig one = config;
-  one.optimizer_buffer_count = 1;
+  one.optimizer_buffer_count = nvme_buffers_per_sub_group(1);
   for (int world : {1, 3}) {
     const std::vector<Held> held = hold<Infinity>(world, config);
     for (const Held& h : held) {
@@ -305,7 +306,7 @@ TEST_CASE("memory: under NVMe offload, sub_group_size bounds the optimizer state
   test::TempDir nvme;
   StrategyConfig whole;
   whole.nvme_path = nvme.path().string();
-  whole.optimizer_buffer_count = 1;  // one sub-group's state and masters at a time: exact peaks
+  whole.optimizer_buffer_count = nvme_buffers_per_sub_group(1);  // one sub-group's at a time: exact peaks
   StrategyConfig pieces = whole;
   pieces.sub_group_size = 100;  // a block's shard is 2,197 elements at world size 1, 733 at 3
   const auto check = [&]<class S>(S, const char* label) {

@@ -57,11 +57,12 @@ std::vector<std::vector<float>> optimizer_states(E& engine) {
 
 TEST_CASE("ZeRO-Infinity with AdamW trains bit for bit like ZeRO-3 at world sizes 1, 2 and 4", "[engine][nvme]") {
   const AdamWConfig adamw{.lr = 1e-2};
-  // The defaults (1 MiB blocks, 8 in flight, 4 units in memory), and 4 KiB blocks with fewer in
-  // flight than a unit has blocks and one or two units in memory, pinned or not.
+  // The defaults (1 MiB blocks, 8 in flight, 4 buffers: one Adam unit's state in memory at a
+  // time), and 4 KiB blocks with fewer in flight than a unit has blocks and one or two units in
+  // memory, pinned or not.
   const auto [block, depth, buffers, pin] = GENERATE(std::tuple<std::int64_t, int, int, bool>{1'048'576, 8, 4, false},
-                                                     std::tuple<std::int64_t, int, int, bool>{4096, 1, 1, false},
-                                                     std::tuple<std::int64_t, int, int, bool>{4096, 2, 2, true});
+                                                     std::tuple<std::int64_t, int, int, bool>{4096, 1, 4, false},
+                                                     std::tuple<std::int64_t, int, int, bool>{4096, 2, 8, true});
   const int world = GENERATE(1, 2, 4);
   CAPTURE(block, depth, buffers, pin, world);
   TempDir dir;
@@ -84,7 +85,7 @@ TEST_CASE("ZeRO-Infinity with AdamW trains bit for bit like ZeRO-3 at world size
 
 TEST_CASE("ZeRO-Infinity: SGD with momentum and mixed precision train like ZeRO-3 too", "[engine][nvme]") {
   TempDir dir;
-  const StrategyConfig config = nvme_config(dir, 4096, 2, 2, false);
+  const StrategyConfig config = nvme_config(dir, 4096, 2, 8, false);
   const int world = GENERATE(1, 3);
   CAPTURE(world);
   const auto sgd = test::momentum_sgd();
@@ -108,7 +109,7 @@ TEST_CASE("ZeRO-Infinity: the state is in the file between steps, and access_opt
           "[engine][nvme]") {
   constexpr int world = 2;
   TempDir dir;
-  StrategyConfig config = nvme_config(dir, 4096, 2, 2, false);
+  StrategyConfig config = nvme_config(dir, 4096, 2, 8, false);
   // In one piece a unit, and in sub-groups of 37 elements, which access_optimizer shows whole.
   config.sub_group_size = GENERATE(StrategyConfig{}.sub_group_size, std::int64_t{37});
   CAPTURE(config.sub_group_size);
@@ -191,7 +192,7 @@ TEST_CASE("ZeRO-Infinity: the state is in the file between steps, and access_opt
 TEST_CASE("ZeRO-Infinity: unusable NVMe options are clear errors", "[engine][nvme]") {
   TempDir dir;
   const AdamWConfig adamw{.lr = 1e-2};
-  StrategyConfig missing = nvme_config(dir, 4096, 2, 2, false);
+  StrategyConfig missing = nvme_config(dir, 4096, 2, 8, false);
   missing.nvme_path = (dir / "not-there").string();
   CHECK_THROWS_WITH((train<ZeROInfinity, AdamW<float>>(1, 1, 6, adamw, no_clip, missing)),
                     Catch::Contains("nvme_path '" + missing.nvme_path + "' does not exist") &&
@@ -200,10 +201,10 @@ TEST_CASE("ZeRO-Infinity: unusable NVMe options are clear errors", "[engine][nvm
   if (!std::filesystem::exists("/local_nvme"))
     CHECK_THROWS_WITH((train<ZeROInfinity, AdamW<float>>(1, 1, 6, adamw)),
                       Catch::Contains("nvme_path '/local_nvme' does not exist"));
-  StrategyConfig buffers = nvme_config(dir, 4096, 2, 0, false);
+  StrategyConfig buffers = nvme_config(dir, 4096, 2, 3, false);  // Adam's sub-group takes 4
   CHECK_THROWS_WITH((train<ZeROInfinity, AdamW<float>>(1, 1, 6, adamw, no_clip, buffers)),
-                    Catch::Contains("optimizer_buffer_count"));
-  StrategyConfig block = nvme_config(dir, 1000, 2, 2, false);
+                    Catch::Contains("optimizer_buffer_count is 3, fewer than the 4 buffers one sub-group"));
+  StrategyConfig block = nvme_config(dir, 1000, 2, 8, false);
   CHECK_THROWS_WITH((train<ZeROInfinity, AdamW<float>>(1, 1, 6, adamw, no_clip, block)), Catch::Contains("block_size"));
   CHECK(files_in(dir.path()) == 0);
 }
@@ -215,7 +216,7 @@ namespace {
 using InfinityParametersPerBlock = with_t<ZeROInfinityParameters, WrapByType<Block>>;
 
 StrategyConfig parameter_config(const TempDir& dir, int params_buffers, std::int64_t max_in_cpu) {
-  StrategyConfig c = nvme_config(dir, 4096, 2, 1, false);
+  StrategyConfig c = nvme_config(dir, 4096, 2, 4, false);
   c.params_buffer_count = params_buffers;
   c.max_in_cpu = max_in_cpu;
   return c;
@@ -395,7 +396,7 @@ TEST_CASE("ZeRO-Infinity with the parameter shards on NVMe reads the next gather
 
 TEST_CASE("ZeRO-Infinity: sub_group_size brings the state back a sub-group at a time and trains as in one piece",
           "[engine][nvme]") {
-  const int buffers = GENERATE(1, 2);
+  const int buffers = GENERATE(4, 8);  // one or two Adam sub-groups in memory
   const int world = GENERATE(1, 3);
   CAPTURE(buffers, world);
   TempDir dir;

@@ -547,7 +547,7 @@ TEST_CASE("ZeRO-Infinity in bf16 stepping in sub-groups saves and resumes bit fo
   TempDir dir;
   StrategyConfig config;
   config.nvme_path = dir.path().string();
-  config.optimizer_buffer_count = 1;
+  config.optimizer_buffer_count = nvme_buffers_per_sub_group(2);  // one AdamW sub-group at a time
   config.sub_group_size = 37;
   using InfinityBf16 = with_t<with_t<ZeROInfinity, WrapByType<Block>>, Bf16Mixed>;
   using MemoryBf16 = Strategy<ShardParameters<true>, Bf16Mixed>;  // one unit: any layout loads

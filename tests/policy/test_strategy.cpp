@@ -324,7 +324,7 @@ TEST_CASE("StrategyConfig fields a composition does not read are refused for it,
   const auto nvme_path = [](StrategyConfig& c) { c.nvme_path = "/scratch"; };
   const auto queue_depth = [](StrategyConfig& c) { c.queue_depth = 2; };
   const auto block_size = [](StrategyConfig& c) { c.block_size = 8192; };
-  const auto buffers = [](StrategyConfig& c) { c.optimizer_buffer_count = 1; };
+  const auto buffers = [](StrategyConfig& c) { c.optimizer_buffer_count = 8; };
   const auto group = [](StrategyConfig& c) { c.hybrid_group_size = 2; };
   const std::vector<std::function<void(StrategyConfig&)>> nvme_settings{nvme_path, queue_depth, block_size, buffers};
   for (const auto& nvme_setting : nvme_settings) {
@@ -466,20 +466,37 @@ TEST_CASE("model_state_bytes gives ZeRO's bytes per rank", "[policy][accounting]
   STATIC_REQUIRE(model_state_bytes<with_t<ZeROInfinityParameters, Bf16Mixed>>(1200, 4) == 600.0);
 }
 
+TEST_CASE("optimizer_buffer_count holds a sub-group in as many buffers as DeepSpeed counts it states per parameter",
+          "[policy][accounting]") {
+  // Adam's 4 (exp_avg, exp_avg_sq, the fp32 parameter, its gradient), as the reference says.
+  STATIC_REQUIRE(nvme_buffers_per_sub_group(2) == 4);
+  STATIC_REQUIRE(nvme_sub_groups_in_memory(4, 2) == 1);  // the default: one Adam sub-group at a time
+  STATIC_REQUIRE(nvme_sub_groups_in_memory(7, 2) == 1);
+  STATIC_REQUIRE(nvme_sub_groups_in_memory(8, 2) == 2);
+  STATIC_REQUIRE(nvme_sub_groups_in_memory(3, 1) == 1);  // SGD with momentum
+  STATIC_REQUIRE(nvme_sub_groups_in_memory(4, 0) == 2);  // SGD without: the parameter and gradient
+  CHECK_THROWS_WITH(nvme_sub_groups_in_memory(3, 2),
+                    Catch::Contains("optimizer_buffer_count is 3, fewer than the 4 buffers one sub-group") &&
+                        Catch::Contains("Adam's are 4"));
+  CHECK_THROWS_WITH(nvme_sub_groups_in_memory(0, 0), Catch::Contains("optimizer_buffer_count is 0"));
+}
+
 TEST_CASE("offloaded_state_bytes_in_step bounds the state NVMe offload brings back during a step",
           "[policy][accounting]") {
-  // 4 buffers of a 400-parameter unit's Adam moments, sharded over 4 ranks: 4 * 2 * 4 * 400 / 4.
-  STATIC_REQUIRE(offloaded_state_bytes_in_step<ZeROInfinity>(400, 4, 4) == 3'200.0);
-  // SGD with momentum, one buffer, one rank: 1 * 1 * 4 * 400.
-  STATIC_REQUIRE(offloaded_state_bytes_in_step<ZeROInfinity>(400, 1, 1, 1) == 1'600.0);
-  // Mixed precision brings each unit's fp32 masters back with its moments: 2 * (2 + 1) * 4 * 400 / 4.
-  STATIC_REQUIRE(offloaded_state_bytes_in_step<with_t<ZeROInfinity, Bf16Mixed>>(400, 4, 2) == 2'400.0);
+  // 16 buffers, 4 sub-groups of a 400-parameter unit's Adam moments, sharded over 4 ranks:
+  // 4 * 2 * 4 * 400 / 4; the default 4 buffers, one sub-group.
+  STATIC_REQUIRE(offloaded_state_bytes_in_step<ZeROInfinity>(400, 4, 16) == 3'200.0);
+  STATIC_REQUIRE(offloaded_state_bytes_in_step<ZeROInfinity>(400, 4, 4) == 800.0);
+  // SGD with momentum, its 3 buffers, one rank: 1 * 1 * 4 * 400.
+  STATIC_REQUIRE(offloaded_state_bytes_in_step<ZeROInfinity>(400, 1, 3, 1) == 1'600.0);
+  // Mixed precision brings each sub-group's fp32 masters back with its moments: 2 * (2 + 1) * 4 * 400 / 4.
+  STATIC_REQUIRE(offloaded_state_bytes_in_step<with_t<ZeROInfinity, Bf16Mixed>>(400, 4, 8) == 2'400.0);
   // sub_group_size 30 brings the moments back 30 elements at a time: 4 * 2 * 4 * 30, and under
   // mixed precision the masters with them: 2 * (2 + 1) * 4 * 30.
-  STATIC_REQUIRE(offloaded_state_bytes_in_step<ZeROInfinity>(400, 4, 4, 2, 30) == 960.0);
-  STATIC_REQUIRE(offloaded_state_bytes_in_step<with_t<ZeROInfinity, Bf16Mixed>>(400, 4, 2, 2, 30) == 720.0);
+  STATIC_REQUIRE(offloaded_state_bytes_in_step<ZeROInfinity>(400, 4, 16, 2, 30) == 960.0);
+  STATIC_REQUIRE(offloaded_state_bytes_in_step<with_t<ZeROInfinity, Bf16Mixed>>(400, 4, 8, 2, 30) == 720.0);
   // A sub-group larger than the shard is the shard.
-  STATIC_REQUIRE(offloaded_state_bytes_in_step<ZeROInfinity>(400, 4, 4, 2, 1'000) == 3'200.0);
+  STATIC_REQUIRE(offloaded_state_bytes_in_step<ZeROInfinity>(400, 4, 16, 2, 1'000) == 3'200.0);
   // Strategies whose state never leaves memory bring nothing back: it is in model_state_bytes.
   STATIC_REQUIRE(offloaded_state_bytes_in_step<ZeRO<3>>(400, 4, 4) == 0.0);
   STATIC_REQUIRE(offloaded_state_bytes_in_step<ZeROOffload>(400, 4, 4) == 0.0);

@@ -29,7 +29,8 @@ namespace polyshard {
 /// Under OffloadOptimizer<Nvme> (ZeRO-Infinity) the state values, and a separate master copy,
 /// are in the NVMe file between steps: (2 + 2)/N bytes per parameter stay for mixed-precision
 /// Adam, (4 + 4)/N in fp32 (the masters are the parameter shards there). During a step, up to
-/// optimizer_buffer_count sub-groups' state and masters come back (offloaded_state_bytes_in_step).
+/// the sub-groups optimizer_buffer_count has buffers for come back, state and masters
+/// (offloaded_state_bytes_in_step).
 /// Under OffloadParameters<Nvme> the parameter shards are in the file too: only the gradients stay,
 /// 2/N (max_in_cpu = 0).
 template <StrategyType S>
@@ -155,12 +156,13 @@ ResidentMemory resident_memory(std::span<const std::int64_t> units, int world_si
 
 /// The most bytes of optimizer state values (and separate master weights) that an offloading
 /// strategy brings back into memory during a step, on top of model_state_bytes: offloaded to
-/// NVMe, `buffer_count` (StrategyConfig::optimizer_buffer_count) sub-groups' state and masters
-/// at most, bounded here by as many copies of a sub-group of the largest unit
-/// (`largest_unit_params` padded parameters, 1/N of them per rank, as ZeRO-Infinity is stage 3,
-/// in sub-groups of at most `sub_group_size`); the masters count where they are a copy of their
-/// own, as in model_state_bytes (mixed precision); 0 for every other strategy, whose state never
-/// leaves.
+/// NVMe, the sub-groups' state and masters that `buffer_count` (StrategyConfig::
+/// optimizer_buffer_count) has buffers for (nvme_sub_groups_in_memory, with
+/// `states_per_param` the optimizer's own states) at most, bounded here by as many copies of a
+/// sub-group of the largest unit (`largest_unit_params` padded parameters, 1/N of them per
+/// rank, as ZeRO-Infinity is stage 3, in sub-groups of at most `sub_group_size`); the masters
+/// count where they are a copy of their own, as in model_state_bytes (mixed precision); 0 for
+/// every other strategy, whose state never leaves.
 template <StrategyType S>
 constexpr double offloaded_state_bytes_in_step(std::int64_t largest_unit_params, int world_size, int buffer_count,
                                                int states_per_param = 2,
@@ -173,7 +175,8 @@ constexpr double offloaded_state_bytes_in_step(std::int64_t largest_unit_params,
     const double shard = static_cast<double>(largest_unit_params) / static_cast<double>(world_size);
     const double group = std::min(shard, static_cast<double>(sub_group_size));
     const double values = states_per_param + (std::is_same_v<MT, CT> ? 0 : 1);
-    return static_cast<double>(buffer_count) * values * sizeof(MT) * group;
+    return static_cast<double>(nvme_sub_groups_in_memory(buffer_count, states_per_param)) * values * sizeof(MT) *
+           group;
   }
 }
 

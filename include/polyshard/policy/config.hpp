@@ -98,6 +98,11 @@ struct StrategyConfig {
   std::int64_t block_size = 1'048'576;
   int queue_depth = 8;
   bool pin_memory = false;
+  /// DeepSpeed's optimizer_buffer_count: the buffers, each of one sub-group's tensor, through
+  /// which optimizer state offloaded to NVMe comes into memory; a sub-group takes as many as
+  /// DeepSpeed counts states per parameter (nvme_buffers_per_sub_group: 4 for Adam), so the
+  /// default keeps one Adam sub-group in memory at a time, and eight would let the next one be
+  /// read while one steps. Fewer than one sub-group takes is refused.
   int optimizer_buffer_count = 4;
   // Parameter shards on NVMe (OffloadParameters<Nvme>, DeepSpeed's offload_param): at most
   // params_buffer_count units' shards in memory at once, each at most params_buffer_size
@@ -145,6 +150,29 @@ inline std::vector<std::int64_t> sub_group_sizes(std::int64_t numel, std::int64_
   for (std::int64_t at = 0; at < numel; at += group_size) sizes.push_back(std::min(group_size, numel - at));
   if (sizes.empty()) sizes.push_back(0);
   return sizes;
+}
+
+/// The buffers of optimizer_buffer_count a sub-group of optimizer state offloaded to NVMe takes:
+/// its states per parameter as DeepSpeed counts them, the optimizer's own (`optimizer_states`:
+/// Adam's two moments, SGD's momentum) with the fp32 parameter and its gradient.
+constexpr int nvme_buffers_per_sub_group(int optimizer_states) { return optimizer_states + 2; }
+
+namespace detail {
+[[noreturn]] inline void refuse_optimizer_buffer_count(int buffer_count, int optimizer_states) {
+  throw_error("StrategyConfig::optimizer_buffer_count is ", buffer_count, ", fewer than the ",
+              nvme_buffers_per_sub_group(optimizer_states), " buffers one sub-group of this optimizer's state takes ",
+              "(its states per parameter as DeepSpeed counts them: ", optimizer_states,
+              " of the optimizer's own, the fp32 parameter and its gradient; Adam's are 4)");
+}
+}  // namespace detail
+
+/// How many sub-groups' optimizer state (and their separate fp32 masters) an offload to NVMe
+/// may hold in memory at once: the optimizer_buffer_count buffers, nvme_buffers_per_sub_group
+/// each. Refuses fewer buffers than one sub-group takes.
+constexpr int nvme_sub_groups_in_memory(int buffer_count, int optimizer_states) {
+  if (buffer_count < nvme_buffers_per_sub_group(optimizer_states))
+    detail::refuse_optimizer_buffer_count(buffer_count, optimizer_states);
+  return buffer_count / nvme_buffers_per_sub_group(optimizer_states);
 }
 
 namespace detail {

@@ -78,8 +78,8 @@ class StepMemoryWalk {
 ///             (overlap_comm; else at once), freeing its whole gradients and the copies it read
 ///   step      each unit's updated shard is all-gathered from a copy (whole-parameter policies
 ///             that shard the optimizer); under OffloadOptimizer<Nvme> the state and separate
-///             masters come back from the file sub-group by sub-group (sub_group_size),
-///             optimizer_buffer_count consecutive ones at most
+///             masters come back from the file sub-group by sub-group (sub_group_size), as
+///             many consecutive ones at most as optimizer_buffer_count has buffers for
 /// Buffer by buffer (c, r: sizes of the compute and reduce dtypes; p, s: a unit's padded
 /// elements and its shard):
 ///   parameters      a gathered unit c p; on the host under a 16-bit compute type the gathered
@@ -92,9 +92,9 @@ class StepMemoryWalk {
 ///                   a unit that is one bucket from a copy 4 p into a buffer r s (a unit of
 ///                   several buckets, in place: nothing); the all-gather after the step reads a
 ///                   copy c s of the rank's shard
-///   optimizer state under NVMe offload, at most optimizer_buffer_count consecutive sub-groups'
-///                   state and separate masters (an upper bound, reached when the writes lag;
-///                   exact for one buffer)
+///   optimizer state under NVMe offload, at most nvme_sub_groups_in_memory consecutive
+///                   sub-groups' state and separate masters (an upper bound, reached when the
+///                   writes lag; exact for one sub-group)
 /// `buckets` are the units' gradient bucket counts (Engine::gradient_buckets(i).size()); empty:
 /// one bucket a unit. One micro-batch per step: a backward after another one of the same step,
 /// or under no_sync, carries gradients aside (not predicted). HybridShard is not predicted.
@@ -248,15 +248,18 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
       walk.sub(Walk::communication, c * p(i) / n);
     }
   if constexpr (S::offload::to_nvme) {
-    // The state comes back sub-group by sub-group (sub_group_size), optimizer_buffer_count at
-    // most, with the group's masters unless they are the shards (the host steps where they live).
+    // The state comes back sub-group by sub-group (sub_group_size), as many at most as
+    // optimizer_buffer_count has buffers for, with the group's masters unless they are the
+    // shards (the host steps where they live).
     std::vector<double> groups;
     for (std::size_t i = 0; i <= last; ++i)
       for (const std::int64_t g : sub_group_sizes(static_cast<std::int64_t>(p(i) / n), config.sub_group_size))
         groups.push_back(static_cast<double>(g));
     const double masters = std::is_same_v<MT, CT> ? 0.0 : 1.0;
     walk.add(Walk::optimizer_state, sizeof(MT) * (static_cast<double>(states_per_param) + masters) *
-                                        detail::largest_window_sum(groups, config.optimizer_buffer_count));
+                                        detail::largest_window_sum(
+                                            groups, nvme_sub_groups_in_memory(config.optimizer_buffer_count,
+                                                                              states_per_param)));
   }
   if constexpr (shards_in_file) {
     // The step reads each unit's shard in (and the next one's ahead), params_buffer_count of

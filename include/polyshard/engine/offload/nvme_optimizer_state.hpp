@@ -103,9 +103,11 @@ std::invoke_result_t<F&> with_entries_resident(std::initializer_list<SwapEntries
       abandon);
 }
 
-inline void check_optimizer_buffer_count(const StrategyConfig& config, const char* policy) {
-  POLYSHARD_CHECK(config.optimizer_buffer_count >= 1, policy, ": optimizer_buffer_count (sub-groups whose ",
-                  "optimizer state may be in memory at once) must be at least 1, got ", config.optimizer_buffer_count);
+/// How many sub-groups' state optimizer_buffer_count lets a step hold in memory at once.
+template <class Groups>
+int sub_groups_in_memory(const std::vector<Groups>& optimizers, const StrategyConfig& config) {
+  const std::size_t states = optimizers.empty() ? 0 : optimizers.front().state_names().size();
+  return nvme_sub_groups_in_memory(config.optimizer_buffer_count, static_cast<int>(states));
 }
 }  // namespace detail
 
@@ -115,9 +117,10 @@ inline void check_optimizer_buffer_count(const StrategyConfig& config, const cha
 /// weights, one after the other, each at an offset aligned for O_DIRECT (as DeepSpeed's
 /// offload_optimizer nvme keeps the fp32 partitions with the moments). A sub-group's state and
 /// masters are in memory only from the read before its step to the end of the write after it,
-/// and at most optimizer_buffer_count sub-groups' are in memory at once. Between steps none is:
-/// the optimizers' state() tensors and the separate masters then have no elements, and
-/// access_optimizer (or with_masters) brings one unit's back. The parameter shards stay in memory.
+/// and at most the sub-groups optimizer_buffer_count has buffers for (nvme_sub_groups_in_memory)
+/// are in memory at once. Between steps none is: the optimizers' state() tensors and the
+/// separate masters then have no elements, and access_optimizer (or with_masters) brings one
+/// unit's back. The parameter shards stay in memory.
 template <class Offload>
   requires(Offload::to_nvme && !Offload::offloads_parameters)
 class OffloadPlacement<Offload> : public ParametersInMemory {
@@ -130,8 +133,8 @@ class OffloadPlacement<Offload> : public ParametersInMemory {
   /// the option when nvme_path, block_size, queue_depth or optimizer_buffer_count is unusable.
   template <class State, class Groups>
   void place(std::vector<State>& units, std::vector<Groups>& optimizers, const StrategyConfig& config, int rank) {
-    detail::check_optimizer_buffer_count(config, "OffloadOptimizer<Nvme>");
-    state_ = NvmeSwap("optimizer state", detail::count_sub_groups(optimizers), config.optimizer_buffer_count);
+    state_ = NvmeSwap("optimizer state", detail::count_sub_groups(optimizers),
+                      detail::sub_groups_in_memory(optimizers, config));
     std::int64_t end = 0;
     std::vector<const void*> seen;
     // Masters that are the parameter shards stay: the gathers read them.

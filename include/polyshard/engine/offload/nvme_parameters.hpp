@@ -36,10 +36,11 @@ namespace polyshard {
 ///   optimizer state   with the separate master copy of the weights (mixed precision; in fp32 the
 ///                     masters are the shards themselves), as OffloadOptimizer<Nvme> keeps them:
 ///                     in memory from the read before a sub-group's step (sub_group_size) to the
-///                     end of the write after it, optimizer_buffer_count sub-groups at most.
+///                     end of the write after it, as many sub-groups as optimizer_buffer_count has
+///                     buffers for (nvme_sub_groups_in_memory) at most.
 /// So host memory holds, between steps, the shards max_in_cpu keeps and the file's staging
 /// buffers; during forward and backward, params_buffer_count shards more at most; during the
-/// step, as many shards and optimizer_buffer_count sub-groups' state and masters.
+/// step, as many shards and those sub-groups' state and masters.
 template <class Offload>
   requires(Offload::to_nvme && Offload::offloads_parameters)
 class OffloadPlacement<Offload> {
@@ -53,13 +54,13 @@ class OffloadPlacement<Offload> {
   /// optimizer_buffer_count, params_buffer_count, params_buffer_size or max_in_cpu is unusable.
   template <class State, class Groups>
   void place(std::vector<State>& units, std::vector<Groups>& optimizers, const StrategyConfig& config, int rank) {
-    detail::check_optimizer_buffer_count(config, "OffloadParameters<Nvme>");
     POLYSHARD_CHECK(config.params_buffer_count >= 1, "OffloadParameters<Nvme>: params_buffer_count (units whose ",
                     "parameter shards may be in memory at once) must be at least 1, got ", config.params_buffer_count);
     POLYSHARD_CHECK(config.max_in_cpu >= 0, "OffloadParameters<Nvme>: max_in_cpu (parameter elements kept in host ",
                     "memory) must not be negative, got ", config.max_in_cpu);
     params_ = NvmeSwap("parameter shard", units.size(), config.params_buffer_count);
-    state_ = NvmeSwap("optimizer state", detail::count_sub_groups(optimizers), config.optimizer_buffer_count);
+    state_ = NvmeSwap("optimizer state", detail::count_sub_groups(optimizers),
+                      detail::sub_groups_in_memory(optimizers, config));
     std::vector<std::int64_t> padded;
     for (const State& u : units) padded.push_back(u.layout->padded);
     const std::size_t in_memory = units.empty() ? 0 : nvme_units_in_memory(padded, units[0].world, config.max_in_cpu);
