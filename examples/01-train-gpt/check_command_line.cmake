@@ -227,6 +227,12 @@ expect(deepspeed-config-as-flags EXIT 0 ARGS ${tiny_model} --strategy zero_offlo
        --accum 2 --clip 0.5 --log-every 100 --optimizer adamw --lr 3e-3 --betas 0.8,0.95 --eps 1e-6
        --weight-decay 0.1 --initial-scale-power 12 --loss-scale-window 2 --checkpoint-activations
        --sub-group-size 1000 --metrics ${WORK_DIR}/deepspeed-flags.jsonl)
+# StrategyConfig's name for --accum, as DeepSpeed's key names it, on the command line and in --config.
+expect(gradient-accumulation-steps-flag EXIT 0 ARGS ${tiny_model} --batch 8 --gradient-accumulation-steps 2
+       SAYS "batch 8 in 2 micro-batch(es)")
+file(WRITE ${WORK_DIR}/accumulation.toml "gradient-accumulation-steps = 4\n")
+expect(gradient-accumulation-steps-config EXIT 0 ARGS ${tiny_model} --batch 8 --config ${WORK_DIR}/accumulation.toml
+       SAYS "batch 8 in 4 micro-batch(es)")
 set(runs "")
 foreach(run deepspeed-config deepspeed-flags)
   file(READ ${WORK_DIR}/${run}.jsonl text)

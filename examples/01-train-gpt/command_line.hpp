@@ -189,7 +189,10 @@ inline bool parse(int argc, char** argv, Options& o) {
       ->add_option("--wrap", o.wrap,
                    "FSDP's units: whole (the model), block (each block) or size:N (modules of N parameters)")
       ->type_name("NAME");
-  strategy->add_option("--accum", o.accum, "micro-batches per step (gradient accumulation)")->type_name("K")
+  strategy
+      ->add_option("--accum,--gradient-accumulation-steps", o.accum,
+                   "micro-batches per step, counted by the engine (StrategyConfig::gradient_accumulation_steps)")
+      ->type_name("K")
       ->transform(at_least(1));
   strategy->add_option("--hybrid-group", o.hybrid_group, "hybrid: ranks per sharding group (default: half the world)")
       ->type_name("N")
