@@ -140,7 +140,8 @@ TEST_CASE("gradient_accumulation_steps: a step's first micro-batches reduce noth
       engine.backward(engine.forward([&] { return model.loss(b.inputs, b.targets); }));
       const bool updated = engine.step(0.1);
       const double reduced = engine.bytes_sent(CollectiveKind::AllReduce) +
-                             engine.bytes_sent(CollectiveKind::ReduceScatter) + engine.bytes_sent(CollectiveKind::Reduce);
+                             engine.bytes_sent(CollectiveKind::ReduceScatter) +
+                             engine.bytes_sent(CollectiveKind::Reduce);
       double moved = 0;  // test::max_difference asserts, which a rank's thread must not
       const auto now = engine.full_parameters();
       for (std::size_t p = 0; p < now.size(); ++p)

@@ -97,8 +97,8 @@ RankRun both_ways(int world, typename Opt::config_type opt, double clip, int mic
                   How how = How::together) {
   std::vector<RankRun> apart(static_cast<std::size_t>(world)), together(static_cast<std::size_t>(world));
   run_ranks(world, [&](ThreadCommunicator& comm) {
-    apart[static_cast<std::size_t>(comm.rank())] = train<S, Opt>(comm, how == How::counted ? How::quiet : How::apart, opt,
-                                                                   clip, micro, config);
+    const How reference = how == How::counted ? How::quiet : How::apart;
+    apart[static_cast<std::size_t>(comm.rank())] = train<S, Opt>(comm, reference, opt, clip, micro, config);
   });
   run_ranks(world, [&](ThreadCommunicator& comm) {
     together[static_cast<std::size_t>(comm.rank())] = train<S, Opt>(comm, how, opt, clip, micro, config);
