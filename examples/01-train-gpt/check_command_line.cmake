@@ -299,7 +299,7 @@ macro(deepspeed_refusal name json)
          SAYS ${ARGN})
 endmacro()
 # What cannot be honoured is refused, naming the file and the key.
-set(refused "polyshard-train cannot honour")
+set(refused "polyshard cannot honour")
 set(contiguous "zero_optimization.contiguous_gradients: ${refused}")
 set(beyond_int "must be at most 2147483647")  # an int field's largest value
 set(buffer_count "zero_optimization.offload_optimizer.buffer_count: ${beyond_int}")
@@ -311,7 +311,8 @@ foreach(case
     "nvme-parameters|{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"nvme\"}}}|without offload_optimizer nvme"
     "param-offload-below-stage-3|{\"zero_optimization\": {\"stage\": 2, \"offload_param\": {\"device\": \"cpu\"}}}|needs stage 3"
     "fp16-and-bf16|{\"fp16\": {\"enabled\": true}, \"bf16\": {\"enabled\": true}}|both are true"
-    "scheduler|{\"scheduler\": {\"type\": \"WarmupLR\"}}|scheduler: polyshard-train cannot honour"
+    "scheduler|{\"scheduler\": {\"type\": \"WarmupLR\"}}|scheduler: ${refused}"
+    "consecutive-hysteresis|{\"fp16\": {\"enabled\": true, \"consecutive_hysteresis\": true}}|fp16.consecutive_hysteresis: polyshard-train cannot honour"
     "optimizer-type|{\"optimizer\": {\"type\": \"Lamb\"}}|optimizer.type: 'Lamb' is not one of"
     "partitioned-activations|{\"activation_checkpointing\": {\"partition_activations\": true}}|partition_activations"
     "scattered-gradients|{\"zero_optimization\": {\"stage\": 2, \"contiguous_gradients\": false}}|${contiguous}"
