@@ -332,6 +332,13 @@ endforeach()
 foreach(key synchronize_checkpoint_boundary cpu_checkpointing contiguous_memory_optimization)
   deepspeed_refusal(${key} "{\"activation_checkpointing\": {\"${key}\": true}}" "StrategyConfig::${key} = true")
 endforeach()
+# --parallel-devices (Lightning's parallel_devices): one GPU of its own per rank, for --device cuda.
+expect(parallel-devices-need-cuda EXIT 2 ARGS ${one_step} --world-size 2 --parallel-devices 0,1
+       SAYS "--parallel-devices lists GPUs, for --device cuda only")
+expect(parallel-devices-once-each EXIT 2 ARGS ${one_step} --device cuda --world-size 2 --parallel-devices 1,1
+       SAYS "--parallel-devices names GPU 1 twice")
+expect(parallel-devices-one-per-rank EXIT 2 ARGS ${one_step} --device cuda --world-size 3 --parallel-devices 0,1
+       SAYS "--parallel-devices lists 2 GPU(s) for --world-size 3")
 # StrategyConfig's flags reach the engine, which refuses a field its strategy does not read.
 expect(strategy-setting-reaches-the-engine EXIT 2 ARGS ${one_step} --allgather-bucket-size 10
        SAYS "StrategyConfig::allgather_bucket_size = 10")

@@ -82,6 +82,19 @@ inline void check_combinations(const Options& o) {
                   "polyshard-train: --backend must be threads or mpi, got '", o.backend, "'");
   POLYSHARD_CHECK(o.device == "cpu" || o.device == "cuda",
                   "polyshard-train: --device must be cpu or cuda, got '", o.device, "'");
+  if (!o.parallel_devices.empty()) {
+    POLYSHARD_CHECK(o.device == "cuda", "polyshard-train: --parallel-devices lists GPUs, for --device cuda only");
+    for (std::size_t i = 0; i < o.parallel_devices.size(); ++i) {
+      POLYSHARD_CHECK(o.parallel_devices[i] >= 0, "polyshard-train: --parallel-devices: GPU ", o.parallel_devices[i],
+                      " is not a device index");
+      for (std::size_t j = 0; j < i; ++j)
+        POLYSHARD_CHECK(o.parallel_devices[j] != o.parallel_devices[i], "polyshard-train: --parallel-devices ",
+                        "names GPU ", o.parallel_devices[i], " twice; each rank needs a GPU of its own");
+    }
+    POLYSHARD_CHECK(o.backend == "mpi" || std::ssize(o.parallel_devices) == o.world_size, "polyshard-train: ",
+                    "--parallel-devices lists ", o.parallel_devices.size(), " GPU(s) for --world-size ", o.world_size,
+                    "; give one per rank");
+  }
   POLYSHARD_CHECK(o.precision == "fp32" || o.precision == "fp16-mixed" || o.precision == "bf16-mixed",
                   "polyshard-train: --precision must be fp32, fp16-mixed or bf16-mixed, got '", o.precision, "'");
   POLYSHARD_CHECK(o.wrap == "whole" || o.wrap == "block" || o.wrap.rfind("size:", 0) == 0,
@@ -179,6 +192,12 @@ inline bool parse(int argc, char** argv, Options& o) {
   strategy->add_option("--backend", o.backend, "threads, or mpi (under mpirun)")->type_name("NAME");
   strategy->add_option("--device", o.device, "cpu, or cuda (one GPU per rank, collectives over NCCL)")
       ->type_name("NAME");
+  strategy
+      ->add_option("--parallel-devices", o.parallel_devices,
+                   "--device cuda: the GPU of each rank (under mpirun, of each rank of a machine), as 0,2,3; "
+                   "default: rank r on GPU r")
+      ->delimiter(',')
+      ->type_name("GPU,...");
   strategy
       ->add_option("--precision", o.precision,
                    "fp32, fp16-mixed or bf16-mixed; fp16-mixed scales the loss as the strategy's reference: "

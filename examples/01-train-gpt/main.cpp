@@ -26,9 +26,9 @@ using namespace polyshard;
 
 namespace {
 
-/// The GPU of a rank under mpirun: its rank among the processes of its machine, where the
-/// launcher says (Open MPI), else its rank in the world.
-[[maybe_unused]] int local_device(int world_rank) {
+/// A rank's rank among the processes of its machine under mpirun, where the launcher says (Open
+/// MPI), else its rank in the world.
+[[maybe_unused]] int local_rank(int world_rank) {
   const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
   return local ? std::atoi(local) : world_rank;
 }
@@ -87,7 +87,7 @@ int run(int argc, char** argv) {
     try {
       if (on_gpus) {
 #ifdef POLYSHARD_WITH_CUDA
-        train::train_on_cuda(o, data, comm.rank(), comm.size(), local_device(comm.rank()),
+        train::train_on_cuda(o, data, comm.rank(), comm.size(), train::rank_device(o, local_rank(comm.rank())),
                              [&](std::span<float> id) { comm.broadcast(id, 0); }, o.trace.empty() ? nullptr : &trace);
 #endif
       } else {
@@ -115,8 +115,9 @@ int run(int argc, char** argv) {
   for (int r = 0; r < world; ++r) traces.emplace_back(r);
   if (on_gpus) {
 #ifdef POLYSHARD_WITH_CUDA
-    run_ranks(world, [&](ThreadCommunicator& boot) {  // rank r on GPU r
-      train::train_on_cuda(o, data, boot.rank(), world, boot.rank(), [&](std::span<float> id) { boot.broadcast(id, 0); },
+    run_ranks(world, [&](ThreadCommunicator& boot) {
+      train::train_on_cuda(o, data, boot.rank(), world, train::rank_device(o, boot.rank()),
+                           [&](std::span<float> id) { boot.broadcast(id, 0); },
                            o.trace.empty() ? nullptr : &traces[static_cast<std::size_t>(boot.rank())]);
     });
 #endif

@@ -9,6 +9,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "polyshard/core/error.hpp"
 #include "polyshard/policy/config.hpp"
@@ -38,6 +39,7 @@ struct Options {
   std::int64_t world_size = 1;      // ranks as threads (ignored under mpirun: the MPI world)
   std::string backend = "threads";  // threads | mpi
   std::string device = "cpu";       // cpu | cuda (one GPU per rank, NCCL)
+  std::vector<int> parallel_devices;  // each rank's GPU (by local rank under mpirun); empty: rank r on GPU r
   std::string precision = "fp32";   // fp32 | fp16-mixed | bf16-mixed
   std::string wrap = "block";       // whole | block | size:N
   std::int64_t accum = 1;           // micro-batches per step (gradient accumulation with no_sync)
@@ -119,6 +121,16 @@ inline void resolve_micro_batch(Options& o, int world) {
                   " x gradient accumulation ", o.accum, " x ", world, " rank(s) is ", batch, ", not the batch ",
                   o.batch, " given (train_batch_size or --batch)");
   o.batch = batch;
+}
+
+/// The GPU of the rank that is `local_rank` on its machine (its rank, with ranks as threads):
+/// its entry of --parallel-devices (Lightning's parallel_devices), else GPU `local_rank`.
+inline int rank_device(const Options& o, int local_rank) {
+  if (o.parallel_devices.empty()) return local_rank;
+  POLYSHARD_CHECK(static_cast<std::size_t>(local_rank) < o.parallel_devices.size(), "polyshard-train: ",
+                  "--parallel-devices lists ", o.parallel_devices.size(), " GPU(s), none for the rank ", local_rank,
+                  " of this machine");
+  return o.parallel_devices[static_cast<std::size_t>(local_rank)];
 }
 
 /// The model's positions (its block size): --init-hf's n_positions, else --seq.
