@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <mutex>
 #include <optional>
 
 #include "../engine/engine_fixture.hpp"
@@ -48,6 +49,7 @@ struct RunSpec {
   bool state_dict = false;  // take full_state_dict at the end
   const std::vector<FullParameter<float, Cpu>>* init_dict = nullptr;  // loaded at the start, in memory
   GptConfig model = tiny_gpt();
+  CheckpointIO* io = nullptr;  // the store that loads and saves go through; null: the default
 };
 
 template <class Opt>
@@ -69,7 +71,8 @@ CheckpointRun run(const RunSpec& spec, StrategyConfig config = {}) {
       Gpt<float> model(spec.model);
       const auto opt = optimizer_config<Opt>();
       Engine<S, Gpt<float>, ThreadCommunicator, Opt> engine(model, comm, opt, config, 42);
-      if (spec.load) out.resumed_step = load_checkpoint(engine, *spec.load).step;
+      CheckpointIO& io = spec.io ? *spec.io : default_checkpoint_io();
+      if (spec.load) out.resumed_step = load_checkpoint(engine, *spec.load, io).step;
       if (spec.init) load_full_weights(engine, *spec.init, tied_parameters<Gpt<float>>::of(model));
       if (spec.init_hf) load_hf_gpt2_pretrained(engine, *spec.init_hf);
       if (spec.init_dict) load_full_state_dict(engine, *spec.init_dict);
@@ -86,7 +89,8 @@ CheckpointRun run(const RunSpec& spec, StrategyConfig config = {}) {
         engine.step(opt.lr);
       }
       if (spec.save)
-        save_checkpoint(engine, *spec.save, {.step = spec.first_step + spec.steps, .seed = 7, .extra = {{"run", "test"}}});
+        save_checkpoint(engine, *spec.save,
+                        {.step = spec.first_step + spec.steps, .seed = 7, .extra = {{"run", "test"}}}, io);
       if (spec.export_to) save_full_weights(engine, *spec.export_to, tied_parameters<Gpt<float>>::of(model));
       if (spec.export_hf) save_hf_gpt2_pretrained(engine, spec.model, *spec.export_hf);
       if (spec.state_dict) {
@@ -154,6 +158,64 @@ std::map<std::string, std::vector<float>> contents(const fs::path& dir) {
 }
 
 using Zero3Blocks = Strategy<ShardParameters<true>, WrapByType<Block>>;
+
+/// A store of the test's own, as a user's would be (a remote one, say): a save is staged in a
+/// scratch directory away from the checkpoint and copied into place on commit, a load copies the
+/// stored checkpoint into a cache first. Every call is recorded; the ranks' loads call it at once.
+class StagingIO final : public CheckpointIO {
+ public:
+  explicit StagingIO(fs::path scratch) : scratch_(std::move(scratch)) { fs::create_directories(scratch_); }
+
+  fs::path begin_save(const fs::path& dir) override {
+    const fs::path staging = scratch_ / ("staging-" + std::to_string(count("begin")));
+    record("begin " + dir.filename().string());
+    fs::create_directory(staging);
+    return staging;
+  }
+  void commit_save(const fs::path& staging, const fs::path& dir) override {
+    record("commit");
+    if (fail_commit) throw Error("the store refused the checkpoint");
+    write_directory_atomically(dir, [&](const fs::path& tmp) {
+      for (const auto& file : fs::directory_iterator(staging)) fs::copy_file(file.path(), tmp / file.path().filename());
+    });
+    fs::remove_all(staging);
+  }
+  void abort_save(const fs::path& staging) override {
+    record("abort");
+    fs::remove_all(staging);
+  }
+  fs::path open_for_load(const fs::path& dir) override {
+    const fs::path cache = scratch_ / ("cache-" + std::to_string(count("open")));
+    record("open");
+    fs::copy(dir, cache, fs::copy_options::recursive);
+    return cache;
+  }
+  void remove_checkpoint(const fs::path& dir) override {
+    record("remove");
+    fs::remove_all(dir);
+  }
+
+  std::vector<std::string> calls() const {
+    std::lock_guard lock(mutex_);
+    return calls_;
+  }
+  std::size_t count(const std::string& prefix) const {
+    std::lock_guard lock(mutex_);
+    return static_cast<std::size_t>(std::count_if(calls_.begin(), calls_.end(), [&](const std::string& c) {
+      return c.rfind(prefix, 0) == 0;
+    }));
+  }
+  bool fail_commit = false;
+
+ private:
+  void record(std::string call) {
+    std::lock_guard lock(mutex_);
+    calls_.push_back(std::move(call));
+  }
+  fs::path scratch_;
+  mutable std::mutex mutex_;
+  std::vector<std::string> calls_;
+};
 
 }  // namespace
 
@@ -416,6 +478,45 @@ TEST_CASE("saving over a checkpoint replaces it whole, a consolidated file holds
     const Tensor<float> t = full.read<float>(name);
     CHECK(t.to_vector() == values);
   }
+}
+
+TEST_CASE("a CheckpointIO of one's own stores the checkpoint that saves write and loads read", "[io][checkpoint]") {
+  TempDir dir;
+  StagingIO io(dir / "scratch");
+  const fs::path plain = dir / "plain", stored = dir / "stored";
+  REQUIRE(succeeded(run<ZeRO<2>>({.world = 2, .steps = 2, .save = plain})));
+  REQUIRE(succeeded(run<ZeRO<2>>({.world = 2, .steps = 2, .save = stored, .io = &io})));
+  // Rank 0 began and committed the one save; every rank wrote into the store's staging directory,
+  // whose files the commit moved into place: the checkpoint the default writes, element for element.
+  CHECK(io.calls() == std::vector<std::string>{"begin stored", "commit"});
+  CHECK(contents(stored) == contents(plain));
+  CHECK_FALSE(fs::exists(dir / "scratch" / "staging-0"));
+
+  // Each rank loads through its store's cache, and training resumes exactly as from the default's.
+  const CheckpointRun from_store = run<ZeRO<2>>({.world = 2, .first_step = 2, .steps = 1, .load = stored, .io = &io});
+  const CheckpointRun from_plain = run<ZeRO<2>>({.world = 2, .first_step = 2, .steps = 1, .load = plain});
+  REQUIRE(succeeded(from_store));
+  REQUIRE(succeeded(from_plain));
+  CHECK(io.count("open") == 2);
+  CHECK(bit_identical(from_store.parameters, from_plain.parameters));
+
+  // A store that refuses the commit fails the save on every rank; the stored checkpoint stays.
+  io.fail_commit = true;
+  const CheckpointRun refused = run<ZeRO<2>>({.world = 2, .steps = 3, .save = stored, .io = &io});
+  for (const std::string& e : refused.errors) CHECK_THAT(e, Catch::Contains("save_checkpoint"));
+  CHECK_THAT(refused.errors[0], Catch::Contains("CheckpointIO::commit_save of") &&
+                                    Catch::Contains("the store refused the checkpoint"));
+  CHECK(read_checkpoint_metadata(stored).optimizer_step == 2);
+  CHECK(contents(stored) == contents(plain));
+
+  // remove_checkpoint goes through the store too; the default refuses what is not a checkpoint.
+  remove_checkpoint(stored, io);
+  CHECK(io.count("remove") == 1);
+  CHECK_FALSE(fs::exists(stored));
+  CHECK_THROWS_WITH(remove_checkpoint(dir / "scratch"), Catch::Contains("is not a checkpoint (no metadata.json)"));
+  CHECK(fs::exists(dir / "scratch"));
+  remove_checkpoint(plain);
+  CHECK_FALSE(fs::exists(plain));
 }
 
 TEST_CASE("full weights leave a sharded engine as one PyTorch state dict and load into any other", "[io][checkpoint]") {

@@ -3,6 +3,7 @@
 
 #include "polyshard/io/atomic_directory.hpp"
 #include "polyshard/io/atomic_file.hpp"
+#include "polyshard/io/checkpoint_io.hpp"
 #include "polyshard/io/checkpoint_metadata.hpp"
 #include "polyshard/io/deepspeed_config.hpp"
 #include "polyshard/io/full_weights.hpp"

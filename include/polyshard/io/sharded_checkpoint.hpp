@@ -18,6 +18,7 @@
 #include "polyshard/comm/communicator.hpp"
 #include "polyshard/comm/host_values.hpp"
 #include "polyshard/io/atomic_directory.hpp"
+#include "polyshard/io/checkpoint_io.hpp"
 #include "polyshard/io/checkpoint_metadata.hpp"
 #include "polyshard/io/safetensors_reader.hpp"
 #include "polyshard/io/safetensors_writer.hpp"
@@ -76,6 +77,17 @@ std::string attempt(F&& part) {
     return {};
   } catch (const std::exception& e) {
     return e.what();
+  }
+}
+
+/// Runs `call` of a CheckpointIO, its error prefixed with what it was for (`what`) and the
+/// checkpoint: a store of one's own says only what failed in it.
+template <class F>
+auto through_io(const char* what, const std::filesystem::path& dir, F&& call) {
+  try {
+    return call();
+  } catch (const std::exception& e) {
+    throw_error(what, " '", dir.string(), "': ", e.what());
   }
 }
 
@@ -423,8 +435,10 @@ void read_unit_state(CheckpointLoadPlan& plan, std::size_t u, Opt& opt, std::spa
 /// collective: every rank of the engine's communicator calls it. Files must be visible to all
 /// ranks at `dir` (one machine, or a shared file system). Refused between the micro-batches of
 /// one step (StrategyConfig::gradient_accumulation_steps): a checkpoint holds no gradients.
+/// `io` stores the files (Lightning's checkpoint_io): rank 0's begins, commits or aborts the save.
 template <class E>
-void save_checkpoint(E& engine, const std::filesystem::path& dir, const TrainingState& training = {}) {
+void save_checkpoint(E& engine, const std::filesystem::path& dir, const TrainingState& training = {},
+                     CheckpointIO& io = default_checkpoint_io()) {
   // Every rank counts the same micro-batches, so every rank refuses alike, before any collective.
   POLYSHARD_CHECK(engine.accumulated_micro_batches() == 0, "save_checkpoint: '", dir.string(), "' would lose the ",
                   "gradients of the ", engine.accumulated_micro_batches(), " micro-batch(es) this step has ",
@@ -433,7 +447,8 @@ void save_checkpoint(E& engine, const std::filesystem::path& dir, const Training
   auto& comm = engine.communicator();
   std::filesystem::path tmp;
   std::string error = detail::attempt([&] {
-    if (comm.rank() == 0) tmp = begin_directory_write(dir);
+    if (comm.rank() == 0)
+      tmp = detail::through_io("save_checkpoint: CheckpointIO::begin_save of", dir, [&] { return io.begin_save(dir); });
   });
   detail::agree_or_throw<typename E::device>(comm, error, "save_checkpoint", dir);
   tmp = detail::broadcast_string<typename E::device>(comm, tmp.string(), 0);
@@ -444,7 +459,12 @@ void save_checkpoint(E& engine, const std::filesystem::path& dir, const Training
     detail::probe_save("rank file written");
   });
   if (!detail::all_ranks_succeeded<typename E::device>(comm, error.empty())) {
-    if (comm.rank() == 0) abort_directory_write(tmp);
+    if (comm.rank() == 0) {
+      const std::string aborted = detail::attempt([&] {
+        detail::through_io("save_checkpoint: CheckpointIO::abort_save of", dir, [&] { io.abort_save(tmp); });
+      });
+      if (error.empty() && !aborted.empty()) error = aborted;
+    }
     if (!error.empty()) throw Error(error);
     detail::throw_error("save_checkpoint: another rank failed to write its file of '", dir.string(),
                         "' (its error says why); the previous checkpoint is intact");
@@ -456,7 +476,7 @@ void save_checkpoint(E& engine, const std::filesystem::path& dir, const Training
       const std::string json = checkpoint_metadata_json(detail::describe_checkpoint(engine, training));
       write_file_atomically(tmp / "metadata.json", [&](FileSink& sink) { sink.write(std::as_bytes(std::span(json))); });
       detail::probe_save("metadata written");
-      commit_directory_write(tmp, dir);
+      detail::through_io("save_checkpoint: CheckpointIO::commit_save of", dir, [&] { io.commit_save(tmp, dir); });
     });
   detail::agree_or_throw<typename E::device>(comm, error, "save_checkpoint", dir);
 }
@@ -467,14 +487,19 @@ void save_checkpoint(E& engine, const std::filesystem::path& dir, const Training
 /// the loss-scaler state are restored and gradients cleared. Returns the saved TrainingState.
 /// The model must have the same parameters and shapes, and the optimizer the same state names.
 /// Everything is checked (metadata, every file header, every tensor's shape) before any state
-/// is written; an error on one rank is an error on all. A collective.
+/// is written; an error on one rank is an error on all. A collective. Each rank's `io` says where
+/// the files of `dir` are (Lightning's checkpoint_io).
 template <class E>
-TrainingState load_checkpoint(E& engine, const std::filesystem::path& dir) {
+TrainingState load_checkpoint(E& engine, const std::filesystem::path& checkpoint,
+                              CheckpointIO& io = default_checkpoint_io()) {
   auto& comm = engine.communicator();
   CheckpointMetadata m;
   detail::CheckpointLoadPlan plan;
   std::optional<SafetensorsFile> buffers;
+  std::filesystem::path dir = checkpoint;
   std::string error = detail::attempt([&] {
+    dir = detail::through_io("load_checkpoint: CheckpointIO::open_for_load of", checkpoint,
+                             [&] { return io.open_for_load(checkpoint); });
     m = read_checkpoint_metadata(dir);
     buffers = detail::check_checkpoint_buffers(engine.model(), dir);
     detail::check_checkpoint_fits(engine.units(), detail::optimizer_state_names(engine), m, dir);
@@ -485,7 +510,7 @@ TrainingState load_checkpoint(E& engine, const std::filesystem::path& dir) {
     }
     plan = detail::plan_checkpoint_load(engine.units(), offsets, sizes, m, dir);
   });
-  detail::agree_or_throw<typename E::device>(comm, error, "load_checkpoint", dir);
+  detail::agree_or_throw<typename E::device>(comm, error, "load_checkpoint", checkpoint);
 
   error = detail::attempt([&] {
     for (std::size_t u = 0; u < engine.units().units.size(); ++u)
@@ -493,7 +518,7 @@ TrainingState load_checkpoint(E& engine, const std::filesystem::path& dir) {
           u, true, [&](auto& opt, auto params) { detail::read_unit_state(plan, u, opt, params, m.optimizer_step); });
     if (buffers) detail::read_persistent_buffers(engine.model(), *buffers);
   });
-  detail::agree_or_throw<typename E::device>(comm, error, "load_checkpoint", dir);
+  detail::agree_or_throw<typename E::device>(comm, error, "load_checkpoint", checkpoint);
 
   auto& scaler = engine.loss_scaler();
   if (scaler.scaled() && m.loss_scaled)
