@@ -247,6 +247,10 @@ TEST_CASE("check_deepspeed_config accepts the strategy a config describes and na
   // fp16 is DeepSpeed's scaler: PyTorch's GradScaler (Fp16Amp) is a different run.
   CHECK_THAT(mismatch<ZeRO<2>::with<Fp16Amp>>(R"({"zero_optimization": {"stage": 2}, "fp16": {"enabled": true}})"),
              Contains("fp16.enabled: true") && Contains("DeepSpeed's loss scaler (Fp16Amp)"));
+  // fp16 off with bf16 left to the caller: whatever the scaler, a strategy computing in fp16 differs.
+  CHECK_THAT(mismatch<ZeRO<2>::with<Fp16Amp>>(R"({"zero_optimization": {"stage": 2}, "fp16": {"enabled": false},
+      "bf16": {"enabled": "auto"}})"),
+             Contains("fp16.enabled: false") && Contains("computes in fp16 (Fp16Amp)"));
   CHECK_THAT(mismatch<ZeRO<2>::with<Bf16Mixed>>(R"({"zero_optimization": {"stage": 2}})"),
              Contains("both false (DeepSpeed's fp32)") && Contains("Bf16Mixed"));
   CHECK_THAT(mismatch<ZeRO<2>>(R"({"zero_optimization": {"stage": 2}, "bf16": {"enabled": true}})"),

@@ -521,11 +521,10 @@ void check_deepspeed_config(const DeepSpeedConfig& c) {
       if constexpr (requires { Scale::hysteresis_and_floor; }) return Scale::hysteresis_and_floor;
       else return Scale::scaled && !Scale::dynamic;
     }();
-    constexpr bool deepspeed_fp16 = std::is_same_v<Compute, half> && deepspeed_scale;
-    if (*c.fp16 != deepspeed_fp16)
-      refuse("fp16.enabled", *c.fp16 ? "true" : "false",
-             *c.fp16 ? "does not compute in fp16 with DeepSpeed's loss scaler (" + precision + ")"
-                     : "computes in fp16 (" + precision + ")");
+    constexpr bool in_fp16 = std::is_same_v<Compute, half>;
+    if (*c.fp16 && !(in_fp16 && deepspeed_scale))
+      refuse("fp16.enabled", "true", "does not compute in fp16 with DeepSpeed's loss scaler (" + precision + ")");
+    if (!*c.fp16 && in_fp16) refuse("fp16.enabled", "false", "computes in fp16 (" + precision + ")");
   }
   if (c.bf16 && *c.bf16 != std::is_same_v<Compute, bfloat16>)
     refuse("bf16.enabled", *c.bf16 ? "true" : "false",
