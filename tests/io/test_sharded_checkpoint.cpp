@@ -167,8 +167,7 @@ class StagingIO final : public CheckpointIO {
   explicit StagingIO(fs::path scratch) : scratch_(std::move(scratch)) { fs::create_directories(scratch_); }
 
   fs::path begin_save(const fs::path& dir) override {
-    const fs::path staging = scratch_ / ("staging-" + std::to_string(count("begin")));
-    record("begin " + dir.filename().string());
+    const fs::path staging = scratch_ / ("staging-" + std::to_string(record("begin " + dir.filename().string())));
     fs::create_directory(staging);
     return staging;
   }
@@ -185,8 +184,8 @@ class StagingIO final : public CheckpointIO {
     fs::remove_all(staging);
   }
   fs::path open_for_load(const fs::path& dir) override {
-    const fs::path cache = scratch_ / ("cache-" + std::to_string(count("open")));
-    record("open");
+    // Ranks open at once: each takes a cache of its own, numbered by its call.
+    const fs::path cache = scratch_ / ("cache-" + std::to_string(record("open")));
     fs::copy(dir, cache, fs::copy_options::recursive);
     return cache;
   }
@@ -208,9 +207,11 @@ class StagingIO final : public CheckpointIO {
   bool fail_commit = false;
 
  private:
-  void record(std::string call) {
+  /// Records `call`; returns its index among every call, unique to it even when ranks call at once.
+  std::size_t record(std::string call) {
     std::lock_guard lock(mutex_);
     calls_.push_back(std::move(call));
+    return calls_.size() - 1;
   }
   fs::path scratch_;
   mutable std::mutex mutex_;
@@ -490,7 +491,8 @@ TEST_CASE("a CheckpointIO of one's own stores the checkpoint that saves write an
   // whose files the commit moved into place: the checkpoint the default writes, element for element.
   CHECK(io.calls() == std::vector<std::string>{"begin stored", "commit"});
   CHECK(contents(stored) == contents(plain));
-  CHECK_FALSE(fs::exists(dir / "scratch" / "staging-0"));
+  for (const auto& entry : fs::directory_iterator(dir / "scratch"))  // the commit took the staging away
+    CHECK_FALSE(entry.path().filename().string().starts_with("staging-"));
 
   // Each rank loads through its store's cache, and training resumes exactly as from the default's.
   const CheckpointRun from_store = run<ZeRO<2>>({.world = 2, .first_step = 2, .steps = 1, .load = stored, .io = &io});
