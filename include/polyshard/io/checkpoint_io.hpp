@@ -11,6 +11,7 @@
 #include "polyshard/core/error.hpp"
 #include "polyshard/io/atomic_directory.hpp"
 #include "polyshard/io/atomic_file.hpp"
+#include "polyshard/io/checkpoint_metadata.hpp"
 
 namespace polyshard {
 
@@ -49,14 +50,13 @@ class AtomicDirectoryIO final : public CheckpointIO {
   void abort_save(const std::filesystem::path& staging) override { abort_directory_write(staging); }
   std::filesystem::path open_for_load(const std::filesystem::path& dir) override { return dir; }
   void remove_checkpoint(const std::filesystem::path& dir) override {
-    namespace fs = std::filesystem;
     // A checkpoint has its metadata: anything else is not this function's to delete.
-    POLYSHARD_CHECK(fs::is_regular_file(dir / "metadata.json"), "remove_checkpoint: '", dir.string(),
-                    "' is not a checkpoint (no metadata.json); nothing was removed");
+    POLYSHARD_CHECK(std::filesystem::is_regular_file(dir / checkpoint_metadata_file), "remove_checkpoint: '",
+                    dir.string(), "' is not a checkpoint (no ", checkpoint_metadata_file, "); nothing was removed");
     std::error_code ec;
-    fs::remove_all(dir, ec);
+    detail::remove_path(dir, ec);  // recorded, as every operation of the file layer
     POLYSHARD_CHECK(!ec, "remove_checkpoint: cannot remove '", dir.string(), "': ", ec.message());
-    fsync_directory(dir.has_parent_path() ? dir.parent_path() : fs::path("."));
+    fsync_directory(detail::parent_of(dir));
   }
 };
 

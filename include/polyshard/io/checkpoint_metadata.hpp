@@ -303,9 +303,12 @@ inline CheckpointMetadata parse_checkpoint_metadata(std::string_view text, const
   return m;
 }
 
+/// The file of a sharded checkpoint directory that describes it: every checkpoint has one.
+inline constexpr const char* checkpoint_metadata_file = "metadata.json";
+
 /// Reads and parses `dir`/metadata.json (at most 64 MiB).
 inline CheckpointMetadata read_checkpoint_metadata(const std::filesystem::path& dir) {
-  const std::filesystem::path path = dir / "metadata.json";
+  const std::filesystem::path path = dir / checkpoint_metadata_file;
   std::ifstream in(path, std::ios::binary);
   POLYSHARD_CHECK(in.good(), "load_checkpoint: '", dir.string(), "' is not a sharded checkpoint: cannot open ",
                   path.string());

@@ -474,7 +474,7 @@ void save_checkpoint(E& engine, const std::filesystem::path& dir, const Training
       detail::probe_save("rank files written");
       detail::write_checkpoint_buffers(engine.model(), tmp / detail::checkpoint_buffers_file);
       const std::string json = checkpoint_metadata_json(detail::describe_checkpoint(engine, training));
-      write_file_atomically(tmp / "metadata.json", [&](FileSink& sink) { sink.write(std::as_bytes(std::span(json))); });
+      write_file_atomically(tmp / checkpoint_metadata_file, [&](FileSink& sink) { sink.write(std::as_bytes(std::span(json))); });
       detail::probe_save("metadata written");
       detail::through_io("save_checkpoint: CheckpointIO::commit_save of", dir, [&] { io.commit_save(tmp, dir); });
     });
