@@ -212,10 +212,17 @@ class DeepSpeedConfigReader {
   template <class T, class U>
   void set(const std::string& key, T& field, const std::optional<U>& value) const {
     if (!value || (options_.keep && options_.keep(key))) return;
-    if constexpr (std::is_same_v<T, std::optional<int>>) field = static_cast<int>(*value);
-    else if constexpr (std::is_same_v<T, std::optional<double>>) field = static_cast<double>(*value);
-    else field = static_cast<T>(*value);
+    field = static_cast<typename FieldValue<T>::type>(*value);
   }
+  /// The type a StrategyConfig field holds: an optional field's value type, else the field's.
+  template <class T>
+  struct FieldValue {
+    using type = T;
+  };
+  template <class T>
+  struct FieldValue<std::optional<T>> {
+    using type = T;
+  };
 
   // optimizer: {"type": ..., "params": {...}}.
   void optimizer(const json& v, const std::string& key) {
