@@ -49,6 +49,24 @@ TEST_CASE("a bucket holds bucket_cap_mb MiB of the reduce type, or reduce_bucket
   CHECK_THROWS_WITH(gradient_bucket_elements(c, 4), Catch::Contains("reduce_bucket_size = 0"));
 }
 
+TEST_CASE("reduce_buffer_size caps a bucket in elements as FairScale's does, 0 reducing each parameter alone",
+          "[engine]") {
+  StrategyConfig c;
+  c.reduce_buffer_size = fairscale_reduce_buffer_size;  // 2^23 elements: more than 25 MiB of floats
+  CHECK(gradient_bucket_elements(c, 4) == 8'388'608);
+  c.reduce_buffer_size = 0;  // no batching: a cap of one element, so each parameter is a bucket of its own
+  CHECK(gradient_bucket_elements(c, 4) == 1);
+  c.reduce_buffer_size = 1000;
+  c.bucket_cap_mb = 0.001;  // with another cap set: the smallest
+  CHECK(gradient_bucket_elements(c, 4) == 262);
+  c.reduce_bucket_size = 100;
+  CHECK(gradient_bucket_elements(c, 4) == 100);
+  c.bucket_cap_mb = 0;  // bucket_cap_mb's "no cap" leaves the others'
+  CHECK(gradient_bucket_elements(c, 4) == 100);
+  c.reduce_buffer_size = -1;
+  CHECK_THROWS_WITH(gradient_bucket_elements(c, 4), Catch::Contains("reduce_buffer_size = -1"));
+}
+
 namespace {
 /// One parameter a bucket (bucket_cap_mb of one element), or one bucket a unit; reductions
 /// overlapped with backward or issued when the unit's backward is done.
@@ -253,6 +271,12 @@ TEST_CASE("buckets are reduced while backward runs, in the order backward finish
   StrategyConfig by_elements;
   by_elements.reduce_bucket_size = 1;
   CHECK(parameters_with_gradients_at_each_reduction<DDP>(2, by_elements, parameters) == overlapped);
+  // So does FairScale's reduce_buffer_size = 0, no batching; its 2^23 holds the tiny model whole.
+  StrategyConfig unbatched;
+  unbatched.reduce_buffer_size = 0;
+  CHECK(parameters_with_gradients_at_each_reduction<DDP>(2, unbatched, parameters) == overlapped);
+  unbatched.reduce_buffer_size = fairscale_reduce_buffer_size;
+  CHECK(parameters_with_gradients_at_each_reduction<DDP>(2, unbatched, parameters).size() == 1);
   // Without overlap every bucket waits for the end of the unit's backward.
   const auto at_end = parameters_with_gradients_at_each_reduction<DDP>(2, buckets(one_element, false), parameters);
   CHECK(at_end == std::vector<std::size_t>(parameters, parameters));

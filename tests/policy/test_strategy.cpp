@@ -264,6 +264,8 @@ TEST_CASE("StrategyConfig carries the reference documents' defaults", "[policy]"
   const StrategyConfig c;
   CHECK(c.bucket_cap_mb == 25);                     // FSDP bucket_cap_mb
   CHECK(c.reduce_bucket_size == 200'000'000);       // DeepSpeed reduce_bucket_size
+  CHECK_FALSE(c.reduce_buffer_size.has_value());    // FairScale's: unset, bucket_cap_mb's buckets
+  CHECK(fairscale_reduce_buffer_size == 1 << 23);   // ShardedDataParallel's reduce_buffer_size
   CHECK(c.allgather_bucket_size == 200'000'000);    // DeepSpeed allgather_bucket_size
   CHECK(c.overlap_comm);                            // DeepSpeed overlap_comm
   CHECK(c.min_num_params == 0);                    // 0: WrapBySize's own threshold applies

@@ -1273,8 +1273,7 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
       u.settle_grads(0, u.layout->padded);
       const std::size_t issued = pending_.size();
       CallSite site(reduction_site(u, buckets_[index].size()));
-      const auto bucket = static_cast<std::int64_t>(config_.bucket_cap_mb * 1024 * 1024 / sizeof(RT));
-      Behaviour::reduce(u, shard_comm(), pending_, bucket);
+      Behaviour::reduce(u, shard_comm(), pending_, gradient_bucket_elements(config_, sizeof(RT)));
       for (std::size_t i = issued; i < pending_.size(); ++i) pending_[i].unit = index;
     }
     // The reductions issued before this unit's own complete now, so that a unit's whole

@@ -23,6 +23,14 @@ struct StrategyConfig {
   /// DeepSpeed's reduce_bucket_size: elements in a gradient bucket, in place of bucket_cap_mb
   /// when set away from its default (Lightning's 2e8); both set: the smaller bucket.
   std::int64_t reduce_bucket_size = 200'000'000;
+  /// FairScale ShardedDataParallel's reduce_buffer_size: the most elements a bucket batching small
+  /// parameters holds; a parameter of that many elements or more is reduced alone, and 0 reduces
+  /// every parameter alone (no batching). Unset: the buckets bucket_cap_mb (or
+  /// reduce_bucket_size) cut. The ShardedDDP preset is ZeRO<2>'s type, so it cannot carry
+  /// FairScale's default (fairscale_reduce_buffer_size, below) by itself: polyshard-train's
+  /// sharded_ddp sets it, and ddp_sharded Lightning's (0 on one machine, that default across
+  /// machines).
+  std::optional<std::int64_t> reduce_buffer_size{};
   /// DeepSpeed's allgather_bucket_size: elements all-gathered at once. Under ShardParameters,
   /// the elements of the units a rank gathers ahead of the one computing (prefetch): set away
   /// from its default (2e8), units are prefetched, in the order the last forward ran them, as
@@ -140,6 +148,9 @@ struct StrategyConfig {
   /// set otherwise refused, naming the offload policy that gives it.
   std::optional<bool> move_grads_to_cpu{};
 };
+
+/// FairScale ShardedDataParallel's default reduce_buffer_size: 2^23 elements.
+inline constexpr std::int64_t fairscale_reduce_buffer_size = 8'388'608;
 
 /// The sizes of the sub-groups a span of `numel` elements is stepped in: as many of
 /// `group_size` as fit, then the rest. A span of 0 elements is one empty group.
