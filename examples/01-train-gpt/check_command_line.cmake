@@ -355,6 +355,37 @@ expect(bucket-size-must-be-positive EXIT 2 ARGS ${one_step} --reduce-bucket-size
 file(WRITE ${WORK_DIR}/deepspeed-bucket.json [=[{"zero_optimization": {"stage": 2, "allgather_bucket_size": 5e7}}]=])
 expect(deepspeed-setting-reaches-the-engine EXIT 2 ARGS ${one_step} --deepspeed-config ${WORK_DIR}/deepspeed-bucket.json
        SAYS "StrategyConfig::allgather_bucket_size = 50000000")
+expect(reduce-buffer-size-not-negative EXIT 2 ARGS ${one_step} --reduce-buffer-size -1
+       SAYS "--reduce-buffer-size: must be at least 0, got '-1'")
+
+# FairScale's reduce_buffer_size by name: sharded_ddp carries ShardedDataParallel's 2^23 elements
+# (one bucket holds this model's unit), ddp_sharded Lightning's 0 on one machine (each parameter
+# reduced alone), and the flag overrides either; counted as the reductions in each run's trace.
+function(reductions out)
+  set(trace ${WORK_DIR}/reductions.json)
+  file(REMOVE ${trace})
+  execute_process(COMMAND ${PROGRAM} ${one_step} --world-size 2 ${ARGN} --trace ${trace} RESULT_VARIABLE rc
+                  OUTPUT_VARIABLE printed ERROR_VARIABLE printed)
+  set(n 0)
+  if(rc EQUAL 0 AND EXISTS ${trace})
+    file(READ ${trace} text)
+    string(REGEX MATCHALL "\"name\": \"reduce\"" found "${text}")
+    list(LENGTH found n)
+  else()
+    string(JOIN " " command ${ARGN})
+    set(failures "${failures}\nreductions: polyshard-train ${command} exited ${rc}:\n${printed}" PARENT_SCOPE)
+  endif()
+  set(${out} ${n} PARENT_SCOPE)
+endfunction()
+reductions(fairscale --strategy sharded_ddp)
+reductions(lightning --strategy ddp_sharded)
+reductions(fairscale_unbatched --strategy sharded_ddp --reduce-buffer-size 0)
+reductions(lightning_batched --strategy ddp_sharded --reduce-buffer-size 8388608)
+if(NOT (fairscale GREATER 0 AND lightning GREATER fairscale AND fairscale_unbatched EQUAL lightning AND
+        lightning_batched EQUAL fairscale))
+  string(APPEND failures "\nreduce-buffer-size-by-name: reductions sharded_ddp ${fairscale}, ddp_sharded ${lightning}, "
+         "sharded_ddp with 0 ${fairscale_unbatched}, ddp_sharded with 8388608 ${lightning_batched}")
+endif()
 
 # A setting the strategy does not read is refused, naming it and the policy that ignores it.
 expect(nvme-path-without-nvme-offload EXIT 2 ARGS ${one_step} --strategy zero3 --nvme-path ${WORK_DIR}

@@ -232,6 +232,12 @@ inline bool parse(int argc, char** argv, Options& o) {
       ->type_name("X")->transform(number);
   settings->add_option("--reduce-bucket-size", c.reduce_bucket_size, "elements reduced at once (DeepSpeed)")
       ->type_name("N")->transform(at_least(1));
+  settings
+      ->add_option_function<std::int64_t>(
+          "--reduce-buffer-size", [&c](std::int64_t n) { c.reduce_buffer_size = n; },
+          "elements batching small parameters' gradients, 0: each alone (FairScale; default: sharded_ddp 8388608, "
+          "ddp_sharded 0 on one machine and 8388608 across, else --bucket-cap-mb's)")
+      ->type_name("N")->transform(detail::number_at_least<std::int64_t>(0));
   settings->add_option("--allgather-bucket-size", c.allgather_bucket_size,
                        "sharded parameters: elements of units gathered ahead (DeepSpeed)")
       ->type_name("N")->transform(at_least(1));
@@ -294,32 +300,34 @@ inline bool parse(int argc, char** argv, Options& o) {
 
   auto* scaling =
       app.add_option_group("Loss scaling (fp16-mixed; DeepSpeed's keys, refused where the scaler has no use for them)");
-  scaling->add_option("--loss-scale", o.loss_scale, "0: dynamic; a positive value: that static scale")
+  scaling->add_option("--loss-scale", c.loss_scale, "0: dynamic; a positive value: that static scale")
       ->type_name("X")
       ->transform(detail::number_at_least<double>(0));
-  scaling->add_option("--initial-scale-power", o.initial_scale_power, "the dynamic scale starts at 2^N (default 16)")
-      ->type_name("N")
-      ->transform(at_least(0))
-      ->default_str("");
+  // Unset unless given (here, in --config or in --deepspeed-config): the precision policy's own.
   scaling
-      ->add_option("--loss-scale-window", o.loss_scale_window,
-                   "steps without overflow before the scale doubles "
-                   "(default 1000; GradScaler's growth_interval: 2000)")
+      ->add_option_function<int>(
+          "--initial-scale-power", [&c](int n) { c.initial_scale_power = n; },
+          "the dynamic scale starts at 2^N (default 16)")
       ->type_name("N")
-      ->transform(at_least(1))
-      ->default_str("");
+      ->transform(detail::number_at_least<int>(0));
   scaling
-      ->add_option("--hysteresis", o.hysteresis,
-                   "overflows that skip their step before the scale halves (default 2; DeepSpeed's scaler only)")
+      ->add_option_function<int>(
+          "--loss-scale-window", [&c](int n) { c.loss_scale_window = n; },
+          "steps without overflow before the scale doubles (default 1000; GradScaler's growth_interval: 2000)")
       ->type_name("N")
-      ->transform(at_least(1))
-      ->default_str("");
+      ->transform(detail::number_at_least<int>(1));
   scaling
-      ->add_option("--min-loss-scale", o.min_loss_scale,
-                   "the scale never halves below X (default 1; DeepSpeed's scaler only)")
+      ->add_option_function<int>(
+          "--hysteresis", [&c](int n) { c.hysteresis = n; },
+          "overflows that skip their step before the scale halves (default 2; DeepSpeed's scaler only)")
+      ->type_name("N")
+      ->transform(detail::number_at_least<int>(1));
+  scaling
+      ->add_option_function<double>(
+          "--min-loss-scale", [&c](double x) { c.min_loss_scale = x; },
+          "the scale never halves below X (default 1; DeepSpeed's scaler only)")
       ->type_name("X")
-      ->transform(detail::number_at_least<double>(0))
-      ->default_str("");
+      ->transform(detail::number_at_least<double>(0));
 
   auto* data = app.add_option_group("Data");
   data->add_option("--data", o.data, "text (byte tokens) or a token file of uint16 ids (default: the built-in corpus)")

@@ -56,16 +56,10 @@ inline std::string family_of(const polyshard::DeepSpeedConfig& c) {
 /// Reads the DeepSpeed JSON config `file` into `o`, leaving the flags for which `given` is true.
 /// Throws polyshard::Error naming the file and the key on anything it cannot honour.
 inline void apply_deepspeed_config(const std::string& file, Options& o, const FlagGiven& given) {
-  // StrategyConfig's fields, with those polyshard-train keeps elsewhere (the accumulation, the
-  // loss scaling; -1: the precision policy's) where the reader starts from and writes back.
+  // StrategyConfig's fields, with the accumulation, which polyshard-train keeps in --accum, where
+  // the reader starts from and writes back.
   polyshard::StrategyConfig base = o.settings;
   base.gradient_accumulation_steps = static_cast<int>(o.accum);
-  base.loss_scale = o.loss_scale;
-  const auto unless_negative = [](auto v) { return v >= 0 ? std::optional(v) : std::nullopt; };
-  if (auto v = unless_negative(o.initial_scale_power)) base.initial_scale_power = static_cast<int>(*v);
-  if (auto v = unless_negative(o.loss_scale_window)) base.loss_scale_window = static_cast<int>(*v);
-  if (auto v = unless_negative(o.hysteresis)) base.hysteresis = static_cast<int>(*v);
-  base.min_loss_scale = unless_negative(o.min_loss_scale);
   const std::string source = "polyshard-train: --deepspeed-config " + file;
   const auto c = polyshard::read_deepspeed_config(
       file, {.base = base,
@@ -73,11 +67,6 @@ inline void apply_deepspeed_config(const std::string& file, Options& o, const Fl
              .source = source});
   o.settings = c.strategy;
   o.accum = c.strategy.gradient_accumulation_steps;
-  o.loss_scale = c.strategy.loss_scale;
-  o.initial_scale_power = c.strategy.initial_scale_power.value_or(-1);
-  o.loss_scale_window = c.strategy.loss_scale_window.value_or(-1);
-  o.hysteresis = c.strategy.hysteresis.value_or(-1);
-  o.min_loss_scale = c.strategy.min_loss_scale.value_or(-1);
 
   // The training loop's values, each unless its flag was given.
   const auto set = [&](const std::string& flag, auto& field, const auto& value) {

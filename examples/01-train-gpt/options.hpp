@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -44,20 +46,14 @@ struct Options {
   std::string wrap = "block";       // whole | block | size:N
   std::int64_t accum = 1;           // micro-batches per step (gradient accumulation with no_sync)
   std::int64_t hybrid_group = 0;    // --strategy hybrid: ranks per sharding group (0: half the world)
-  // StrategyConfig's fields, each under its own flag (--nvme-path, --reduce-bucket-size, ...),
-  // except those other options decide (min_num_params from --wrap, hybrid_group_size from
-  // --hybrid-group, the loss scaling), which the trainer writes over these. The engine refuses a
-  // setting its strategy does not read.
+  // StrategyConfig's fields, each under its own flag (--nvme-path, --reduce-bucket-size, the loss
+  // scaling's --hysteresis, ...), except those other options decide (min_num_params from --wrap,
+  // hybrid_group_size from --hybrid-group, gradient_accumulation_steps from --accum), which the
+  // trainer writes over these. The engine refuses a setting its strategy does not read.
   polyshard::StrategyConfig settings;
   std::int64_t micro_batch = 0;  // DeepSpeed's train_micro_batch_size_per_gpu; 0: --batch decides
   bool batch_given = false;      // --batch, or train_batch_size, was given
   std::string deepspeed_config;  // --deepspeed-config FILE (applied in command_line.hpp)
-  // Loss scaling (fp16-mixed), DeepSpeed's keys: StrategyConfig's fields of the same names.
-  double loss_scale = 0;                  // 0: dynamic; > 0: a static scale
-  std::int64_t initial_scale_power = -1;  // -1 (as each of the three below): the precision policy's
-  std::int64_t loss_scale_window = -1;
-  std::int64_t hysteresis = -1;
-  double min_loss_scale = -1;
   // Input and output.
   std::string data;     // empty: the built-in corpus
   std::string data_format = "auto";  // auto (from the file's header and name) | text | nanogpt | llmc
@@ -134,6 +130,24 @@ inline int rank_device(const Options& o, int local_rank) {
 }
 
 /// The model's positions (its block size): --init-hf's n_positions, else --seq.
+/// The reduce_buffer_size of --strategy when --reduce-buffer-size is not given: FairScale's
+/// default under sharded_ddp (ShardedDataParallel's own), and under ddp_sharded what Lightning's
+/// DDPShardedStrategy passes: that default when the ranks span machines, else 0 (every
+/// parameter reduced alone). Other names leave it unset: bucket_cap_mb's buckets.
+inline std::optional<std::int64_t> named_reduce_buffer_size(const std::string& strategy, bool ranks_span_machines) {
+  if (strategy == "sharded_ddp") return polyshard::fairscale_reduce_buffer_size;
+  if (strategy == "ddp_sharded") return ranks_span_machines ? polyshard::fairscale_reduce_buffer_size : 0;
+  return std::nullopt;
+}
+
+/// Whether the `world` ranks run on more than one machine: under mpirun, when fewer of them
+/// share this one than the world holds (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE); ranks as
+/// threads share one process.
+inline bool ranks_span_machines(int world) {
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  return local != nullptr && std::atoi(local) < world;
+}
+
 inline std::int64_t model_positions(const Options& o) { return o.positions > 0 ? o.positions : o.seq; }
 
 /// Learning rate at 0-based `step`: linear warm-up, then constant or cosine decay to 10%.

@@ -120,6 +120,8 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
   model.checkpoint_blocks = o.checkpoint_activations;
   StrategyConfig config = o.settings;
   config.gradient_accumulation_steps = static_cast<int>(o.accum);  // the engine counts the micro-batches
+  if (!config.reduce_buffer_size)
+    config.reduce_buffer_size = named_reduce_buffer_size(o.strategy, ranks_span_machines(world));
   config.min_num_params = o.wrap == "block" ? block_wrap_threshold(model) : wrap_threshold(o);
   // --strategy hybrid without --hybrid-group: two groups when the world splits evenly.
   if constexpr (S::sharding::hybrid)
@@ -127,11 +129,6 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
         o.hybrid_group > 0 ? static_cast<int>(o.hybrid_group) : (world % 2 == 0 ? world / 2 : world);
   else
     config.hybrid_group_size = static_cast<int>(o.hybrid_group);  // the engine refuses it where set
-  config.loss_scale = o.loss_scale;  // the engine refuses each setting the precision has no use for
-  if (o.initial_scale_power >= 0) config.initial_scale_power = static_cast<int>(o.initial_scale_power);
-  if (o.loss_scale_window >= 0) config.loss_scale_window = static_cast<int>(o.loss_scale_window);
-  if (o.hysteresis >= 0) config.hysteresis = static_cast<int>(o.hysteresis);
-  if (o.min_loss_scale >= 0) config.min_loss_scale = o.min_loss_scale;
   Engine<S, Model, Comm, AnyOptimizer<float>> engine(model, comm, optimizer_config(o), config, o.seed);
   engine.track_grad_norm(true);
   engine.set_trace(trace);
