@@ -79,7 +79,16 @@ inline void check_combinations(const Options& o) {
   POLYSHARD_CHECK(o.optimizer == "sgd" || o.optimizer == "adam" || o.optimizer == "adamw",
                   "polyshard-train: --optimizer must be sgd, adam or adamw, got '", o.optimizer, "'");
   POLYSHARD_CHECK(o.backend == "threads" || o.backend == "mpi",
-                  "polyshard-train: --backend must be threads or mpi, got '", o.backend, "'");
+                  "polyshard-train: --backend must be threads, mpi or auto, got '", o.backend, "'");
+  // Ranks as threads in each of mpirun's processes would make as many independent runs, each
+  // writing the same metrics, traces and checkpoints.
+  const int processes = launched_processes();
+  POLYSHARD_CHECK(o.backend == "mpi" || processes == 1, "polyshard-train: --backend threads, and mpirun started ",
+                  processes, " processes: each would train alone, as a world of its own, writing the same files; "
+                  "use --backend mpi (or leave --backend out: under mpirun it is mpi)");
+  POLYSHARD_CHECK(o.backend == "threads" || !o.world_size_given || o.world_size == processes,
+                  "polyshard-train: --world-size ", o.world_size, ", and under --backend mpi the world is the ",
+                  processes, " process(es) mpirun started (its -np): leave --world-size out, or make it match");
   POLYSHARD_CHECK(o.device == "cpu" || o.device == "cuda",
                   "polyshard-train: --device must be cpu or cuda, got '", o.device, "'");
   if (!o.parallel_devices.empty()) {
@@ -186,10 +195,16 @@ inline bool parse(int argc, char** argv, Options& o) {
                    "deepspeed_stage_2_offload, deepspeed_stage_3, deepspeed_stage_3_offload, "
                    "deepspeed_stage_3_offload_nvme or ddp_sharded")
       ->type_name("NAME");
-  strategy->add_option("--world-size", o.world_size, "ranks as threads (under mpirun: the MPI world)")
+  strategy
+      ->add_option("--world-size", o.world_size,
+                   "ranks as threads (under --backend mpi: mpirun's -np, which it must match)")
       ->type_name("N")
       ->transform(at_least(1));
-  strategy->add_option("--backend", o.backend, "threads, or mpi (under mpirun)")->type_name("NAME");
+  strategy
+      ->add_option("--backend", o.backend,
+                   "threads (the ranks as threads of this process) or mpi (a process a rank, under mpirun); "
+                   "auto: mpi when mpirun started more than one process, else threads")
+      ->type_name("NAME");
   strategy->add_option("--device", o.device, "cpu, or cuda (one GPU per rank, collectives over NCCL)")
       ->type_name("NAME");
   strategy
@@ -418,6 +433,8 @@ inline bool parse(int argc, char** argv, Options& o) {
     polyshard::detail::throw_error("polyshard-train: ", message, " (see --help)");
   }
   o.batch_given = app.get_option("--batch")->count() > 0;
+  o.world_size_given = app.get_option("--world-size")->count() > 0;
+  if (o.backend == "auto") o.backend = launched_processes() > 1 ? "mpi" : "threads";
   if (!o.deepspeed_config.empty())
     apply_deepspeed_config(o.deepspeed_config, o,
                            [&app](const std::string& flag) { return app.get_option(flag)->count() > 0; });

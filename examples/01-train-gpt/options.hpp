@@ -38,8 +38,9 @@ struct Options {
   bool nesterov = false;
   // Strategy.
   std::string strategy = "ddp";     // see strategy_names
-  std::int64_t world_size = 1;      // ranks as threads (ignored under mpirun: the MPI world)
-  std::string backend = "threads";  // threads | mpi
+  std::int64_t world_size = 1;      // ranks as threads (under --backend mpi, mpirun's processes)
+  std::string backend = "auto";     // threads | mpi | auto: mpi under mpirun's processes, else threads (parse())
+  bool world_size_given = false;    // --world-size was given (on the command line or in --config)
   std::string device = "cpu";       // cpu | cuda (one GPU per rank, NCCL)
   std::vector<int> parallel_devices;  // each rank's GPU (by local rank under mpirun); empty: rank r on GPU r
   std::string precision = "fp32";   // fp32 | fp16-mixed | bf16-mixed
@@ -146,6 +147,13 @@ inline std::optional<std::int64_t> named_reduce_buffer_size(const std::string& s
 inline bool ranks_span_machines(int world) {
   const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   return local != nullptr && std::atoi(local) < world;
+}
+
+/// The processes mpirun started beside this one, itself included (Open MPI's
+/// OMPI_COMM_WORLD_SIZE); 1 for a process started without it.
+inline int launched_processes() {
+  const char* n = std::getenv("OMPI_COMM_WORLD_SIZE");
+  return n != nullptr ? std::max(1, std::atoi(n)) : 1;
 }
 
 inline std::int64_t model_positions(const Options& o) { return o.positions > 0 ? o.positions : o.seq; }

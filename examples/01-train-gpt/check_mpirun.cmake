@@ -1,0 +1,54 @@
+# polyshard-train under mpirun: started as two processes without --backend, it trains as one world
+# of two MPI ranks (the backend follows the launcher), and its losses are those of two ranks as
+# threads of one process, digit for digit (both communicators add in rank order). Ranks as threads
+# in each of mpirun's processes, or a --world-size other than mpirun's, are refused.
+# MPIRUN: the launcher and its flags, separated by '|'.
+string(REPLACE "|" ";" mpirun "${MPIRUN}")
+set(run --layers 1 --embd 32 --heads 2 --seq 16 --batch 4 --steps 3 --log-every 100 --strategy zero2)
+
+function(losses file out)
+  file(STRINGS ${file} lines)
+  set(values "")
+  foreach(line IN LISTS lines)
+    string(JSON loss GET "${line}" loss)
+    list(APPEND values ${loss})
+  endforeach()
+  set(${out} "${values}" PARENT_SCOPE)
+endfunction()
+
+file(REMOVE ${WORK_DIR}/mpi.jsonl ${WORK_DIR}/threads.jsonl)
+execute_process(COMMAND ${mpirun} ${NP_FLAG} 2 ${PROGRAM} ${run} --metrics ${WORK_DIR}/mpi.jsonl
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "2 rank\\(s\\)")
+  message(FATAL_ERROR "mpirun -np 2 polyshard-train (no --backend) exited ${rc}, or did not train 2 ranks:\n${out}")
+endif()
+execute_process(COMMAND ${PROGRAM} ${run} --world-size 2 --metrics ${WORK_DIR}/threads.jsonl
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "polyshard-train --world-size 2 exited ${rc}:\n${out}")
+endif()
+losses(${WORK_DIR}/mpi.jsonl mpi)
+losses(${WORK_DIR}/threads.jsonl threads)
+list(LENGTH mpi steps)
+if(NOT steps EQUAL 3 OR NOT "${mpi}" STREQUAL "${threads}")
+  message(FATAL_ERROR "losses under mpirun (${mpi}) differ from 2 ranks as threads (${threads})")
+endif()
+
+# expect_refusal(text... ARGS arg...): the command fails (exit 2 from each process) printing every text.
+function(expect_refusal)
+  cmake_parse_arguments(PARSE_ARGV 0 arg "" "" "SAYS;ARGS")
+  execute_process(COMMAND ${arg_ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  foreach(text IN LISTS arg_SAYS)
+    string(FIND "${out}" "${text}" at)
+    if(rc EQUAL 0 OR at EQUAL -1)
+      string(JOIN " " command ${arg_ARGS})
+      message(FATAL_ERROR "${command} exited ${rc} without '${text}':\n${out}")
+    endif()
+  endforeach()
+endfunction()
+expect_refusal(ARGS ${mpirun} ${NP_FLAG} 2 ${PROGRAM} ${run} --backend threads
+               SAYS "--backend threads, and mpirun started 2 processes: each would train alone")
+expect_refusal(ARGS ${mpirun} ${NP_FLAG} 2 ${PROGRAM} ${run} --world-size 3
+               SAYS "--world-size 3, and under --backend mpi the world is the 2 process(es)")
+message(STATUS "mpirun -np 2: one world of 2 MPI ranks, losses equal to 2 ranks as threads; threads and a "
+               "--world-size other than -np refused")
