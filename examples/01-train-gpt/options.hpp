@@ -130,7 +130,6 @@ inline int rank_device(const Options& o, int local_rank) {
   return o.parallel_devices[static_cast<std::size_t>(local_rank)];
 }
 
-/// The model's positions (its block size): --init-hf's n_positions, else --seq.
 /// The reduce_buffer_size of --strategy when --reduce-buffer-size is not given: FairScale's
 /// default under sharded_ddp (ShardedDataParallel's own), and under ddp_sharded what Lightning's
 /// DDPShardedStrategy passes: that default when the ranks span machines, else 0 (every
@@ -156,6 +155,7 @@ inline int launched_processes() {
   return n != nullptr ? std::max(1, std::atoi(n)) : 1;
 }
 
+/// The model's positions (its block size): --init-hf's n_positions, else --seq.
 inline std::int64_t model_positions(const Options& o) { return o.positions > 0 ? o.positions : o.seq; }
 
 /// Learning rate at 0-based `step`: linear warm-up, then constant or cosine decay to 10%.
