@@ -34,6 +34,33 @@ if(NOT steps EQUAL 3 OR NOT "${mpi}" STREQUAL "${threads}")
   message(FATAL_ERROR "losses under mpirun (${mpi}) differ from 2 ranks as threads (${threads})")
 endif()
 
+# Lightning's ddp_sharded batches small parameters in FairScale's 2^23-element buffers only when the
+# ranks span machines: two processes told by Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE that each is
+# alone on its machine reduce as sharded_ddp does, and fewer times than on one machine (each
+# parameter alone). Counted as the reductions in rank 0's trace.
+function(reductions out)
+  file(REMOVE ${WORK_DIR}/reductions.json.rank0.json)
+  execute_process(COMMAND ${mpirun} ${NP_FLAG} 2 ${ARGN} --trace ${WORK_DIR}/reductions.json
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE printed ERROR_VARIABLE printed)
+  if(NOT rc EQUAL 0 OR NOT EXISTS ${WORK_DIR}/reductions.json.rank0.json)
+    string(JOIN " " command ${ARGN})
+    message(FATAL_ERROR "mpirun -np 2 ${command} exited ${rc}:\n${printed}")
+  endif()
+  file(READ ${WORK_DIR}/reductions.json.rank0.json text)
+  string(REGEX MATCHALL "\"name\": \"reduce\"" found "${text}")
+  list(LENGTH found n)
+  set(${out} ${n} PARENT_SCOPE)
+endfunction()
+list(TRANSFORM run REPLACE "^zero2$" "ddp_sharded" OUTPUT_VARIABLE lightning_run)
+reductions(one_machine ${PROGRAM} ${lightning_run})
+reductions(two_machines ${CMAKE_COMMAND} -E env OMPI_COMM_WORLD_LOCAL_SIZE=1 ${PROGRAM} ${lightning_run})
+list(TRANSFORM run REPLACE "^zero2$" "sharded_ddp" OUTPUT_VARIABLE fairscale_run)
+reductions(fairscale ${PROGRAM} ${fairscale_run})
+if(NOT (two_machines GREATER 0 AND two_machines EQUAL fairscale AND one_machine GREATER two_machines))
+  message(FATAL_ERROR "ddp_sharded reduced ${one_machine} times on one machine and ${two_machines} across two; "
+                      "sharded_ddp ${fairscale}")
+endif()
+
 # expect_refusal(text... ARGS arg...): the command fails (exit 2 from each process) printing every text.
 function(expect_refusal)
   cmake_parse_arguments(PARSE_ARGV 0 arg "" "" "SAYS;ARGS")
@@ -50,5 +77,6 @@ expect_refusal(ARGS ${mpirun} ${NP_FLAG} 2 ${PROGRAM} ${run} --backend threads
                SAYS "--backend threads, and mpirun started 2 processes: each would train alone")
 expect_refusal(ARGS ${mpirun} ${NP_FLAG} 2 ${PROGRAM} ${run} --world-size 3
                SAYS "--world-size 3, and under --backend mpi the world is the 2 process(es)")
-message(STATUS "mpirun -np 2: one world of 2 MPI ranks, losses equal to 2 ranks as threads; threads and a "
-               "--world-size other than -np refused")
+message(STATUS "mpirun -np 2: one world of 2 MPI ranks, losses equal to 2 ranks as threads; ddp_sharded's "
+               "buffers as Lightning sets them on one machine and across two; threads and a --world-size other than "
+               "-np refused")
