@@ -2,10 +2,14 @@
 // overlap_comm on, off, and with communication removed (a communicator that completes at once).
 // The hidden fraction is 1 - (on - removed) / (off - removed): the share of the communication
 // time a step without overlap pays that the overlapped step does not. Ranks as threads, or,
-// started by a launcher (mpirun -np 4 bench_overlap), as its MPI processes.
+// started by a launcher (mpirun -np 4 bench_overlap), as its MPI processes. A second table times
+// ShardedDDP with FairScale's reduce_buffer_size: 0 (each parameter reduced alone, as Lightning's
+// ddp_sharded sets it on one machine), FairScale's 2^23 elements, and the library's default buckets.
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -16,6 +20,7 @@
 #include "polyshard/comm/thread_communicator.hpp"
 #include "polyshard/data/data.hpp"
 #include "polyshard/engine/engine.hpp"
+#include "polyshard/engine/gradient_buckets.hpp"
 #include "polyshard/nn/nn.hpp"
 #include "polyshard/optim/optim.hpp"
 #include "polyshard/policy/policy.hpp"
@@ -78,6 +83,76 @@ Times rank_times(Clock& clock, const GptConfig& cfg, std::int64_t batch, int ste
   return {with_overlap.median(), without.median(), removed.median()};
 }
 
+/// FairScale's reduce_buffer_size under ShardedDDP (ZeRO<2>): each setting's median step time
+/// with overlap_comm on, the runs' steps interleaved as in rank_times, and its buckets a step.
+struct BufferSetting {
+  const char* name;
+  StrategyConfig config;
+};
+struct BufferTimes {
+  std::vector<double> step;
+  std::vector<std::size_t> buckets;
+};
+
+/// The gradient buckets of one backward of `engine`: its units cut as the engine cuts them.
+template <class E>
+std::size_t buckets_per_step(const E& engine, std::size_t reduce_bytes) {
+  const std::int64_t cap = gradient_bucket_elements(engine.config(), reduce_bytes);
+  std::size_t n = 0;
+  for (const auto& unit : engine.units().units) {
+    std::vector<std::int64_t> offsets, sizes;
+    for (const auto& e : unit.entries) {
+      offsets.push_back(e.offset);
+      sizes.push_back(e.numel());
+    }
+    n += plan_gradient_buckets(offsets, sizes, unit.padded, cap).size();
+  }
+  return n;
+}
+
+template <class Clock>
+BufferTimes buffer_times(Clock& clock, const GptConfig& cfg, std::int64_t batch, int steps,
+                         const std::vector<BufferSetting>& settings) {
+  const TextDataset data = TextDataset::from_text(builtin_corpus(), "builtin");
+  std::deque<Clock> comms;
+  std::deque<Run<ZeRO<2>, Clock>> runs;  // engines bind their models: never moved
+  for (const BufferSetting& s : settings)
+    runs.emplace_back(cfg, comms.emplace_back(clock.split(0, clock.rank())), s.config);
+  const BatchSampler sampler(data, cfg.block_size, batch, 3);
+  for (int step = 0; step <= steps; ++step) {
+    const Batch b = sampler.batch(step, clock.rank(), clock.size());
+    for (auto& run : runs) run.step(b, batch, clock, step > 0);
+  }
+  BufferTimes out;
+  for (auto& run : runs) {
+    out.step.push_back(run.median());
+    out.buckets.push_back(buckets_per_step(run.engine, sizeof(float)));
+  }
+  return out;
+}
+
+/// The settings buffer_times compares: Lightning's ddp_sharded on one machine (0: every
+/// parameter reduced alone), FairScale's default, and the library's default buckets.
+std::vector<BufferSetting> buffer_settings() {
+  StrategyConfig alone, fairscale;
+  alone.reduce_buffer_size = 0;
+  fairscale.reduce_buffer_size = fairscale_reduce_buffer_size;
+  return {{"0 (ddp_sharded on one machine)", alone},
+          {"8388608 (FairScale's default)", fairscale},
+          {"unset (bucket_cap_mb 25)", StrategyConfig{}}};
+}
+
+void buffer_rows(bench::Table& table, int world, const BufferTimes& t) {
+  const auto settings = buffer_settings();
+  for (std::size_t i = 0; i < settings.size(); ++i)
+    table.row()
+        .set("reduce_buffer_size", settings[i].name)
+        .set("world", double(world), 0)
+        .set("buckets a step", double(t.buckets[i]), 0)
+        .set("step ms", t.step[i] * 1e3)
+        .set("/ FairScale's", t.step[i] / t.step[1], 3);
+}
+
 /// rank_times on `world` thread ranks: rank 0's.
 template <class S>
 Times measure(int world, const GptConfig& cfg, std::int64_t batch, int steps, double bucket_cap_mb) {
@@ -138,6 +213,10 @@ int main(int argc, char** argv) {
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   const std::string setting =
       "overlapped gradient reduction on GPT L6 C256 T64, 4 rows a rank, AdamW, bucket_cap_mb 2, ";
+  // The second table: FairScale's reduce_buffer_size under ShardedDDP, overlap on, in a file of its own.
+  const std::string buffer_setting = "reduce_buffer_size under ShardedDDP (ZeRO<2>) on GPT L6 C256 T64, 4 rows a "
+                                     "rank, AdamW, overlap_comm on, ";
+  const std::string buffers_json = args.json.substr(0, args.json.rfind(".json")) + "_buffers.json";
 #ifdef POLYSHARD_BENCH_MPI
   if (session) {
     MpiCommunicator world = MpiCommunicator::world();
@@ -149,9 +228,18 @@ int main(int argc, char** argv) {
       if (world.rank() == 0) row(table, name, world.size(), t);
     });
     if (world.rank() == 0) report(table, args.json);
+    bench::Table buffers(buffer_setting + "ranks as MPI processes");
+    const BufferTimes t = buffer_times(world, cfg, 4 * world.size(), steps, buffer_settings());
+    if (world.rank() == 0) {
+      buffer_rows(buffers, world.size(), t);
+      report(buffers, buffers_json);
+    }
     return 0;
   }
 #endif
+  // The machine's peak, measured in the same run (machines of one kind differ): the tables' context.
+  std::printf("fp32 FMA peak (%s), %d threads: %.1f GFLOP/s\n\n", bench::fma_peak_instructions(), cores,
+              bench::measure_fma_peak_gflops(cores));
   bench::Table table(setting + "ranks as threads on " + std::to_string(cores) + " cores");
   for (const int ranks : {2, 3, 4}) {
     // A core a rank is left to its communication thread, whose copies and sums are what
@@ -163,5 +251,20 @@ int main(int argc, char** argv) {
     });
   }
   report(table, args.json);
+
+  bench::Table buffers(buffer_setting + "ranks as threads on " + std::to_string(cores) + " cores");
+  for (const int ranks : {2, 3}) {
+    cpu::set_blas_threads(std::max(1, (cores - ranks) / ranks));
+    BufferTimes t;
+    std::mutex mutex;
+    run_ranks(ranks, [&](ThreadCommunicator& clock) {
+      BufferTimes mine = buffer_times(clock, cfg, 4 * ranks, steps, buffer_settings());
+      if (clock.rank() != 0) return;
+      std::lock_guard lock(mutex);
+      t = std::move(mine);
+    });
+    buffer_rows(buffers, ranks, t);
+  }
+  report(buffers, buffers_json);
   return 0;
 }
