@@ -358,6 +358,15 @@ expect(deepspeed-setting-reaches-the-engine EXIT 2 ARGS ${one_step} --deepspeed-
 expect(reduce-buffer-size-not-negative EXIT 2 ARGS ${one_step} --reduce-buffer-size -1
        SAYS "--reduce-buffer-size: must be at least 0, got '-1'")
 
+# A launcher's processes (here told by PMI_SIZE, as MPICH's Hydra and Slurm's srun tell them) do
+# not each train alone as a world of threads (mpirun itself: check_mpirun.cmake).
+execute_process(COMMAND ${CMAKE_COMMAND} -E env PMI_SIZE=3 ${PROGRAM} ${one_step} --backend threads
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+string(FIND "${out}" "--backend threads, and the launcher (mpirun, srun) started 3 processes" at)
+if(NOT rc EQUAL 2 OR at EQUAL -1)
+  string(APPEND failures "\nthreads-under-a-launcher: exit ${rc}, printed:\n${out}")
+endif()
+
 # FairScale's reduce_buffer_size by name: sharded_ddp carries ShardedDataParallel's 2^23 elements
 # (one bucket holds this model's unit), ddp_sharded Lightning's 0 on one machine (each parameter
 # reduced alone), and the flag overrides either; counted as the reductions in each run's trace.

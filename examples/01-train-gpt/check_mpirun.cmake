@@ -74,7 +74,7 @@ function(expect_refusal)
   endforeach()
 endfunction()
 expect_refusal(ARGS ${mpirun} ${NP_FLAG} 2 ${PROGRAM} ${run} --backend threads
-               SAYS "--backend threads, and mpirun started 2 processes: each would train alone")
+               SAYS "--backend threads, and the launcher (mpirun, srun) started 2 processes: each would train alone")
 expect_refusal(ARGS ${mpirun} ${NP_FLAG} 2 ${PROGRAM} ${run} --world-size 3
                SAYS "--world-size 3, and under --backend mpi the world is the 2 process(es)")
 message(STATUS "mpirun -np 2: one world of 2 MPI ranks, losses equal to 2 ranks as threads; ddp_sharded's "

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -69,6 +70,15 @@ class GroupedHelp : public CLI::Formatter {
 
 /// The checks that span flags or that name the allowed words: after parsing, on the values from
 /// the command line and --config alike.
+/// The processes a launcher started beside this one, itself included: Open MPI's mpirun says so in
+/// OMPI_COMM_WORLD_SIZE, MPICH's Hydra and Slurm's srun (PMI-2) in PMI_SIZE; 1 for a process
+/// started alone.
+inline int launched_processes() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+    if (const char* n = std::getenv(name)) return std::max(1, std::atoi(n));
+  return 1;
+}
+
 inline void check_combinations(const Options& o) {
   POLYSHARD_CHECK(o.data_format == "auto" || o.data_format == "text" || o.data_format == "nanogpt" ||
                       o.data_format == "llmc",
@@ -80,15 +90,16 @@ inline void check_combinations(const Options& o) {
                   "polyshard-train: --optimizer must be sgd, adam or adamw, got '", o.optimizer, "'");
   POLYSHARD_CHECK(o.backend == "threads" || o.backend == "mpi",
                   "polyshard-train: --backend must be threads, mpi or auto, got '", o.backend, "'");
-  // Ranks as threads in each of mpirun's processes would make as many independent runs, each
+  // Ranks as threads in each of a launcher's processes would make as many independent runs, each
   // writing the same metrics, traces and checkpoints.
   const int processes = launched_processes();
-  POLYSHARD_CHECK(o.backend == "mpi" || processes == 1, "polyshard-train: --backend threads, and mpirun started ",
-                  processes, " processes: each would train alone, as a world of its own, writing the same files; "
-                  "use --backend mpi (or leave --backend out: under mpirun it is mpi)");
+  POLYSHARD_CHECK(o.backend == "mpi" || processes == 1, "polyshard-train: --backend threads, and the launcher ",
+                  "(mpirun, srun) started ", processes, " processes: each would train alone, as a world of its own, ",
+                  "writing the same files; use --backend mpi (or leave --backend out: under a launcher it is mpi)");
   POLYSHARD_CHECK(o.backend == "threads" || !o.world_size_given || o.world_size == processes,
                   "polyshard-train: --world-size ", o.world_size, ", and under --backend mpi the world is the ",
-                  processes, " process(es) mpirun started (its -np): leave --world-size out, or make it match");
+                  processes, " process(es) the launcher started (mpirun's -np): leave --world-size out, or make it ",
+                  "match");
   POLYSHARD_CHECK(o.device == "cpu" || o.device == "cuda",
                   "polyshard-train: --device must be cpu or cuda, got '", o.device, "'");
   if (!o.parallel_devices.empty()) {
@@ -203,7 +214,7 @@ inline bool parse(int argc, char** argv, Options& o) {
   strategy
       ->add_option("--backend", o.backend,
                    "threads (the ranks as threads of this process) or mpi (a process a rank, under mpirun); "
-                   "auto: mpi when mpirun started more than one process, else threads")
+                   "auto: mpi when a launcher (mpirun, srun) started more than one process, else threads")
       ->type_name("NAME");
   strategy->add_option("--device", o.device, "cpu, or cuda (one GPU per rank, collectives over NCCL)")
       ->type_name("NAME");
@@ -434,7 +445,7 @@ inline bool parse(int argc, char** argv, Options& o) {
   }
   o.batch_given = app.get_option("--batch")->count() > 0;
   o.world_size_given = app.get_option("--world-size")->count() > 0;
-  if (o.backend == "auto") o.backend = launched_processes() > 1 ? "mpi" : "threads";
+  if (o.backend == "auto") o.backend = detail::launched_processes() > 1 ? "mpi" : "threads";
   if (!o.deepspeed_config.empty())
     apply_deepspeed_config(o.deepspeed_config, o,
                            [&app](const std::string& flag) { return app.get_option(flag)->count() > 0; });

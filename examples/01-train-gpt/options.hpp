@@ -148,13 +148,6 @@ inline bool ranks_span_machines(int world) {
   return local != nullptr && std::atoi(local) < world;
 }
 
-/// The processes mpirun started beside this one, itself included (Open MPI's
-/// OMPI_COMM_WORLD_SIZE); 1 for a process started without it.
-inline int launched_processes() {
-  const char* n = std::getenv("OMPI_COMM_WORLD_SIZE");
-  return n != nullptr ? std::max(1, std::atoi(n)) : 1;
-}
-
 /// The model's positions (its block size): --init-hf's n_positions, else --seq.
 inline std::int64_t model_positions(const Options& o) { return o.positions > 0 ? o.positions : o.seq; }
 
