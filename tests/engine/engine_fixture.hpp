@@ -134,6 +134,43 @@ double max_named_difference(const Got& got, const Expected& expected) {
   return worst;
 }
 
+/// A one-process oracle without the engine: tiny_gpt() on flat buffers (seed 42), `steps` steps
+/// of the fixture's batches (global batch 6), AdamW run parameter by parameter with the config
+/// `config_of(step, entry)` points at, none for a parameter the step leaves alone, values and
+/// state (torch's rule for a parameter without a gradient). `prepare(model, step)` runs before
+/// each step. The parameters at the end, by name.
+template <class Prepare, class ConfigOf>
+Parameters adamw_by_parameter(int steps, Prepare&& prepare, ConfigOf&& config_of) {
+  Gpt<float> model(tiny_gpt());
+  FlatParameters<float> flat(model);
+  flat.initialize(42);
+  Tensor<float> values = flat.values(), grads = flat.grads();
+  const auto n = flat.padded_numel();
+  Tensor<float> exp_avg = Tensor<float>::zeros({n}), exp_avg_sq = Tensor<float>::zeros({n});
+  BatchSampler sampler(tiny_data(), 8, 6, 7);
+  for (int step = 0; step < steps; ++step) {
+    prepare(model, step);
+    flat.zero_grad();
+    const Batch b = sampler.batch(step);
+    backward(model.loss(b.inputs, b.targets));
+    flat.settle_grads();
+    for (const auto& e : flat.entries()) {
+      const AdamWConfig* config = config_of(step, e);
+      if (config == nullptr) continue;
+      const auto slice = [&](const Tensor<float>& t) { return t.flat_view(e.offset, e.numel()).span(); };
+      adam_update<float, float>(slice(values), slice(grads), slice(exp_avg), slice(exp_avg_sq), *config, step + 1,
+                                true);
+    }
+  }
+  Parameters out;
+  for (const auto& e : flat.entries()) {
+    const auto s = values.flat_view(e.offset, e.numel()).span();
+    out.emplace_back(e.name, std::vector<float>(s.begin(), s.end()));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
 inline double max_difference(const Parameters& a, const Parameters& b) {
   double worst = 0;
   REQUIRE(a.size() == b.size());

@@ -36,32 +36,9 @@ void set_frozen(Gpt<float>& model, const Freezing& f, bool frozen) {
 /// without a gradient (the optimizer skips it: values and state untouched), applied by running
 /// AdamW parameter by parameter over the trainable ones only.
 test::Parameters reference(const Freezing& f) {
-  Gpt<float> model(test::tiny_gpt());
-  FlatParameters<float> flat(model);
-  flat.initialize(42);
-  Tensor<float> values = flat.values(), grads = flat.grads();
-  const auto n = flat.padded_numel();
-  Tensor<float> exp_avg = Tensor<float>::zeros({n}), exp_avg_sq = Tensor<float>::zeros({n});
-  BatchSampler sampler(test::tiny_data(), 8, 6, 7);
-  for (int step = 0; step < steps; ++step) {
-    set_frozen(model, f, f.frozen_at(step));
-    flat.zero_grad();
-    const Batch b = sampler.batch(step);
-    backward(model.loss(b.inputs, b.targets));
-    flat.settle_grads();
-    for (const auto& e : flat.entries()) {
-      if (f.names.count(e.name) && f.frozen_at(step)) continue;
-      const auto slice = [&](const Tensor<float>& t) { return t.flat_view(e.offset, e.numel()).span(); };
-      adam_update<float, float>(slice(values), slice(grads), slice(exp_avg), slice(exp_avg_sq), adamw, step + 1, true);
-    }
-  }
-  test::Parameters out;
-  for (const auto& e : flat.entries()) {
-    const auto s = values.flat_view(e.offset, e.numel()).span();
-    out.emplace_back(e.name, std::vector<float>(s.begin(), s.end()));
-  }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  return out;
+  return test::adamw_by_parameter(
+      steps, [&](Gpt<float>& model, int step) { set_frozen(model, f, f.frozen_at(step)); },
+      [&](int step, const auto& e) { return f.names.count(e.name) && f.frozen_at(step) ? nullptr : &adamw; });
 }
 
 /// What rank 0 saw, and whether every rank's optimizer state over the frozen parameters was

@@ -226,8 +226,7 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
       u.bind();
       std::optional<HostAllocatorScope> pinned;
       pin_host_optimizer_state(pinned, config);
-      optimizers_.emplace_back(optimizer, static_cast<std::size_t>(Behaviour::optimizer_params(u).numel()),
-                               config.sub_group_size);
+      optimizers_.emplace_back(optimizer_runs(u, optimizer), config.sub_group_size);
     }
     plan_buckets();
     {
@@ -590,6 +589,32 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
   /// access_optimizer.
   static constexpr bool masters_resident =
       !(S::offload::to_nvme && (S::offload::offloads_parameters || !State::master_is_shard));
+  /// Unit u's optimizer span as (elements, config) runs: `optimizer` where weight decay applies,
+  /// the same without weight decay over the parameters exempt from it
+  /// (Parameter::set_weight_decay(false), PyTorch's parameter group with weight_decay=0). The
+  /// flags are read once, here; one run when no parameter is exempt.
+  static std::vector<std::pair<std::int64_t, typename Opt::config_type>> optimizer_runs(
+      State& u, const typename Opt::config_type& optimizer) {
+    const std::int64_t numel = Behaviour::optimizer_params(u).numel();
+    std::vector<std::int64_t> offsets;
+    std::vector<bool> decays;
+    const std::string* exempt = nullptr;
+    for (const auto& e : u.layout->entries) {
+      offsets.push_back(e.offset);
+      decays.push_back(e.parameter == nullptr || e.parameter->has_weight_decay());
+      if (!decays.back() && exempt == nullptr) exempt = &e.name;
+    }
+    if (exempt == nullptr) return {{numel, optimizer}};
+    const auto no_decay = without_weight_decay(optimizer);
+    POLYSHARD_CHECK(no_decay.has_value(), "Engine: parameter '", *exempt, "' is exempt from weight decay ",
+                    "(Parameter::set_weight_decay(false)), and the optimizer's config has no weight_decay to ",
+                    "leave out");
+    const std::int64_t begin = numel == u.layout->padded ? 0 : u.shard_begin();
+    std::vector<std::pair<std::int64_t, typename Opt::config_type>> runs;
+    for (const auto& [elements, decayed] : weight_decay_runs(offsets, decays, begin, numel))
+      runs.emplace_back(elements, decayed ? optimizer : *no_decay);
+    return runs;
+  }
   /// Where unit `unit`'s optimizer span starts in the unit's flat buffer: 0 when the rank
   /// updates the whole unit, the start of its shard otherwise.
   std::int64_t optimizer_offset(std::size_t unit) const {

@@ -6,6 +6,7 @@
 // and write whatever the grouping.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -34,14 +35,25 @@ class OptimizerGroups {
 
   /// Groups over a span of `numel` elements, each built as Opt(config, its size).
   template <class Config>
-  OptimizerGroups(const Config& config, std::size_t numel, std::int64_t group_size) {
+  OptimizerGroups(const Config& config, std::size_t numel, std::int64_t group_size)
+      : OptimizerGroups(std::vector<std::pair<std::int64_t, Config>>{{static_cast<std::int64_t>(numel), config}},
+                        group_size) {}
+
+  /// Groups over a span made of `runs`, (elements, config) pairs in span order: each run cut
+  /// into sub-groups of at most `group_size`, each built as Opt(its run's config, its size). A
+  /// run is a set of parameters with hyperparameters of their own (weight_decay_runs).
+  template <class Config>
+  OptimizerGroups(const std::vector<std::pair<std::int64_t, Config>>& runs, std::int64_t group_size) {
+    POLYSHARD_CHECK(!runs.empty(), "OptimizerGroups: a span of no runs");
     std::int64_t at = 0;
-    for (const std::int64_t n : sub_group_sizes(static_cast<std::int64_t>(numel), group_size)) {
-      groups_.emplace_back(config, static_cast<std::size_t>(n));
-      offsets_.push_back(at);
-      at += n;
-    }
-    numel_ = numel;
+    for (const auto& [elements, config] : runs)
+      for (const std::int64_t n : sub_group_sizes(elements, group_size)) {
+        if (n == 0 && runs.size() > 1) continue;  // only an empty span is an empty group
+        groups_.emplace_back(config, static_cast<std::size_t>(n));
+        offsets_.push_back(at);
+        at += n;
+      }
+    numel_ = static_cast<std::size_t>(at);
   }
 
   std::size_t size() const { return groups_.size(); }
@@ -110,6 +122,29 @@ class OptimizerGroups {
   std::vector<std::int64_t> offsets_;
   std::size_t numel_ = 0;
 };
+
+/// Where weight decay applies over a unit's optimizer span, elements [begin, begin + numel) of the
+/// unit: consecutive (elements, decays) runs covering the span, adjacent alike runs merged.
+/// Parameter i starts at offsets[i] (increasing) and `decays[i]` says whether it decays; the
+/// elements after a parameter up to the next one (padding) go with it, those before the first
+/// parameter with the first. No parameters, or all alike: one run.
+inline std::vector<std::pair<std::int64_t, bool>> weight_decay_runs(const std::vector<std::int64_t>& offsets,
+                                                                    const std::vector<bool>& decays,
+                                                                    std::int64_t begin, std::int64_t numel) {
+  POLYSHARD_CHECK(offsets.size() == decays.size(), "weight_decay_runs: ", offsets.size(), " offsets for ",
+                  decays.size(), " flags");
+  std::vector<std::pair<std::int64_t, bool>> runs;
+  const std::int64_t end = begin + numel;
+  for (std::size_t i = 0; i < offsets.size(); ++i) {
+    const std::int64_t from = std::max(begin, i == 0 ? begin : offsets[i]);
+    const std::int64_t to = std::min(end, i + 1 < offsets.size() ? offsets[i + 1] : end);
+    if (from >= to) continue;
+    if (!runs.empty() && runs.back().second == decays[i]) runs.back().first += to - from;
+    else runs.emplace_back(to - from, decays[i]);
+  }
+  if (runs.empty()) runs.emplace_back(numel, true);
+  return runs;
+}
 
 /// The unit's master weights `master` over the span (Behaviour::optimizer_params) with their
 /// elements for the lifetime of this object, filled from `groups` where the groups hold them

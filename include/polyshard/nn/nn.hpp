@@ -22,3 +22,4 @@
 #include "polyshard/nn/rms_norm.hpp"
 #include "polyshard/nn/silu.hpp"
 #include "polyshard/nn/swiglu.hpp"
+#include "polyshard/nn/weight_decay.hpp"

@@ -66,6 +66,13 @@ class Parameter {
     if (var_.defined()) var_ = Var<T, D>(Tensor<T, D>(), var_.requires_grad());
   }
 
+  /// Whether the optimizer's weight decay applies to this parameter: PyTorch's parameter group
+  /// with weight_decay=0 where not (nanoGPT and Hugging Face exempt biases and norms;
+  /// decay_matrices_only() does). The engine reads it when it builds its optimizers: set it
+  /// before constructing the engine.
+  bool has_weight_decay() const { return weight_decay_; }
+  void set_weight_decay(bool on) { weight_decay_ = on; }
+
   /// Frozen parameters get no gradient.
   bool requires_grad() const { return var_.defined() && var_.requires_grad(); }
   void set_requires_grad(bool on) {
@@ -91,6 +98,7 @@ class Parameter {
   ParameterInit init_;
   Var<T, D> var_;
   std::string name_;
+  bool weight_decay_ = true;
 };
 
 }  // namespace polyshard

@@ -2,6 +2,7 @@
 // same interface as each of them, so one engine instantiation serves all three.
 #pragma once
 
+#include <optional>
 #include <variant>
 
 #include "polyshard/optim/adam.hpp"
@@ -12,6 +13,11 @@ namespace polyshard {
 
 /// The configuration of one of the three optimizers.
 using AnyOptimizerConfig = std::variant<SgdConfig, AdamConfig, AdamWConfig>;
+
+/// The alternative `c` holds, with weight_decay 0 (the config of parameters exempt from decay).
+inline std::optional<AnyOptimizerConfig> without_weight_decay(const AnyOptimizerConfig& c) {
+  return std::visit([](const auto& x) -> std::optional<AnyOptimizerConfig> { return *without_weight_decay(x); }, c);
+}
 
 /// One of Sgd<P>, Adam<P>, AdamW<P>, selected by the alternative its config holds.
 template <class P>

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cmath>
+#include <optional>
 
 #include "polyshard/core/error.hpp"
 
@@ -47,6 +48,19 @@ struct AdamWConfig {
   /// The same values as the AdamConfig that adam_update() takes.
   operator AdamConfig() const { return {lr, beta1, beta2, eps, weight_decay}; }
 };
+
+/// `c` with weight_decay 0: the config of the parameters exempt from weight decay (PyTorch's
+/// parameter group with weight_decay=0). Nothing for a config that has no weight_decay.
+template <class C>
+std::optional<C> without_weight_decay(const C& c) {
+  if constexpr (requires(C& x) { x.weight_decay = 0.0; }) {
+    C out = c;
+    out.weight_decay = 0;
+    return out;
+  } else {
+    return std::nullopt;
+  }
+}
 
 namespace detail {
 
