@@ -358,6 +358,26 @@ expect(deepspeed-setting-reaches-the-engine EXIT 2 ARGS ${one_step} --deepspeed-
 expect(reduce-buffer-size-not-negative EXIT 2 ARGS ${one_step} --reduce-buffer-size -1
        SAYS "--reduce-buffer-size: must be at least 0, got '-1'")
 
+# --decay-matrices-only exempts biases and norms from AdamW's decay: a large decay then trains
+# to another loss (the engine's exemption itself: tests/engine/test_weight_decay.cpp).
+function(last_loss out)
+  file(REMOVE ${WORK_DIR}/decay.jsonl)
+  execute_process(COMMAND ${PROGRAM} ${one_step} --steps 3 --weight-decay 0.5 --lr 0.01 ${ARGN}
+                          --metrics ${WORK_DIR}/decay.jsonl RESULT_VARIABLE rc OUTPUT_VARIABLE printed ERROR_VARIABLE printed)
+  set(loss "")
+  if(rc EQUAL 0)
+    file(STRINGS ${WORK_DIR}/decay.jsonl lines)
+    list(GET lines -1 last)
+    string(JSON loss GET "${last}" loss)
+  endif()
+  set(${out} "${loss}" PARENT_SCOPE)
+endfunction()
+last_loss(all_decayed)
+last_loss(matrices_decayed --decay-matrices-only)
+if(all_decayed STREQUAL "" OR matrices_decayed STREQUAL "" OR all_decayed STREQUAL matrices_decayed)
+  string(APPEND failures "\ndecay-matrices-only: last losses '${all_decayed}' and '${matrices_decayed}'")
+endif()
+
 # A launcher's processes (here told by PMI_SIZE, as MPICH's Hydra and Slurm's srun tell them) do
 # not each train alone as a world of threads (mpirun itself: check_mpirun.cmake).
 execute_process(COMMAND ${CMAKE_COMMAND} -E env PMI_SIZE=3 ${PROGRAM} ${one_step} --backend threads

@@ -195,6 +195,8 @@ inline bool parse(int argc, char** argv, Options& o) {
       ->default_str("");  // not -1, which stands for the optimizer's own
   optimizer->add_option("--momentum", o.momentum, "SGD's momentum")->type_name("X")->transform(number);
   optimizer->add_flag("--nesterov", o.nesterov, "SGD with Nesterov momentum");
+  optimizer->add_flag("--decay-matrices-only", o.decay_matrices_only,
+                      "weight decay for the matrices only: biases and norms exempt, as nanoGPT's parameter groups");
 
   auto* strategy = app.add_option_group("Strategy");
   strategy

@@ -36,6 +36,7 @@ struct Options {
   double weight_decay = -1;  // -1: the optimizer's default (0, or 1e-2 for AdamW)
   double momentum = 0.0;
   bool nesterov = false;
+  bool decay_matrices_only = false;  // biases and norms exempt from weight decay (nanoGPT's groups)
   // Strategy.
   std::string strategy = "ddp";     // see strategy_names
   std::int64_t world_size = 1;      // ranks as threads (under --backend mpi, mpirun's processes)

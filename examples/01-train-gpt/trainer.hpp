@@ -118,6 +118,7 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
                 .n_head = o.heads, .n_embd = o.embd};
   Model model(cfg);
   model.checkpoint_blocks = o.checkpoint_activations;
+  if (o.decay_matrices_only) decay_matrices_only(model);  // read by the engine as it builds its optimizers
   StrategyConfig config = o.settings;
   config.gradient_accumulation_steps = static_cast<int>(o.accum);  // the engine counts the micro-batches
   if (!config.reduce_buffer_size)
