@@ -20,7 +20,6 @@
 #include "polyshard/comm/thread_communicator.hpp"
 #include "polyshard/data/data.hpp"
 #include "polyshard/engine/engine.hpp"
-#include "polyshard/engine/gradient_buckets.hpp"
 #include "polyshard/nn/nn.hpp"
 #include "polyshard/optim/optim.hpp"
 #include "polyshard/policy/policy.hpp"
@@ -94,19 +93,11 @@ struct BufferTimes {
   std::vector<std::size_t> buckets;
 };
 
-/// The gradient buckets of one backward of `engine`: its units cut as the engine cuts them.
+/// The gradient buckets of one backward of `engine`, over all its units.
 template <class E>
-std::size_t buckets_per_step(const E& engine, std::size_t reduce_bytes) {
-  const std::int64_t cap = gradient_bucket_elements(engine.config(), reduce_bytes);
+std::size_t buckets_per_step(const E& engine) {
   std::size_t n = 0;
-  for (const auto& unit : engine.units().units) {
-    std::vector<std::int64_t> offsets, sizes;
-    for (const auto& e : unit.entries) {
-      offsets.push_back(e.offset);
-      sizes.push_back(e.numel());
-    }
-    n += plan_gradient_buckets(offsets, sizes, unit.padded, cap).size();
-  }
+  for (std::size_t unit = 0; unit < engine.units().units.size(); ++unit) n += engine.gradient_buckets(unit).size();
   return n;
 }
 
@@ -126,7 +117,7 @@ BufferTimes buffer_times(Clock& clock, const GptConfig& cfg, std::int64_t batch,
   BufferTimes out;
   for (auto& run : runs) {
     out.step.push_back(run.median());
-    out.buckets.push_back(buckets_per_step(run.engine, sizeof(float)));
+    out.buckets.push_back(buckets_per_step(run.engine));
   }
   return out;
 }

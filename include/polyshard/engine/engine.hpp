@@ -609,17 +609,20 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
     POLYSHARD_CHECK(no_decay.has_value(), "Engine: parameter '", *exempt, "' is exempt from weight decay ",
                     "(Parameter::set_weight_decay(false)), and the optimizer's config has no weight_decay to ",
                     "leave out");
-    const std::int64_t begin = numel == u.layout->padded ? 0 : u.shard_begin();
     std::vector<std::pair<std::int64_t, typename Opt::config_type>> runs;
-    for (const auto& [elements, decayed] : weight_decay_runs(offsets, decays, begin, numel))
+    for (const auto& [elements, decayed] : weight_decay_runs(offsets, decays, optimizer_span_begin(u, numel), numel))
       runs.emplace_back(elements, decayed ? optimizer : *no_decay);
     return runs;
   }
   /// Where unit `unit`'s optimizer span starts in the unit's flat buffer: 0 when the rank
   /// updates the whole unit, the start of its shard otherwise.
   std::int64_t optimizer_offset(std::size_t unit) const {
-    const State& u = units_[unit];
-    return static_cast<std::int64_t>(optimizers_[unit].numel()) == u.layout->padded ? 0 : u.shard_begin();
+    return optimizer_span_begin(units_[unit], static_cast<std::int64_t>(optimizers_[unit].numel()));
+  }
+  /// Where an optimizer span of `numel` elements starts in unit u: a span of the whole unit at
+  /// 0, a shard at the shard's start.
+  static std::int64_t optimizer_span_begin(const State& u, std::int64_t numel) {
+    return numel == u.layout->padded ? 0 : u.shard_begin();
   }
   /// Makes the compute-dtype parameters of every unit equal the master weights again, after
   /// the masters were written (a checkpoint restore), as after an optimizer step: a collective
