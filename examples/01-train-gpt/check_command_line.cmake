@@ -360,22 +360,14 @@ expect(reduce-buffer-size-not-negative EXIT 2 ARGS ${one_step} --reduce-buffer-s
 
 # --decay-matrices-only exempts biases and norms from AdamW's decay: a large decay then trains
 # to another loss (the engine's exemption itself: tests/engine/test_weight_decay.cpp).
-function(last_loss out)
-  file(REMOVE ${WORK_DIR}/decay.jsonl)
-  execute_process(COMMAND ${PROGRAM} ${one_step} --steps 3 --weight-decay 0.5 --lr 0.01 ${ARGN}
-                          --metrics ${WORK_DIR}/decay.jsonl RESULT_VARIABLE rc OUTPUT_VARIABLE printed ERROR_VARIABLE printed)
-  set(loss "")
-  if(rc EQUAL 0)
-    file(STRINGS ${WORK_DIR}/decay.jsonl lines)
-    list(GET lines -1 last)
-    string(JSON loss GET "${last}" loss)
-  endif()
-  set(${out} "${loss}" PARENT_SCOPE)
-endfunction()
-last_loss(all_decayed)
-last_loss(matrices_decayed --decay-matrices-only)
-if(all_decayed STREQUAL "" OR matrices_decayed STREQUAL "" OR all_decayed STREQUAL matrices_decayed)
-  string(APPEND failures "\ndecay-matrices-only: last losses '${all_decayed}' and '${matrices_decayed}'")
+include(${CMAKE_CURRENT_LIST_DIR}/train_losses.cmake)  # train, count_trace_events
+set(common ${one_step} --steps 3 --weight-decay 0.5 --lr 0.01)
+train(all_decayed)
+train(matrices_decayed --decay-matrices-only)
+list(GET all_decayed -1 all_last)
+list(GET matrices_decayed -1 matrices_last)
+if(all_last STREQUAL matrices_last)
+  string(APPEND failures "\ndecay-matrices-only: the same last step and loss '${all_last}' with and without")
 endif()
 
 # A launcher's processes (here told by PMI_SIZE, as MPICH's Hydra and Slurm's srun tell them) do
@@ -397,9 +389,7 @@ function(reductions out)
                   OUTPUT_VARIABLE printed ERROR_VARIABLE printed)
   set(n 0)
   if(rc EQUAL 0 AND EXISTS ${trace})
-    file(READ ${trace} text)
-    string(REGEX MATCHALL "\"name\": \"reduce\"" found "${text}")
-    list(LENGTH found n)
+    count_trace_events(${trace} reduce n)
   else()
     string(JOIN " " command ${ARGN})
     set(failures "${failures}\nreductions: polyshard-train ${command} exited ${rc}:\n${printed}" PARENT_SCOPE)

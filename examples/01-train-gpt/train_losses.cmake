@@ -40,3 +40,12 @@ function(decimal_to_integer value digits out)
   math(EXPR result "${whole} * ${scale} + ${fraction}")
   set(${out} ${result} PARENT_SCOPE)
 endfunction()
+
+# count_trace_events(file name out): how many events called `name` the Chrome trace `file`
+# (polyshard-train --trace) holds, in `out`.
+function(count_trace_events file name out)
+  file(READ ${file} text)
+  string(REGEX MATCHALL "\"name\": \"${name}\"" found "${text}")
+  list(LENGTH found n)
+  set(${out} ${n} PARENT_SCOPE)
+endfunction()
