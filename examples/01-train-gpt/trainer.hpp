@@ -184,7 +184,8 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
         sizes.push_back(engine.units().units[i].padded);
         buckets.push_back(engine.gradient_buckets(i).size());
       }
-      predicted_peak = host_step_peak_memory<S>(sizes, world, states, config, buckets);
+      predicted_peak = host_step_peak_memory<S>(sizes, world, states, config, buckets,
+                                                optimizer_sub_group_sizes(engine.optimizers()));
     }
   }
 

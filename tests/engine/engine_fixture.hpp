@@ -171,6 +171,16 @@ Parameters adamw_by_parameter(int steps, Prepare&& prepare, ConfigOf&& config_of
   return out;
 }
 
+/// adamw_by_parameter with `config` for every parameter, or, when `matrices_only`, without
+/// weight decay for those decay_matrices_only() exempts (biases and norms).
+inline Parameters adamw_matrices_only(int steps, const AdamWConfig& config, bool matrices_only) {
+  AdamWConfig exempt = config;
+  exempt.weight_decay = 0;
+  return adamw_by_parameter(
+      steps, [&](Gpt<float>& model, int step) { if (matrices_only && step == 0) decay_matrices_only(model); },
+      [&](int, const auto& e) { return e.parameter->has_weight_decay() ? &config : &exempt; });
+}
+
 inline double max_difference(const Parameters& a, const Parameters& b) {
   double worst = 0;
   REQUIRE(a.size() == b.size());

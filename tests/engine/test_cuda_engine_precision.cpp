@@ -113,3 +113,56 @@ TEST_CASE("sub_group_size on the GPU: each sub-group stepped apart lands on the 
   CHECK(cut.losses == whole.losses);
   CHECK(test::max_difference(whole.parameters, train_on_gpu<S, AdamW<float>>(0, adamw).parameters) > 1e-3);
 }
+
+TEMPLATE_TEST_CASE("parameters exempt from weight decay on the GPU: a zero gradient shrinks only the others, and "
+                   "three steps end on the one-process oracle's weights",
+                   "[cuda][engine]", FsdpPerBlock, FsdpCpuOffload, ZeRO3ParamOnlyOffload) {
+  // The fused device AdamW (FsdpPerBlock, ZeRO3ParamOnlyOffload) and the host's for a device
+  // model (FsdpCpuOffload), each in sub-groups of 37 elements cut anywhere by the exempt ranges.
+  // An eps of 1e-3: with PyTorch's 1e-8, AdamW turns a near-zero gradient's last-bit difference
+  // (the device sums in another order) into a step's difference of up to lr.
+  const AdamWConfig adamw{.lr = 1e-2, .eps = 1e-3, .weight_decay = 0.1};
+  StrategyConfig pieces;
+  pieces.sub_group_size = 37;
+  const auto run = [&](int steps, double loss_weight) {
+    NcclCommunicator comm = one_gpu();
+    Gpt<float, Cuda> model(test::tiny_gpt());
+    decay_matrices_only(model);
+    Engine<TestType, Gpt<float, Cuda>, NcclCommunicator, AdamW<float>> engine(model, comm, adamw, pieces, 42);
+    std::pair<test::Parameters, test::Parameters> before_after{engine.full_parameters(), {}};
+    BatchSampler sampler(test::tiny_data(), 8, 6, 7);
+    for (int step = 0; step < steps; ++step) {
+      const Batch b = sampler.batch(step, 0, 1);
+      auto loss = engine.forward([&] { return model.loss(to_device(b.inputs), to_device(b.targets)); });
+      engine.backward(loss, loss_weight);
+      loss = {};
+      engine.step(adamw.lr);
+    }
+    before_after.second = engine.full_parameters();
+    return before_after;
+  };
+  // A zero gradient: AdamW moves nothing but the decay, p (1 - lr wd), and an exempt parameter
+  // (a vector: a bias or a norm, by its shape) not at all.
+  const auto [before, after] = run(1, 0.0);
+  const float shrink = static_cast<float>(1 - adamw.lr * adamw.weight_decay);
+  Gpt<float> shapes(test::tiny_gpt());
+  std::map<std::string, bool> is_vector;
+  visit_parameters(shapes, [&](const std::string& name, Parameter<float>& p) { is_vector[name] = p.shape().rank() < 2; });
+  REQUIRE(after.size() == before.size());
+  std::size_t differing = 0, exempt = 0;
+  for (std::size_t i = 0; i < after.size(); ++i) {
+    REQUIRE(is_vector.count(after[i].first) == 1);
+    const bool vector = is_vector[after[i].first];
+    exempt += vector ? 1 : 0;
+    for (std::size_t k = 0; k < after[i].second.size(); ++k)
+      differing += after[i].second[k] == (vector ? before[i].second[k] : before[i].second[k] * shrink) ? 0 : 1;
+  }
+  CHECK(exempt == 18);
+  CHECK(differing == 0);
+  // Three steps against the oracle stepping each parameter with its own config: within the
+  // order of the sums, far from the run that decays every parameter (a norm's weight of 1 loses
+  // lr wd a step).
+  const test::Parameters trained = run(3, 1.0).second;
+  CHECK(test::max_difference(trained, test::adamw_matrices_only(3, adamw, true)) < 2e-5);
+  CHECK(test::max_difference(trained, test::adamw_matrices_only(3, adamw, false)) > 1e-3);
+}

@@ -23,6 +23,7 @@ struct Held {
   std::int64_t padded = 0, largest_unit = 0;
   std::vector<std::int64_t> units;  // padded sizes, root first, in the order forward runs them
   std::vector<std::size_t> buckets;  // gradient buckets per unit
+  std::vector<std::int64_t> sub_groups;  // the optimizer's sub-groups, unit after unit
   std::int64_t at(MemoryCategory c) const { return bytes[static_cast<std::size_t>(c)]; }
   std::int64_t peak_at(MemoryCategory c) const { return peak[static_cast<std::size_t>(c)]; }
 };
@@ -57,8 +58,11 @@ void check_layout(const Held& h, int world, const StrategyConfig& config) {
   CHECK(h.buckets == buckets);
 }
 
+/// What each of `world` ranks holds after three steps of four_blocks() under S, and the most it
+/// held within the last; `matrices_only`: its biases and norms exempt from weight decay
+/// (decay_matrices_only), which cuts the optimizer's sub-groups.
 template <class S>
-std::vector<Held> hold(int world, const StrategyConfig& config) {
+std::vector<Held> hold(int world, const StrategyConfig& config, bool matrices_only = false) {
   using MT = typename S::master_type;
   std::vector<Held> held(static_cast<std::size_t>(world));
   run_ranks(world, [&](ThreadCommunicator& comm) {
@@ -68,6 +72,7 @@ std::vector<Held> hold(int world, const StrategyConfig& config) {
     comm.set_memory_tracker(tracker);
     {
       Gpt<float> model(four_blocks());
+      if (matrices_only) decay_matrices_only(model);
       const SgdConfig sgd = test::momentum_sgd();
       Engine<S, Gpt<float>, ThreadCommunicator, Sgd<MT>> engine(model, comm, sgd, config, 42);
       for (std::size_t i = 0; i < engine.units().units.size(); ++i) {
@@ -76,6 +81,7 @@ std::vector<Held> hold(int world, const StrategyConfig& config) {
         h.buckets.push_back(engine.gradient_buckets(i).size());
       }
       h.padded = engine.units().padded_total();
+      h.sub_groups = optimizer_sub_group_sizes(engine.optimizers());
       BatchSampler sampler(test::tiny_data(), 8, 8, 7);
       for (int step = 0; step < 3; ++step) {
         if (step == 2) tracker.reset_peaks();  // a steady-state step: prefetch knows the order
@@ -323,6 +329,32 @@ TEST_CASE("memory: under NVMe offload, sub_group_size bounds the optimizer state
   check(with_t<Infinity, Bf16Mixed>{}, "OffloadOptimizer<Nvme>, bf16: the masters come back with the moments");
   check(OnNvme{}, "OffloadParameters<Nvme>");
   check(with_t<OnNvme, Bf16Mixed>{}, "OffloadParameters<Nvme>, bf16");
+}
+
+TEST_CASE("memory: under NVMe offload, parameters exempt from weight decay cut the sub-groups, and the prediction "
+          "follows the engine's",
+          "[engine][memory]") {
+  using Infinity = Strategy<ShardParameters<true>, OffloadOptimizer<Nvme>, WrapByType<Block>>;
+  test::TempDir nvme;
+  StrategyConfig config;
+  config.nvme_path = nvme.path().string();
+  config.optimizer_buffer_count = nvme_buffers_per_sub_group(1);  // one sub-group's at a time: exact peaks
+  const auto check = [&]<class S>(S, const char* label) {
+    for (int world : {1, 3}) {
+      INFO(label << " at world size " << world);
+      for (const Held& h : hold<S>(world, config, /*matrices_only=*/true)) {
+        // A block's shard is cut where its biases and norms start and end: more groups than units.
+        CHECK(h.sub_groups.size() > h.units.size());
+        const double measured = double(h.peak_at(MemoryCategory::OptimizerState));
+        CHECK(measured == host_step_peak_memory<S>(h.units, world, 1, config, h.buckets, h.sub_groups).optimizer_state);
+        // Each unit's shard taken whole would predict its largest shard, which no group now is.
+        CHECK(measured < host_step_peak_memory<S>(h.units, world, 1, config, h.buckets).optimizer_state);
+      }
+    }
+  };
+  check(Infinity{}, "OffloadOptimizer<Nvme>");
+  check(with_t<Infinity, Bf16Mixed>{}, "OffloadOptimizer<Nvme>, bf16: the masters come back with the moments");
+  check(OnNvme{}, "OffloadParameters<Nvme>");
 }
 #endif
 

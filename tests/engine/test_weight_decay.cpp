@@ -8,6 +8,7 @@
 #include <string>
 
 #include "engine_fixture.hpp"
+#include "io/temp_dir.hpp"
 #include "polyshard/engine/optimizer_groups.hpp"
 
 using namespace polyshard;
@@ -21,13 +22,7 @@ constexpr int steps = 3;
 /// The oracle, without the engine: one process, flat buffers, and AdamW run parameter by
 /// parameter, with weight_decay 0 for the parameters decay_matrices_only() exempts (when
 /// `matrices_only`; else every parameter decays).
-test::Parameters reference(bool matrices_only) {
-  AdamWConfig exempt = adamw;
-  exempt.weight_decay = 0;
-  return test::adamw_by_parameter(
-      steps, [&](Gpt<float>& model, int step) { if (matrices_only && step == 0) decay_matrices_only(model); },
-      [&](int, const auto& e) { return e.parameter->has_weight_decay() ? &adamw : &exempt; });
-}
+test::Parameters reference(bool matrices_only) { return test::adamw_matrices_only(steps, adamw, matrices_only); }
 
 /// Rank 0's parameters before and after training tiny_gpt() under S with AdamW on `world`
 /// thread ranks, decay_matrices_only() applied first when `matrices_only`. `loss_weight` 0 gives
@@ -166,3 +161,27 @@ TEST_CASE("exempt parameters: the sharded stages agree bit for bit at world size
   CHECK(test::max_difference(train_decay<FsdpPerBlock>(2, true).final, zero2.final) == 0.0);
   CHECK(test::max_difference(train_decay<ZeRO<3>>(2, true).final, zero2.final) == 0.0);
 }
+
+#ifdef POLYSHARD_HAVE_LIBURING
+TEST_CASE("exempt parameters with the optimizer state or the parameter shards on NVMe train bit for bit as in memory",
+          "[engine][nvme]") {
+  // The sub-groups that come back from the file one at a time are cut at the exempt ranges too.
+  using InMemory = Strategy<ShardParameters<true>, WrapByType<Block>>;
+  using StateOnNvme = with_t<InMemory, OffloadOptimizer<Nvme>>;
+  using ShardsOnNvme = with_t<InMemory, OffloadParameters<Nvme>>;
+  TempDir dir;
+  StrategyConfig config;
+  config.nvme_path = dir.path().string();
+  config.optimizer_buffer_count = nvme_buffers_per_sub_group(2);  // one AdamW sub-group in memory at a time
+  StrategyConfig shards = config;
+  shards.max_in_cpu = 0;  // every unit's shard in the file
+  for (int world : {1, 3}) {
+    CAPTURE(world);
+    const DecayRun in_memory = train_decay<InMemory>(world, true);
+    CHECK(test::max_difference(train_decay<StateOnNvme>(world, true, config).final, in_memory.final) == 0.0);
+    CHECK(test::max_difference(train_decay<ShardsOnNvme>(world, true, shards).final, in_memory.final) == 0.0);
+    // ...and the exemption is in effect there: it is not the run that decays everything.
+    CHECK(test::max_difference(train_decay<StateOnNvme>(world, false, config).final, in_memory.final) > 1e-4);
+  }
+}
+#endif

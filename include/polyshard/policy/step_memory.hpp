@@ -60,6 +60,16 @@ class StepMemoryWalk {
 };
 }  // namespace detail
 
+/// The sizes of the sub-groups the optimizers of `optimizers` step apart (Engine::optimizers():
+/// one OptimizerGroups a unit), unit after unit: host_step_peak_memory's `sub_groups`.
+template <class Groups>
+std::vector<std::int64_t> optimizer_sub_group_sizes(const std::vector<Groups>& optimizers) {
+  std::vector<std::int64_t> sizes;
+  for (const Groups& groups : optimizers)
+    for (std::size_t k = 0; k < groups.size(); ++k) sizes.push_back(groups.numel(k));
+  return sizes;
+}
+
 /// The peak bytes per category one rank holds during a steady-state training step (a forward,
 /// a backward, an optimizer step; after the first step, so that prefetching knows the order)
 /// of a host model (Gpt<float>) under S, on `world_size` ranks, with an optimizer of
@@ -96,11 +106,15 @@ class StepMemoryWalk {
 ///                   sub-groups' state and separate masters (an upper bound, reached when the
 ///                   writes lag; exact for one sub-group)
 /// `buckets` are the units' gradient bucket counts (Engine::gradient_buckets(i).size()); empty:
-/// one bucket a unit. One micro-batch per step: a backward after another one of the same step,
-/// or under no_sync, carries gradients aside (not predicted). HybridShard is not predicted.
+/// one bucket a unit. `sub_groups` are the sizes of the optimizer's sub-groups, unit after unit
+/// (optimizer_sub_group_sizes(Engine::optimizers())), which parameters exempt from weight decay
+/// cut further; empty: each unit's shard in pieces of sub_group_size. One micro-batch per step:
+/// a backward after another one of the same step, or under no_sync, carries gradients aside
+/// (not predicted). HybridShard is not predicted.
 template <StrategyType S>
 StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int world_size, int states_per_param = 2,
-                                     const StrategyConfig& config = {}, std::span<const std::size_t> buckets = {}) {
+                                     const StrategyConfig& config = {}, std::span<const std::size_t> buckets = {},
+                                     std::span<const std::int64_t> sub_groups = {}) {
   using sharding = typename S::sharding;
   using CT = typename S::compute_type;
   using RT = typename S::reduce_type;
@@ -251,10 +265,11 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
     // The state comes back sub-group by sub-group (sub_group_size), as many at most as
     // optimizer_buffer_count has buffers for, with the group's masters unless they are the
     // shards (the host steps where they live).
-    std::vector<double> groups;
-    for (std::size_t i = 0; i <= last; ++i)
-      for (const std::int64_t g : sub_group_sizes(static_cast<std::int64_t>(p(i) / n), config.sub_group_size))
-        groups.push_back(static_cast<double>(g));
+    std::vector<double> groups(sub_groups.begin(), sub_groups.end());
+    if (sub_groups.empty())
+      for (std::size_t i = 0; i <= last; ++i)
+        for (const std::int64_t g : sub_group_sizes(static_cast<std::int64_t>(p(i) / n), config.sub_group_size))
+          groups.push_back(static_cast<double>(g));
     const double masters = std::is_same_v<MT, CT> ? 0.0 : 1.0;
     walk.add(Walk::optimizer_state, sizeof(MT) * (static_cast<double>(states_per_param) + masters) *
                                         detail::largest_window_sum(
