@@ -352,9 +352,10 @@ expect(delayed-update-trains EXIT 0 ARGS ${one_step} --strategy zero_offload --p
        --delayed-parameter-update true SAYS "strategy zero_offload (ShardGradients, OffloadOptimizer<Cpu>, Bf16Mixed)")
 expect(bucket-size-must-be-positive EXIT 2 ARGS ${one_step} --reduce-bucket-size 0
        SAYS "--reduce-bucket-size: must be at least 1, got '0'")
-file(WRITE ${WORK_DIR}/deepspeed-bucket.json [=[{"zero_optimization": {"stage": 2, "allgather_bucket_size": 5e7}}]=])
-expect(deepspeed-setting-reaches-the-engine EXIT 2 ARGS ${one_step} --deepspeed-config ${WORK_DIR}/deepspeed-bucket.json
-       SAYS "StrategyConfig::allgather_bucket_size = 50000000")
+file(WRITE ${WORK_DIR}/deepspeed-pinned.json [=[{"zero_optimization": {"stage": 2, "offload_optimizer": {
+  "device": "none", "pin_memory": true}}}]=])
+expect(deepspeed-setting-reaches-the-engine EXIT 2 ARGS ${one_step} --deepspeed-config ${WORK_DIR}/deepspeed-pinned.json
+       SAYS "StrategyConfig::pin_memory = true" "a host model")
 expect(reduce-buffer-size-not-negative EXIT 2 ARGS ${one_step} --reduce-buffer-size -1
        SAYS "--reduce-buffer-size: must be at least 0, got '-1'")
 
@@ -368,6 +369,16 @@ list(GET all_decayed -1 all_last)
 list(GET matrices_decayed -1 matrices_last)
 if(all_last STREQUAL matrices_last)
   string(APPEND failures "\ndecay-matrices-only: the same last step and loss '${all_last}' with and without")
+endif()
+
+# A ZeRO-2 DeepSpeed config's allgather_bucket_size cuts the all-gather of the updated shards
+# (its pieces and their bits: tests/engine/test_allgather_pieces.cpp): accepted, the same losses.
+file(WRITE ${WORK_DIR}/deepspeed-allgather.json [=[{"zero_optimization": {"stage": 2, "allgather_bucket_size": 64}}]=])
+train(gathered_whole --strategy zero2 --world-size 2)
+train(gathered_in_pieces --deepspeed-config ${WORK_DIR}/deepspeed-allgather.json --world-size 2)
+if(NOT gathered_in_pieces STREQUAL gathered_whole OR NOT gathered_in_pieces_out MATCHES "strategy zero2")
+  string(APPEND failures "\ndeepspeed-allgather-bucket: losses ${gathered_in_pieces} against ${gathered_whole}:\n"
+         "${gathered_in_pieces_out}")
 endif()
 
 # A launcher's processes (here told by PMI_SIZE, as MPICH's Hydra and Slurm's srun tell them) do

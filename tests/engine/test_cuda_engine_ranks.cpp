@@ -20,7 +20,8 @@ namespace {
 /// parameters. Empty when fewer than `world` devices are visible.
 template <class S, class Opt = Sgd<float>>
 std::optional<RunResult> train_on_gpus(int world, int steps, typename Opt::config_type opt = momentum_sgd(),
-                                       double clip = std::numeric_limits<double>::infinity(), bool together = false) {
+                                       double clip = std::numeric_limits<double>::infinity(), bool together = false,
+                                       const StrategyConfig& config = {}) {
   using CT = typename S::compute_type;
   if (!test::have_devices(world)) return std::nullopt;
   std::vector<RunResult> results(static_cast<std::size_t>(world));
@@ -28,7 +29,7 @@ std::optional<RunResult> train_on_gpus(int world, int steps, typename Opt::confi
   run_on_gpus(world, [&](int r, NcclCommunicator& comm) {
     RunResult& result = results[static_cast<std::size_t>(r)];
     Gpt<CT, Cuda> model(tiny_gpt());
-    Engine<S, Gpt<CT, Cuda>, NcclCommunicator, Opt> engine(model, comm, opt, {}, 42);
+    Engine<S, Gpt<CT, Cuda>, NcclCommunicator, Opt> engine(model, comm, opt, config, 42);
     BatchSampler sampler(tiny_data(), 8, batch, 7);
     const RowRange rows = rank_rows(batch, r, world);
     const double weight = double(rows.end - rows.begin) / double(batch);
@@ -77,6 +78,24 @@ TEMPLATE_TEST_CASE("an fp32 GPT trains on 2 and 3 GPUs as on as many host ranks,
   const double clip = GENERATE(std::numeric_limits<double>::infinity(), 0.5);
   INFO("world size " << world << (std::isfinite(clip) ? ", clipped at 0.5" : ""));
   check_gpus_match_host<TestType>(world, 3, 1e-5, 2e-5, clip);
+}
+
+// The device side of tests/engine/test_allgather_pieces.cpp: each piece lands in a device buffer
+// and is copied to its rank's place in the unit.
+TEMPLATE_TEST_CASE("allgather_bucket_size on 2 and 3 GPUs: the updated shards all-gathered in pieces, bit for bit as "
+                   "one all-gather a unit",
+                   "[cuda][engine][ranks]", ZeRO1, ZeRO2PerBlock, (Strategy<ShardGradients, Bf16Mixed>), ZeROOffload) {
+  const int world = GENERATE(2, 3);
+  INFO("world size " << world);
+  const auto whole = train_on_gpus<TestType>(world, 3);
+  if (!whole) return;  // too few devices
+  StrategyConfig pieces;
+  pieces.allgather_bucket_size = 5 * world;  // 5 elements of each shard at a time
+  const auto cut = train_on_gpus<TestType>(world, 3, momentum_sgd(), std::numeric_limits<double>::infinity(), false,
+                                           pieces);
+  REQUIRE(cut);
+  CHECK(cut->losses == whole->losses);
+  CHECK(cut->parameters == whole->parameters);
 }
 
 // The oracle's checks of one GPU's 16-bit run (test_cuda_engine_precision.cpp) on 3: every

@@ -128,9 +128,9 @@ TEST_CASE("hybrid sharding: shard within groups, replicate across them, train li
   CHECK_THROWS_WITH(train<Hybrid2>(2, 1, 6, test::momentum_sgd(), std::numeric_limits<double>::infinity(), unread),
                     Catch::Contains("params_buffer_count (2)"));
   // And one this composition does not read: HybridShard<ShardGradients> gathers nothing ahead.
-  StrategyConfig not_gathered;
-  not_gathered.allgather_bucket_size = 10;
+  StrategyConfig not_prefetched;
+  not_prefetched.prefetch = false;
   CHECK_THROWS_WITH(
-      train<Hybrid2>(2, 1, 6, test::momentum_sgd(), std::numeric_limits<double>::infinity(), not_gathered),
-      Catch::Contains("allgather_bucket_size = 10 bounds the parameters ShardParameters gathers ahead"));
+      train<Hybrid2>(2, 1, 6, test::momentum_sgd(), std::numeric_limits<double>::infinity(), not_prefetched),
+      Catch::Contains("prefetch = false is read only by ShardParameters"));
 }

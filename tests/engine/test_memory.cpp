@@ -248,6 +248,24 @@ TEST_CASE("memory: the step's peaks follow the schedule: prefetch, overlapped re
   CHECK(host_step_peak_memory<Zero1>(units, 4, 1).communication == 2 * (4.0 * 2197 + 4.0 * 2197 / 4));
 }
 
+TEST_CASE("memory: allgather_bucket_size's pieces hold one piece of every rank's shard after the step, not a copy of "
+          "the shard",
+          "[engine][memory]") {
+  // ZeRO-2 at world size 4 on one unit of 8,800 elements, 2,200 a shard: the all-gather copies
+  // the shard out (4 x 2,200 bytes), or, 16 elements of each shard at a time (a bucket of 64),
+  // a piece's copy and the buffer the four pieces land in (4 x (16 + 4 x 16)).
+  StrategyConfig pieces;
+  pieces.allgather_bucket_size = 64;
+  const std::vector<std::int64_t> unit = {8800};
+  CHECK(host_step_peak_memory<Strategy<ShardGradients>>(unit, 4, 1).communication == 4.0 * 2200);
+  CHECK(host_step_peak_memory<Strategy<ShardGradients>>(unit, 4, 1, pieces).communication == 4.0 * (16 + 4 * 16));
+  // The engine's peaks, world sizes 1 to 8, against the prediction.
+  check_step_peaks<Strategy<ShardGradients>>(pieces);
+  check_step_peaks<Strategy<ShardGradients, WrapByType<Block>, Bf16Mixed>>(pieces);
+  check_step_peaks<Strategy<ShardOptimizerState>>(pieces);
+  check_step_peaks<Strategy<ShardOptimizerState, Bf16Mixed>>(pieces);
+}
+
 TEST_CASE("memory: ZeRO-3 by repeated layer (the preset's WrapRepeated) holds the root and two blocks whole",
           "[engine][memory]") {
   // The preset's rule with a threshold the test model's blocks (2,197 parameters) pass; its own

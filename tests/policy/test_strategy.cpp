@@ -357,10 +357,12 @@ TEST_CASE("StrategyConfig fields a composition does not read are refused for it,
   const auto no_prefetch = [](StrategyConfig& c) { c.prefetch = false; };
   CHECK_THAT(refused(ZeRO<1>{}, no_prefetch), Catch::Contains("prefetch = false"));
   CHECK(refused(ZeRO<3>{}, no_prefetch) == "(accepted)");
-  // allgather_bucket_size is the prefetch budget: read where units are gathered ahead.
+  // allgather_bucket_size is the prefetch budget where units are gathered ahead, and the piece
+  // of the all-gather of the updated shards where the optimizer alone is sharded.
   const auto budget = [](StrategyConfig& c) { c.allgather_bucket_size = 10; };
-  CHECK_THAT(refused(ZeRO<2>{}, budget),
-             Catch::Contains("allgather_bucket_size = 10") && Catch::Contains("ShardGradients"));
+  CHECK_THAT(refused(DDP{}, budget), Catch::Contains("allgather_bucket_size = 10") && Catch::Contains("NoShard"));
+  CHECK(refused(ZeRO<1>{}, budget) == "(accepted)");
+  CHECK(refused(ZeRO<2>{}, budget) == "(accepted)");
   CHECK(refused(ZeRO<3>{}, budget) == "(accepted)");
   CHECK(refused(FSDP{}, budget) == "(accepted)");
   CHECK_THAT(refused(ZeRO<3>{}, [](StrategyConfig& c) { c.allgather_bucket_size = 0; }),

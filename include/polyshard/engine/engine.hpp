@@ -220,6 +220,7 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
       u.rank = shards.rank();
       u.world = shards.size();
       u.shard = u.layout->padded / u.world;
+      u.gather_piece = allgather_piece_elements(config, u.world, u.shard);
       u.pin_host = config.pin_memory;
       Behaviour::allocate(u, seed);
       if (config.sync_models_at_startup) sync_from_rank0(u);

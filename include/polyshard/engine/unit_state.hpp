@@ -63,6 +63,9 @@ struct UnitState {
   /// (StrategyConfig::pin_memory); else pageable, and their transfers are staged.
   bool pin_host = false;
   std::int64_t shard = 0;  // padded / world
+  /// Elements of each shard all-gathered at once after the step where the parameters are
+  /// whole and the optimizer sharded (allgather_piece_elements); 0: the whole shard.
+  std::int64_t gather_piece = 0;
 
   tensor<CT> full;              // (padded) parameters in compute dtype
   tensor<work_type> work;       // (padded) what the modules compute with (== full when work_is_full)

@@ -31,11 +31,15 @@ struct StrategyConfig {
   /// sharded_ddp sets it, and ddp_sharded Lightning's (0 on one machine, that default across
   /// machines).
   std::optional<std::int64_t> reduce_buffer_size{};
-  /// DeepSpeed's allgather_bucket_size: elements all-gathered at once. Under ShardParameters,
-  /// the elements of the units a rank gathers ahead of the one computing (prefetch): set away
-  /// from its default (2e8), units are prefetched, in the order the last forward ran them, as
-  /// deep as this budget allows, and at least the next one; at its default, the next unit only,
-  /// so that ZeRO-3 and FSDP out of the box hold two gathered units beside the root.
+  /// DeepSpeed's allgather_bucket_size: elements all-gathered at once. Under ShardOptimizerState
+  /// and ShardGradients (DeepSpeed's stages 1 and 2), the most elements one all-gather of the
+  /// updated shards moves after the step: a unit's is cut into as many as that takes
+  /// (allgather_piece_elements). Under ShardParameters, the elements of the units a rank gathers
+  /// ahead of the one computing (prefetch; DeepSpeed's stage 3 calls it
+  /// stage3_prefetch_bucket_size): set away from its default (2e8), units are prefetched, in the
+  /// order the last forward ran them, as deep as this budget allows, and at least the next one;
+  /// at its default, the next unit only, so that ZeRO-3 and FSDP out of the box hold two
+  /// gathered units beside the root.
   std::int64_t allgather_bucket_size = 200'000'000;
   /// Reduce each gradient bucket as soon as backward has finished it, while backward goes on
   /// (on the communication thread or stream), and complete a unit's reductions only when the
@@ -275,12 +279,15 @@ void refuse_fields_not_read_by(const StrategyConfig& c) {
     POLYSHARD_CHECK(c.prefetch == d.prefetch, "StrategyConfig::prefetch = false is read only by ShardParameters ",
                     "(which gathers units), and this strategy shards with ", sharding,
                     ": leave it true");
+  }
+  if constexpr (!S::sharding::shards_parameters && !S::sharding::shards_optimizer_state) {
     POLYSHARD_CHECK(c.allgather_bucket_size == d.allgather_bucket_size, "StrategyConfig::allgather_bucket_size = ",
-                    c.allgather_bucket_size, " bounds the parameters ShardParameters gathers ahead of compute, and "
-                    "this strategy shards with ", sharding, ", which gathers nothing: leave it at 200000000");
+                    c.allgather_bucket_size, " bounds what ShardParameters gathers ahead of compute, or the ",
+                    "all-gather of the updated shards under ShardOptimizerState and ShardGradients, and this ",
+                    "strategy shards with ", sharding, ", which gathers nothing: leave it at 200000000");
   }
   POLYSHARD_CHECK(c.allgather_bucket_size > 0, "StrategyConfig::allgather_bucket_size = ", c.allgather_bucket_size,
-                  ": a prefetch budget in elements must be positive (prefetch = false gathers nothing ahead)");
+                  ": a number of elements must be positive (prefetch = false gathers nothing ahead)");
   if (!c.prefetch)
     POLYSHARD_CHECK(c.allgather_bucket_size == d.allgather_bucket_size, "StrategyConfig::allgather_bucket_size = ",
                     c.allgather_bucket_size, " is a prefetch budget, and prefetch = false gathers nothing ahead: "
@@ -290,6 +297,15 @@ void refuse_fields_not_read_by(const StrategyConfig& c) {
                     " is read only by a size-based wrap policy (WrapBySize), and this strategy wraps with ",
                     wrap, ": leave it at 0");
   }
+}
+
+/// Elements of each rank's shard of `shard` elements that one all-gather of the updated shards
+/// takes after the step over `ranks` ranks (ShardOptimizerState, ShardGradients), so that it
+/// moves at most allgather_bucket_size elements, and at least one of each rank's; 0 where the
+/// whole shard goes at once.
+inline std::int64_t allgather_piece_elements(const StrategyConfig& c, int ranks, std::int64_t shard) {
+  const std::int64_t piece = std::max<std::int64_t>(1, c.allgather_bucket_size / std::max(ranks, 1));
+  return piece >= shard ? 0 : piece;
 }
 
 /// The most elements of parameters ShardParameters holds gathered ahead of the unit computing,

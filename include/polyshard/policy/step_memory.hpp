@@ -101,7 +101,9 @@ std::vector<std::int64_t> optimizer_sub_group_sizes(const std::vector<Groups>& o
 ///                   gradients cast to a 16-bit reduce dtype; ShardOptimizerState in fp32 reduces
 ///                   a unit that is one bucket from a copy 4 p into a buffer r s (a unit of
 ///                   several buckets, in place: nothing); the all-gather after the step reads a
-///                   copy c s of the rank's shard
+///                   copy c s of the rank's shard, or, cut into pieces of e elements of each
+///                   shard (allgather_bucket_size: allgather_piece_elements), a piece's copy and
+///                   the buffer every rank's piece lands in, c (e + N e)
 ///   optimizer state under NVMe offload, at most nvme_sub_groups_in_memory consecutive
 ///                   sub-groups' state and separate masters (an upper bound, reached when the
 ///                   writes lag; exact for one sub-group)
@@ -258,8 +260,10 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
   // Step.
   if (sharding::shards_optimizer_state && !sharding::shards_parameters && world_size > 1)
     for (std::size_t i = 0; i <= last; ++i) {
-      walk.add(Walk::communication, c * p(i) / n);
-      walk.sub(Walk::communication, c * p(i) / n);
+      const auto piece = static_cast<double>(allgather_piece_elements(config, world_size, units[i] / world_size));
+      const double held = piece == 0 ? c * p(i) / n : c * (piece + n * piece);
+      walk.add(Walk::communication, held);
+      walk.sub(Walk::communication, held);
     }
   if constexpr (S::offload::to_nvme) {
     // The state comes back sub-group by sub-group (sub_group_size), as many at most as

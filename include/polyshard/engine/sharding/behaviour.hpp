@@ -131,7 +131,8 @@ struct WholeParameters {
   static auto compute_copy(U& u) { return u.full.flat_view(u.shard_begin(), u.shard); }
 
   /// Writes the updated master shard into the parameters (unless the step wrote it) and
-  /// all-gathers every rank's shard.
+  /// all-gathers every rank's shard: at once, or in pieces of u.gather_piece elements of each
+  /// shard (StrategyConfig::allgather_bucket_size, as DeepSpeed's stages 1 and 2 cut theirs).
   template <class U, class Comm>
   static void write_back_and_gather(U& u, Comm& comm) {
     using CT = typename decltype(u.full)::value_type;
@@ -141,9 +142,23 @@ struct WholeParameters {
       u.refresh_work_from_full();
       return;
     }
-    // The input is copied out first: a collective's input must not alias its output.
-    auto mine = u.full.flat_view(u.shard_begin(), u.shard).clone(MemoryCategory::Communication);
-    comm.all_gather(std::span<const CT>(mine.span()), u.full.span());
+    if (u.gather_piece <= 0 || u.gather_piece >= u.shard) {
+      // The input is copied out first: a collective's input must not alias its output.
+      auto mine = u.full.flat_view(u.shard_begin(), u.shard).clone(MemoryCategory::Communication);
+      comm.all_gather(std::span<const CT>(mine.span()), u.full.span());
+    } else {
+      // Piece k of every shard lands in one buffer, rank after rank, then where each shard is:
+      // an all-gather writes each rank's input contiguously, and the pieces of a unit are not.
+      const std::int64_t ranks = comm.size();
+      for (std::int64_t at = 0; at < u.shard; at += u.gather_piece) {
+        const std::int64_t n = std::min(u.gather_piece, u.shard - at);
+        auto mine = u.full.flat_view(u.shard_begin() + at, n).clone(MemoryCategory::Communication);
+        auto all = decltype(u.full)::empty({ranks * n}, MemoryCategory::Communication);
+        comm.all_gather(std::span<const CT>(mine.span()), all.span());
+        for (std::int64_t r = 0; r < ranks; ++r)
+          if (r != u.rank) u.full.flat_view(r * u.shard + at, n).copy_from(all.flat_view(r * n, n));
+      }
+    }
     u.refresh_work_from_full();
   }
 };
