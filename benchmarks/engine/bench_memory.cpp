@@ -123,6 +123,11 @@ int main(int argc, char** argv) {
     row<Strategy<ShardParameters<true>, OffloadParameters<Cpu>, PerBlock>>(table, "zero3_offload", world, cfg, batch);
     row<Strategy<ShardGradients, Bf16Mixed, PerBlock>>(table, "zero2 bf16", world, cfg, batch);
     row<Strategy<ShardParameters<true>, Bf16Mixed, PerBlock>>(table, "zero3 bf16", world, cfg, batch);
+    // allgather_bucket_size: the write-back all-gathers 16,384 elements at a time, not a shard.
+    StrategyConfig gathered_in_pieces;
+    gathered_in_pieces.allgather_bucket_size = 16'384;
+    row<Strategy<ShardGradients, PerBlock>>(table, "zero2 allgather_bucket 16384", world, cfg, batch,
+                                            gathered_in_pieces);
 #ifdef POLYSHARD_HAVE_LIBURING
     StrategyConfig nvme;  // AdamW's state in a file per rank under the temporary directory
     nvme.nvme_path = std::filesystem::temp_directory_path().string();
