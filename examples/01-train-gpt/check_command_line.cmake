@@ -211,6 +211,9 @@ file(WRITE ${every_key} [=[
     "stage": 2, "contiguous_gradients": true, "overlap_comm": true, "reduce_scatter": true,
     "reduce_bucket_size": 2e8, "allgather_partitions": true, "allgather_bucket_size": 200000000,
     "round_robin_gradients": false, "elastic_checkpoint": false, "sub_group_size": 1000,
+    "stage3_prefetch_bucket_size": 5e7, "stage3_param_persistence_threshold": 1e5,
+    "stage3_model_persistence_threshold": 1e9, "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
+    "stage3_gather_16bit_weights_on_model_save": true,
     "offload_optimizer": {"device": "cpu", "nvme_path": "/local_nvme", "pin_memory": false, "buffer_count": 4,
                           "fast_init": false, "ratio": 1.0}
   },
@@ -222,7 +225,8 @@ file(WRITE ${every_key} [=[
 expect(deepspeed-config-every-key EXIT 0 ARGS ${tiny_model} --deepspeed-config ${every_key}
        --metrics ${WORK_DIR}/deepspeed-config.jsonl
        SAYS "strategy zero_offload (ShardGradients, OffloadOptimizer<Cpu>, Fp16Mixed)" "batch 8 in 2 micro-batch(es)"
-            "optimizer adamw, lr 0.003")
+            "optimizer adamw, lr 0.003" "stage3_prefetch_bucket_size: read by DeepSpeed's stage 3 only"
+            "stage3_max_reuse_distance = 1000000000" "the results do not")
 expect(deepspeed-config-as-flags EXIT 0 ARGS ${tiny_model} --strategy zero_offload --precision fp16-mixed --batch 8
        --accum 2 --clip 0.5 --log-every 100 --optimizer adamw --lr 3e-3 --betas 0.8,0.95 --eps 1e-6
        --weight-decay 0.1 --initial-scale-power 12 --loss-scale-window 2 --checkpoint-activations
@@ -369,6 +373,33 @@ list(GET all_decayed -1 all_last)
 list(GET matrices_decayed -1 matrices_last)
 if(all_last STREQUAL matrices_last)
   string(APPEND failures "\ndecay-matrices-only: the same last step and loss '${all_last}' with and without")
+endif()
+
+# Hugging Face's ZeRO-3 template ("auto" values, DeepSpeed's stage 3 scheduling keys) trains, the
+# keys without a setting here named in a note.
+file(WRITE ${WORK_DIR}/deepspeed-hf-zero3.json [=[{"zero_optimization": {"stage": 3, "overlap_comm": true,
+  "contiguous_gradients": true, "sub_group_size": 1e9, "reduce_bucket_size": "auto",
+  "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto",
+  "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
+  "stage3_gather_16bit_weights_on_model_save": true}, "gradient_accumulation_steps": "auto",
+  "gradient_clipping": "auto", "steps_per_print": 2000, "train_batch_size": "auto",
+  "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": false}]=])
+expect(deepspeed-hf-zero3-template EXIT 0 ARGS ${one_step} --deepspeed-config ${WORK_DIR}/deepspeed-hf-zero3.json
+       SAYS "strategy zero3 (ShardParameters" "note: --deepspeed-config ${WORK_DIR}/deepspeed-hf-zero3.json: "
+            "stage3_max_live_parameters = 1000000000" "the results do not")
+
+# --wall-clock-breakdown, and DeepSpeed's wall_clock_breakdown: the mean forward, backward and
+# step times with each printed loss; backward and step then run apart, to the same losses.
+file(WRITE ${WORK_DIR}/deepspeed-timed.json [=[{"wall_clock_breakdown": true,
+  "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}]=])
+train(untimed --strategy zero_offload --world-size 2)
+train(timed --strategy zero_offload --world-size 2 --wall-clock-breakdown)
+train(timed_by_config --deepspeed-config ${WORK_DIR}/deepspeed-timed.json --world-size 2)
+set(breakdown "time \\(ms\\) per step, mean of [12] \\| forward [0-9.]+ \\| backward [0-9.]+ \\| step [0-9.]+")
+if(NOT timed STREQUAL untimed OR NOT timed_by_config STREQUAL untimed OR NOT timed_out MATCHES "${breakdown}" OR
+   NOT timed_by_config_out MATCHES "${breakdown}" OR untimed_out MATCHES "time \\(ms\\)")
+  string(APPEND failures "\nwall-clock-breakdown: losses ${timed}, ${timed_by_config} against ${untimed}; printed:\n"
+         "${timed_out}\n${timed_by_config_out}")
 endif()
 
 # A ZeRO-2 DeepSpeed config's allgather_bucket_size cuts the all-gather of the updated shards

@@ -380,6 +380,9 @@ inline bool parse(int argc, char** argv, Options& o) {
   output->add_option("--trace", o.trace, "Chrome trace of compute and communication per rank")->type_name("FILE.json");
   output->add_option("--log-every", o.log_every, "steps between printed losses")->type_name("N")
       ->transform(at_least(1));
+  output->add_flag("--wall-clock-breakdown", o.wall_clock_breakdown,
+                   "with each printed loss, the mean time of forward, backward and the optimizer step since the "
+                   "last (timed apart, the device synchronized at each; DeepSpeed's wall_clock_breakdown)");
   output->add_option("--threads", o.threads, "BLAS threads (0: every core, shared by the ranks)")->type_name("N")
       ->transform(detail::number_at_least<int>(0));
 

@@ -33,6 +33,8 @@ inline std::string flag_of_key(std::string_view key) {
   if (key == "zero_optimization.offload_param.buffer_count") return "--params-buffer-count";
   if (key == "zero_optimization.offload_param.buffer_size") return "--params-buffer-size";
   if (key == "gradient_accumulation_steps") return "--accum";
+  // Stage 3's prefetch budget, which polyshard keeps in allgather_bucket_size (0: --prefetch false).
+  if (key == "zero_optimization.stage3_prefetch_bucket_size") return "--allgather-bucket-size";
   std::string flag = "--";
   for (const char c : key.substr(key.rfind('.') + 1)) flag += c == '_' ? '-' : c;
   return flag;
@@ -64,7 +66,9 @@ inline void apply_deepspeed_config(const std::string& file, Options& o, const Fl
   const auto c = polyshard::read_deepspeed_config(
       file, {.base = base,
              .keep = [&](std::string_view key) { return given(detail::flag_of_key(key)); },
-             .source = source});
+             .source = source,
+             // --strategy over the file's stage: DeepSpeed's defaults for that stage do not apply.
+             .deepspeed_defaults = !given("--strategy")});
   o.settings = c.strategy;
   o.accum = c.strategy.gradient_accumulation_steps;
 
@@ -77,6 +81,8 @@ inline void apply_deepspeed_config(const std::string& file, Options& o, const Fl
   if (c.train_micro_batch_size_per_gpu) o.micro_batch = *c.train_micro_batch_size_per_gpu;
   set("--clip", o.clip, c.gradient_clipping);
   set("--log-every", o.log_every, c.steps_per_print);
+  set("--wall-clock-breakdown", o.wall_clock_breakdown, c.wall_clock_breakdown);
+  for (const std::string& note : c.notes) o.notes.push_back("--deepspeed-config " + file + ": " + note);
   if (c.optimizer) {
     const polyshard::DeepSpeedOptimizer& opt = *c.optimizer;
     set("--optimizer", o.optimizer, std::optional(opt.type));

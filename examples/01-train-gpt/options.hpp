@@ -66,6 +66,8 @@ struct Options {
   std::string metrics;  // JSON lines, one per step
   std::string trace;    // Chrome trace of compute and communication per rank
   std::int64_t log_every = 1;
+  bool wall_clock_breakdown = false;  // DeepSpeed's: forward, backward and step timed apart at each print
+  std::vector<std::string> notes;     // printed at the start: --deepspeed-config's keys without a setting here
   int threads = 0;  // 0: every core
   // Checkpoints and weights.
   std::string save;             // sharded checkpoint directory written at the end (and every save_every steps)

@@ -201,6 +201,7 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
                 engine.units().units.size(),
                 data.train.origin().c_str(), static_cast<long long>(data.train.size()), static_cast<long long>(o.batch),
                 static_cast<long long>(o.accum), o.optimizer.c_str(), o.lr);
+    for (const std::string& note : o.notes) std::printf("note: %s\n", note.c_str());
     if (!o.metrics.empty()) {
       metrics.open(o.metrics);
       metrics.precision(17);  // losses that read back exactly: a resumed run can be compared digit for digit
@@ -239,6 +240,23 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
     return drawn;
   };
 
+  // --wall-clock-breakdown (DeepSpeed's wall_clock_breakdown): forward, backward and the
+  // optimizer step each timed to the end of its work on the device, summed over a step's
+  // micro-batches, and their means over the steps since the last print. Backward and step are
+  // then called apart, which gives the same bits as backward_and_step but no host step beside
+  // backward (an offloaded optimizer's overlap), so that each can be timed.
+  struct Breakdown {
+    double forward = 0, backward = 0, step = 0;  // seconds
+    std::int64_t steps = 0;
+  } breakdown;
+  const auto timed = [&](double& total, auto&& work) {
+    const auto t = std::chrono::steady_clock::now();
+    auto result = work();
+    polyshard::Storage<float, D>::synchronize_device();
+    total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+    return result;
+  };
+
   const auto start = std::chrono::steady_clock::now();
   double first_loss = NAN, last_loss = NAN;
   for (std::int64_t step = first_step; step < o.steps; ++step) {
@@ -253,14 +271,26 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
       const Batch batch = sampler.batch(step * o.accum + micro, rank, world);
       // This rank's share of the micro-batch; the engine divides by the accumulation steps.
       const double weight = static_cast<double>(batch.inputs.size(0)) / static_cast<double>(micro_rows);
-      auto loss = engine.forward(
-          [&] { return model.loss(on_device<D>(batch.inputs), on_device<D>(batch.targets)); });
+      const auto forward = [&] {
+        return engine.forward([&] { return model.loss(on_device<D>(batch.inputs), on_device<D>(batch.targets)); });
+      };
+      auto loss = o.wall_clock_breakdown ? timed(breakdown.forward, forward) : forward();
       local_loss += weight / static_cast<double>(o.accum) * static_cast<double>(static_cast<float>(
                                                                  loss.value().to_vector()[0]));
       // Only the last micro-batch reduces and steps, as its units' gradients land (an offloaded
       // optimizer); the others accumulate (StrategyConfig::gradient_accumulation_steps).
-      applied = engine.backward_and_step(loss, weight, lr, clip);
+      if (o.wall_clock_breakdown) {
+        timed(breakdown.backward, [&] {
+          engine.backward(loss, weight);
+          return 0;
+        });
+        loss = {};
+        applied = timed(breakdown.step, [&] { return engine.step(lr, clip); });
+      } else {
+        applied = engine.backward_and_step(loss, weight, lr, clip);
+      }
     }
+    ++breakdown.steps;
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
     // Figures of this step, before the reporting collectives below add to the counters.
@@ -289,10 +319,18 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
     last_loss = loss_sum;
     POLYSHARD_CHECK(std::isfinite(loss_sum), "polyshard-train: the loss became ", loss_sum, " at step ", step,
                     " (try a lower --lr)");
-    if (step % o.log_every == 0 || step + 1 == o.steps)
+    if (step % o.log_every == 0 || step + 1 == o.steps) {
       std::printf("step %5lld | loss %.4f | lr %.2e | grad norm %.3f | %8.0f tok/s | %.1f ms | elapsed %.1f s%s\n",
                   static_cast<long long>(step), loss_sum, lr, engine.last_grad_norm(), tokens_per_s, step_s * 1e3,
                   elapsed, applied ? "" : " | skipped (overflow)");
+      if (o.wall_clock_breakdown) {
+        const double per_step = 1e3 / static_cast<double>(breakdown.steps);
+        std::printf("step %5lld | time (ms) per step, mean of %lld | forward %.2f | backward %.2f | step %.2f\n",
+                    static_cast<long long>(step), static_cast<long long>(breakdown.steps),
+                    breakdown.forward * per_step, breakdown.backward * per_step, breakdown.step * per_step);
+        breakdown = {};
+      }
+    }
     if (evaluate) std::printf("step %5lld | validation loss %.4f\n", static_cast<long long>(step), val_loss);
     if (sampling)
       std::printf("step %5lld | sample: %s\n", static_cast<long long>(step),

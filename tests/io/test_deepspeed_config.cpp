@@ -56,7 +56,7 @@ constexpr std::string_view every_key = R"({
            "fp16_master_weights_and_grads": false},
   "bf16": {"enabled": false},
   "zero_optimization": {
-    "stage": 3, "overlap_comm": false, "reduce_bucket_size": 5e7, "allgather_bucket_size": 3e7,
+    "stage": 3, "overlap_comm": false, "reduce_bucket_size": 5e7, "stage3_prefetch_bucket_size": 3e7,
     "sub_group_size": 1000000, "contiguous_gradients": true, "reduce_scatter": true, "allgather_partitions": true,
     "round_robin_gradients": false, "elastic_checkpoint": true,
     "offload_optimizer": {"device": "nvme", "nvme_path": "/scratch", "pin_memory": true, "buffer_count": 8,
@@ -96,7 +96,10 @@ TEST_CASE("a DeepSpeed config sets every field its keys name, with DeepSpeed's m
   CHECK(s.gradient_accumulation_steps == 3);
   CHECK(s.overlap_comm == false);
   CHECK(s.reduce_bucket_size == 50'000'000);  // 5e7: a float with no fraction is an integer
-  CHECK(s.allgather_bucket_size == 30'000'000);
+  CHECK(s.allgather_bucket_size == 30'000'000);  // stage 3's prefetch budget
+  CHECK(s.prefetch);
+  CHECK(c.wall_clock_breakdown == true);
+  CHECK(c.notes.empty());
   CHECK(s.sub_group_size == 1'000'000);
   CHECK(s.nvme_path == "/scratch");
   CHECK(s.pin_memory);
@@ -127,8 +130,20 @@ TEST_CASE("absent DeepSpeed keys keep DeepSpeed's defaults", "[io][deepspeed]") 
   CHECK_FALSE(c.activation_checkpointing);
   CHECK_FALSE(c.optimizer);
   CHECK_FALSE(c.train_batch_size);
-  CHECK(c.strategy.reduce_bucket_size == d.reduce_bucket_size);
-  CHECK(c.strategy.overlap_comm == d.overlap_comm);
+  CHECK_FALSE(c.wall_clock_breakdown);
+  // DeepSpeed's bucket defaults, not Lightning's 2e8: reduce_bucket_size 5e8 at every stage, and
+  // overlap_comm only where DeepSpeed turns it on by itself, at stage 3.
+  CHECK(c.strategy.reduce_bucket_size == 500'000'000);
+  CHECK(c.strategy.overlap_comm == false);
+  CHECK(c.strategy.allgather_bucket_size == d.allgather_bucket_size);  // stage 0 gathers nothing
+  const auto stage2 = read(R"({"zero_optimization": {"stage": 2}})");
+  CHECK(stage2.strategy.allgather_bucket_size == 500'000'000);  // stages 1 and 2: the all-gather's pieces
+  CHECK(stage2.strategy.overlap_comm == false);
+  const auto stage3 = read(R"({"zero_optimization": {"stage": 3}})");
+  CHECK(stage3.strategy.allgather_bucket_size == 50'000'000);  // stage3_prefetch_bucket_size's 5e7
+  CHECK(stage3.strategy.prefetch);
+  CHECK(stage3.strategy.overlap_comm == true);
+  CHECK(stage3.strategy.reduce_bucket_size == 500'000'000);
   CHECK(c.strategy.gradient_accumulation_steps == 1);
   CHECK(c.strategy.optimizer_buffer_count == 4);
   CHECK(c.strategy.params_buffer_count == 5);
@@ -143,6 +158,51 @@ TEST_CASE("absent DeepSpeed keys keep DeepSpeed's defaults", "[io][deepspeed]") 
   const auto off = read(R"({"fp16": {"enabled": false, "hysteresis": 5, "loss_scale_window": 9}})");
   CHECK_FALSE(off.strategy.hysteresis);
   CHECK_FALSE(off.strategy.loss_scale_window);
+}
+
+TEST_CASE("stage 3's keys: stage3_prefetch_bucket_size is the prefetch budget, allgather_bucket_size belongs to "
+          "stages 1 and 2, the scheduling keys are read with a note",
+          "[io][deepspeed]") {
+  using Catch::Contains;
+  const auto budget = read(R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 1234}})");
+  CHECK(budget.strategy.allgather_bucket_size == 1234);
+  CHECK(budget.strategy.prefetch);
+  CHECK(budget.notes.empty());
+  // 0: DeepSpeed fetches nothing ahead.
+  const auto none = read(R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 0}})");
+  CHECK_FALSE(none.strategy.prefetch);
+  CHECK(none.strategy.allgather_bucket_size == StrategyConfig{}.allgather_bucket_size);
+  // Each key read only by the stages DeepSpeed reads it at; elsewhere a note says so.
+  const auto gather3 = read(R"({"zero_optimization": {"allgather_bucket_size": 777, "stage": 3}})");
+  CHECK(gather3.strategy.allgather_bucket_size == 50'000'000);
+  REQUIRE(gather3.notes.size() == 1);
+  CHECK_THAT(gather3.notes[0], Contains("zero_optimization.allgather_bucket_size: read by DeepSpeed's stages 1 and 2"));
+  const auto gather2 = read(R"({"zero_optimization": {"stage": 2, "allgather_bucket_size": 777,
+                                                      "stage3_prefetch_bucket_size": 99}})");
+  CHECK(gather2.strategy.allgather_bucket_size == 777);
+  CHECK(gather2.strategy.prefetch);
+  REQUIRE(gather2.notes.size() == 1);
+  CHECK_THAT(gather2.notes[0], Contains("stage3_prefetch_bucket_size: read by DeepSpeed's stage 3 only"));
+  // Hugging Face's ZeRO-3 template: its scheduling keys in one note, the numbers unchanged.
+  const auto hf = read(R"({"zero_optimization": {"stage": 3, "overlap_comm": true, "contiguous_gradients": true,
+      "sub_group_size": 1e9, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+      "stage3_param_persistence_threshold": "auto", "stage3_max_live_parameters": 1e9,
+      "stage3_max_reuse_distance": 1e9, "stage3_gather_16bit_weights_on_model_save": true}})");
+  REQUIRE(hf.notes.size() == 1);
+  CHECK_THAT(hf.notes[0], Contains("zero_optimization.stage3_max_live_parameters = 1000000000, "
+                                   "zero_optimization.stage3_max_reuse_distance = 1000000000, "
+                                   "zero_optimization.stage3_param_persistence_threshold = auto: no counterpart") &&
+                              Contains("the results do not"));
+  CHECK(hf.strategy.reduce_bucket_size == StrategyConfig{}.reduce_bucket_size);    // "auto": the caller's
+  CHECK(hf.strategy.allgather_bucket_size == StrategyConfig{}.allgather_bucket_size);
+  const auto unsaved = read(R"({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": false}})");
+  REQUIRE(unsaved.notes.size() == 1);
+  CHECK_THAT(unsaved.notes[0], Contains("always gather the whole model"));
+  // The values are still checked.
+  CHECK_THAT(refusal(R"({"zero_optimization": {"stage": 3, "stage3_max_live_parameters": "lots"}})"),
+             Contains("ds.json: zero_optimization.stage3_max_live_parameters: expects an integer"));
+  CHECK_THAT(refusal(R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": -1}})"),
+             Contains("stage3_prefetch_bucket_size: must be at least 0"));
 }
 
 TEST_CASE("auto and the keys a caller keeps leave the caller's settings", "[io][deepspeed]") {

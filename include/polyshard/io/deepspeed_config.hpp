@@ -23,6 +23,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "polyshard/core/dtype.hpp"
 #include "polyshard/core/error.hpp"
@@ -76,8 +77,17 @@ struct DeepSpeedConfig {
 
   // The training loop's, which the caller runs.
   std::optional<std::int64_t> train_batch_size, train_micro_batch_size_per_gpu, steps_per_print;
+  /// wall_clock_breakdown (DeepSpeed's default false): print how long forward, backward and the
+  /// optimizer step took, every steps_per_print steps.
+  std::optional<bool> wall_clock_breakdown;
   std::optional<double> gradient_clipping;  ///< the norm gradients are clipped to; 0: none
   std::optional<DeepSpeedOptimizer> optimizer;
+
+  /// Keys read that change how DeepSpeed schedules its stage 3 (which parameters stay whole,
+  /// when gathered ones are released) or what it saves, and have no setting here because
+  /// polyshard's schedule is fixed: each "key = value: why", for the caller to show. They never
+  /// change the numbers a run computes.
+  std::vector<std::string> notes;
 };
 
 /// How read_deepspeed_config reads: the settings to start from, and the keys to check but leave
@@ -89,6 +99,10 @@ struct DeepSpeedReadOptions {
   std::function<bool(std::string_view key)> keep{};
   /// The messages' prefix; empty: "DeepSpeed config <file>".
   std::string source{};
+  /// Absent bucket and overlap keys take DeepSpeed's defaults, which depend on the stage (see
+  /// zero_optimization's keys); false: base's values stand, for a caller that chooses the
+  /// composition itself rather than the file's stage.
+  bool deepspeed_defaults = true;
 };
 
 namespace detail {
@@ -113,8 +127,9 @@ class DeepSpeedConfigReader {
          }},
         {"gradient_clipping", [&](const json& v, const std::string& k) { c_.gradient_clipping = number(v, k, 0); }},
         {"steps_per_print", [&](const json& v, const std::string& k) { c_.steps_per_print = integer(v, k, 1); }},
-        // Timing is the caller's to print; any optimizer may be sharded.
-        {"wall_clock_breakdown", [&](const json& v, const std::string& k) { boolean(v, k); }},
+        {"wall_clock_breakdown",
+         [&](const json& v, const std::string& k) { c_.wall_clock_breakdown = boolean(v, k); }},
+        // Any optimizer may be sharded.
         {"zero_allow_untested_optimizer", [&](const json& v, const std::string& k) { boolean(v, k); }},
         {"prescale_gradients", [&](const json& v, const std::string& k) {
            refuse_unless(boolean(v, k).value_or(false) == false, k,
@@ -140,6 +155,7 @@ class DeepSpeedConfigReader {
         {"aio", [&](const json& v, const std::string& k) { aio(v, k); }},
         {"activation_checkpointing", [&](const json& v, const std::string& k) { activation_checkpointing(v, k); }},
     });
+    zero_buckets();
     finish();
   }
 
@@ -348,12 +364,21 @@ class DeepSpeedConfigReader {
         {"offload_optimizer",
          [&](const json& x, const std::string& k) { offload(x, k, c_.offload_optimizer, false); }},
         {"offload_param", [&](const json& x, const std::string& k) { offload(x, k, c_.offload_param, true); }},
-        {"overlap_comm", [&](const json& x, const std::string& k) { set(k, c_.strategy.overlap_comm, boolean(x, k)); }},
-        {"reduce_bucket_size", [&](const json& x, const std::string& k) {
-           set(k, c_.strategy.reduce_bucket_size, integer(x, k, 1));
-         }},
-        {"allgather_bucket_size", [&](const json& x, const std::string& k) {
-           set(k, c_.strategy.allgather_bucket_size, integer(x, k, 1));
+        // Read here, applied by zero_buckets() once the stage is known.
+        {"overlap_comm", [&](const json& x, const std::string& k) { overlap_comm_ = {boolean(x, k)}; }},
+        {"reduce_bucket_size", [&](const json& x, const std::string& k) { reduce_bucket_ = {integer(x, k, 1)}; }},
+        {"allgather_bucket_size",
+         [&](const json& x, const std::string& k) { allgather_bucket_ = {integer(x, k, 1)}; }},
+        {"stage3_prefetch_bucket_size",
+         [&](const json& x, const std::string& k) { prefetch_bucket_ = {integer(x, k, 0)}; }},
+        {"stage3_param_persistence_threshold", no_setting()},
+        {"stage3_model_persistence_threshold", no_setting()},
+        {"stage3_max_live_parameters", no_setting()},
+        {"stage3_max_reuse_distance", no_setting()},
+        {"stage3_gather_16bit_weights_on_model_save", [&](const json& x, const std::string& k) {
+           if (boolean(x, k).value_or(true) == false)
+             c_.notes.push_back(k + " = false: polyshard's exports (save_full_state_dict, polyshard-train --export) "
+                                    "always gather the whole model");
          }},
         {"sub_group_size", [&](const json& x, const std::string& k) {
            set(k, c_.strategy.sub_group_size, integer(x, k, 1));
@@ -367,6 +392,58 @@ class DeepSpeedConfigReader {
         // A checkpoint resumes on any world size either way (load_checkpoint re-slices it).
         {"elastic_checkpoint", [&](const json& x, const std::string& k) { boolean(x, k); }},
     });
+  }
+
+  /// A stage 3 scheduling key with no setting here: its value checked (a count of elements) and
+  /// kept for the one note zero_buckets() writes about them all.
+  Handler no_setting() {
+    return [this](const json& x, const std::string& k) {
+      const auto n = integer(x, k, 0);
+      schedule_keys_.push_back(k + " = " + (n ? std::to_string(*n) : std::string("auto")));
+    };
+  }
+
+  /// The bucket and overlap keys, with DeepSpeed's defaults where the file has none (unless the
+  /// caller keeps the field): reduce_bucket_size 5e8; allgather_bucket_size 5e8, read by stages 1
+  /// and 2 only (the all-gather of the updated shards); stage3_prefetch_bucket_size 5e7, read by
+  /// stage 3 only, where it is polyshard's prefetch budget (0: no prefetch); overlap_comm true at
+  /// stage 3, false below, as DeepSpeed decides it when the file leaves it out.
+  void zero_buckets() {
+    const int stage = c_.stage.value_or(0);
+    if (!schedule_keys_.empty()) {
+      std::string keys;
+      for (const std::string& k : schedule_keys_) keys += (keys.empty() ? "" : ", ") + k;
+      c_.notes.push_back(keys + ": no counterpart; polyshard shards every parameter and releases each unit once it "
+                                "has run, holding whole only the root, the unit computing and the units prefetched "
+                                "(stage3_prefetch_bucket_size): memory and communication differ from DeepSpeed's, "
+                                "the results do not");
+    }
+    const std::string zero = "zero_optimization";
+    const auto apply = [&](const std::string& key, auto& field, const auto& read, auto deepspeed_default) {
+      if (read) set(path(zero, key), field, *read);
+      else if (options_.deepspeed_defaults) set(path(zero, key), field, std::optional(deepspeed_default));
+    };
+    apply("reduce_bucket_size", c_.strategy.reduce_bucket_size, reduce_bucket_, std::int64_t{500'000'000});
+    apply("overlap_comm", c_.strategy.overlap_comm, overlap_comm_, stage == 3);
+    if (stage == 1 || stage == 2) {
+      apply("allgather_bucket_size", c_.strategy.allgather_bucket_size, allgather_bucket_,
+            std::int64_t{500'000'000});
+    } else if (allgather_bucket_) {
+      c_.notes.push_back(path(zero, "allgather_bucket_size") + ": read by DeepSpeed's stages 1 and 2 only, and " +
+                         "this is stage " + std::to_string(stage) +
+                         (stage == 3 ? " (whose prefetch is stage3_prefetch_bucket_size)" : ""));
+    }
+    // A caller's prefetch = false stands.
+    if (stage == 3 && (prefetch_bucket_ || (options_.deepspeed_defaults && c_.strategy.prefetch))) {
+      const std::string key = path(zero, "stage3_prefetch_bucket_size");
+      const std::optional<std::int64_t> budget =
+          prefetch_bucket_ ? *prefetch_bucket_ : std::optional<std::int64_t>(50'000'000);
+      if (budget && *budget == 0) set(key, c_.strategy.prefetch, std::optional(false));
+      else set(key, c_.strategy.allgather_bucket_size, budget);
+    } else if (stage != 3 && prefetch_bucket_) {
+      c_.notes.push_back(path(zero, "stage3_prefetch_bucket_size") + ": read by DeepSpeed's stage 3 only, and " +
+                         "this is stage " + std::to_string(stage));
+    }
   }
 
   // aio: the asynchronous I/O of an offload to NVMe. The sizes are settings; single_submit,
@@ -446,6 +523,11 @@ class DeepSpeedConfigReader {
 
   DeepSpeedConfig& c_;
   const DeepSpeedReadOptions& options_;
+  // zero_optimization's keys that zero_buckets() applies: unset where the file has none, an
+  // unset value inside where it says "auto".
+  std::optional<std::optional<bool>> overlap_comm_;
+  std::optional<std::optional<std::int64_t>> reduce_bucket_, allgather_bucket_, prefetch_bucket_;
+  std::vector<std::string> schedule_keys_;  // "key = value" of the stage 3 keys without a setting here
 };
 
 }  // namespace detail
