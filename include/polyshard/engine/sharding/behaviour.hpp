@@ -149,14 +149,17 @@ struct WholeParameters {
     } else {
       // Piece k of every shard lands in one buffer, rank after rank, then where each shard is:
       // an all-gather writes each rank's input contiguously, and the pieces of a unit are not.
+      // The two buffers are the first piece's size, reused by the others.
       const std::int64_t ranks = comm.size();
+      auto mine = decltype(u.full)::empty({u.gather_piece}, MemoryCategory::Communication);
+      auto all = decltype(u.full)::empty({ranks * u.gather_piece}, MemoryCategory::Communication);
       for (std::int64_t at = 0; at < u.shard; at += u.gather_piece) {
         const std::int64_t n = std::min(u.gather_piece, u.shard - at);
-        auto mine = u.full.flat_view(u.shard_begin() + at, n).clone(MemoryCategory::Communication);
-        auto all = decltype(u.full)::empty({ranks * n}, MemoryCategory::Communication);
-        comm.all_gather(std::span<const CT>(mine.span()), all.span());
+        const auto in = mine.flat_view(0, n), out = all.flat_view(0, ranks * n);
+        in.copy_from(u.full.flat_view(u.shard_begin() + at, n));
+        comm.all_gather(std::span<const CT>(in.span()), out.span());
         for (std::int64_t r = 0; r < ranks; ++r)
-          if (r != u.rank) u.full.flat_view(r * u.shard + at, n).copy_from(all.flat_view(r * n, n));
+          if (r != u.rank) u.full.flat_view(r * u.shard + at, n).copy_from(out.flat_view(r * n, n));
       }
     }
     u.refresh_work_from_full();
