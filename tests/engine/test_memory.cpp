@@ -324,13 +324,24 @@ TEST_CASE("memory: NVMe offload brings back at most the consecutive units' state
 #endif
 
 #ifdef POLYSHARD_HAVE_LIBURING
+namespace {
+using InfinityPerBlock = Strategy<ShardParameters<true>, OffloadOptimizer<Nvme>, WrapByType<Block>>;
+
+/// NVMe offload under `nvme` with buffers for one sub-group's momentum (and masters) at a time,
+/// so that the optimizer state a step brings back peaks exactly at the largest sub-group.
+StrategyConfig one_sub_group_in_memory(const test::TempDir& nvme) {
+  StrategyConfig c;
+  c.nvme_path = nvme.path().string();
+  c.optimizer_buffer_count = nvme_buffers_per_sub_group(1);
+  return c;
+}
+}  // namespace
+
 TEST_CASE("memory: under NVMe offload, sub_group_size bounds the optimizer state a step brings back",
           "[engine][memory]") {
-  using Infinity = Strategy<ShardParameters<true>, OffloadOptimizer<Nvme>, WrapByType<Block>>;
+  using Infinity = InfinityPerBlock;
   test::TempDir nvme;
-  StrategyConfig whole;
-  whole.nvme_path = nvme.path().string();
-  whole.optimizer_buffer_count = nvme_buffers_per_sub_group(1);  // one sub-group's at a time: exact peaks
+  const StrategyConfig whole = one_sub_group_in_memory(nvme);
   StrategyConfig pieces = whole;
   pieces.sub_group_size = 100;  // a block's shard is 2,197 elements at world size 1, 733 at 3
   const auto check = [&]<class S>(S, const char* label) {
@@ -352,11 +363,9 @@ TEST_CASE("memory: under NVMe offload, sub_group_size bounds the optimizer state
 TEST_CASE("memory: under NVMe offload, parameters exempt from weight decay cut the sub-groups, and the prediction "
           "follows the engine's",
           "[engine][memory]") {
-  using Infinity = Strategy<ShardParameters<true>, OffloadOptimizer<Nvme>, WrapByType<Block>>;
+  using Infinity = InfinityPerBlock;
   test::TempDir nvme;
-  StrategyConfig config;
-  config.nvme_path = nvme.path().string();
-  config.optimizer_buffer_count = nvme_buffers_per_sub_group(1);  // one sub-group's at a time: exact peaks
+  const StrategyConfig config = one_sub_group_in_memory(nvme);
   const auto check = [&]<class S>(S, const char* label) {
     for (int world : {1, 3}) {
       INFO(label << " at world size " << world);
