@@ -228,6 +228,14 @@ TEST_CASE("auto and the keys a caller keeps leave the caller's settings", "[io][
   CHECK(kept.strategy.hysteresis == 4);
   CHECK(kept.strategy.queue_depth == 16);
   CHECK(kept.stage == 2);
+
+  // A caller that picks the composition itself keeps its values for the keys the file leaves
+  // out, whose DeepSpeed defaults depend on the file's stage; the keys the file has still apply.
+  const auto own = read(R"({"zero_optimization": {"stage": 3, "reduce_bucket_size": 100}})",
+                        {.base = base, .deepspeed_defaults = false});
+  CHECK(own.strategy.reduce_bucket_size == 100);
+  CHECK(own.strategy.allgather_bucket_size == base.allgather_bucket_size);
+  CHECK(own.strategy.overlap_comm == base.overlap_comm);
 }
 
 TEST_CASE("a DeepSpeed key polyshard cannot honour is an error naming the file and the key", "[io][deepspeed]") {

@@ -83,10 +83,11 @@ struct DeepSpeedConfig {
   std::optional<double> gradient_clipping;  ///< the norm gradients are clipped to; 0: none
   std::optional<DeepSpeedOptimizer> optimizer;
 
-  /// Keys read that change how DeepSpeed schedules its stage 3 (which parameters stay whole,
-  /// when gathered ones are released) or what it saves, and have no setting here because
-  /// polyshard's schedule is fixed: each "key = value: why", for the caller to show. They never
-  /// change the numbers a run computes.
+  /// Keys read that set nothing here, each with why, for the caller to show: stage 3's keys for
+  /// how DeepSpeed schedules its gathers (which parameters stay whole, when gathered ones are
+  /// released) or what it saves, where polyshard's schedule is fixed, and a bucket key of a
+  /// stage other than the file's, which DeepSpeed does not read either. None changes the numbers
+  /// a run computes.
   std::vector<std::string> notes;
 };
 
