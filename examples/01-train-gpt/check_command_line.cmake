@@ -396,8 +396,12 @@ train(untimed --strategy zero_offload --world-size 2)
 train(timed --strategy zero_offload --world-size 2 --wall-clock-breakdown)
 train(timed_by_config --deepspeed-config ${WORK_DIR}/deepspeed-timed.json --world-size 2)
 set(breakdown "time \\(ms\\) per step, mean of [12] \\| forward [0-9.]+ \\| backward [0-9.]+ \\| step [0-9.]+")
+file(READ ${WORK_DIR}/timed.jsonl timed_metrics)
+file(READ ${WORK_DIR}/untimed.jsonl untimed_metrics)
 if(NOT timed STREQUAL untimed OR NOT timed_by_config STREQUAL untimed OR NOT timed_out MATCHES "${breakdown}" OR
-   NOT timed_by_config_out MATCHES "${breakdown}" OR untimed_out MATCHES "time \\(ms\\)")
+   NOT timed_by_config_out MATCHES "${breakdown}" OR untimed_out MATCHES "time \\(ms\\)" OR
+   NOT timed_metrics MATCHES "\"wall_clock\":{\"forward_s\":[0-9.e-]+,\"backward_s\":[0-9.e-]+,\"optimizer_step_s\""
+   OR untimed_metrics MATCHES "wall_clock")
   string(APPEND failures "\nwall-clock-breakdown: losses ${timed}, ${timed_by_config} against ${untimed}; printed:\n"
          "${timed_out}\n${timed_by_config_out}")
 endif()

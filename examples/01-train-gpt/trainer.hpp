@@ -267,6 +267,7 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
     const double lr = learning_rate(o, step);
     const double clip = o.clip > 0 ? o.clip : std::numeric_limits<double>::infinity();
     bool applied = false;
+    const Breakdown before = breakdown;
     for (std::int64_t micro = 0; micro < o.accum; ++micro) {
       const Batch batch = sampler.batch(step * o.accum + micro, rank, world);
       // This rank's share of the micro-batch; the engine divides by the accumulation steps.
@@ -291,6 +292,8 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
       }
     }
     ++breakdown.steps;
+    const Breakdown this_step{breakdown.forward - before.forward, breakdown.backward - before.backward,
+                              breakdown.step - before.step, 1};
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
     // Figures of this step, before the reporting collectives below add to the counters.
@@ -346,7 +349,11 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
       metrics << ",\"lr\":" << lr << ",\"grad_norm\":"
               << JsonNumber{engine.last_grad_norm()} << ",\"skipped\":" << (applied ? "false" : "true")
               << ",\"loss_scale\":" << engine.loss_scaler().scale() << ",\"tokens_per_s\":" << tokens_per_s
-              << ",\"step_s\":" << step_s << ",\"elapsed_s\":" << elapsed
+              << ",\"step_s\":" << step_s << ",\"elapsed_s\":" << elapsed;
+      if (o.wall_clock_breakdown)
+        metrics << ",\"wall_clock\":{\"forward_s\":" << this_step.forward << ",\"backward_s\":" << this_step.backward
+                << ",\"optimizer_step_s\":" << this_step.step << "}";
+      metrics
               << ",\"parameters\":" << engine.units().numel_total() << ",\"world_size\":" << world
               << ",\"strategy\":\"" << o.strategy << "\",\"precision\":\"" << o.precision
               << "\",\"predicted\":{\"bytes_sent\":" << predicted_bytes << ",\"model_state_bytes\":" << predicted_state;
