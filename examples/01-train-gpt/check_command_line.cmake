@@ -424,6 +424,13 @@ string(FIND "${out}" "--backend threads, and the launcher (mpirun, srun) started
 if(NOT rc EQUAL 2 OR at EQUAL -1)
   string(APPEND failures "\nthreads-under-a-launcher: exit ${rc}, printed:\n${out}")
 endif()
+# Slurm's srun --mpi=pmix sets neither Open MPI's variables nor PMI_SIZE: its job step's count.
+execute_process(COMMAND ${CMAKE_COMMAND} -E env SLURM_STEP_NUM_TASKS=3 ${PROGRAM} ${one_step} --backend threads
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+string(FIND "${out}" "--backend threads, and the launcher (mpirun, srun) started 3 processes" at)
+if(NOT rc EQUAL 2 OR at EQUAL -1)
+  string(APPEND failures "\nthreads-under-srun: exit ${rc}, printed:\n${out}")
+endif()
 
 # FairScale's reduce_buffer_size by name: sharded_ddp carries ShardedDataParallel's 2^23 elements
 # (one bucket holds this model's unit), ddp_sharded Lightning's 0 on one machine (each parameter

@@ -46,6 +46,16 @@ if(NOT (two_machines GREATER 0 AND two_machines EQUAL fairscale AND one_machine 
   message(FATAL_ERROR "ddp_sharded reduced ${one_machine} times on one machine and ${two_machines} across two; "
                       "sharded_ddp ${fairscale}")
 endif()
+# The same told by the other launchers' variables, Open MPI's own taken away: MPICH's Hydra
+# (MPI_LOCALNRANKS, the processes on this machine) and Slurm's srun (SLURM_STEP_NUM_NODES).
+set(without_open_mpi ${CMAKE_COMMAND} -E env --unset=OMPI_COMM_WORLD_LOCAL_SIZE)
+reductions(hydra_two ${without_open_mpi} MPI_LOCALNRANKS=1 ${PROGRAM} ${lightning_run})
+reductions(slurm_two ${without_open_mpi} SLURM_STEP_NUM_NODES=2 ${PROGRAM} ${lightning_run})
+reductions(slurm_one ${without_open_mpi} SLURM_STEP_NUM_NODES=1 ${PROGRAM} ${lightning_run})
+if(NOT (hydra_two EQUAL two_machines AND slurm_two EQUAL two_machines AND slurm_one EQUAL one_machine))
+  message(FATAL_ERROR "ddp_sharded reduced ${hydra_two} times told by Hydra of two machines, ${slurm_two} by Slurm, "
+                      "${slurm_one} by Slurm of one; Open MPI's: ${two_machines} and ${one_machine}")
+endif()
 
 # expect_refusal(text... ARGS arg...): the command fails (exit 2 from each process) printing every text.
 function(expect_refusal)

@@ -70,15 +70,6 @@ class GroupedHelp : public CLI::Formatter {
 
 /// The checks that span flags or that name the allowed words: after parsing, on the values from
 /// the command line and --config alike.
-/// The processes a launcher started beside this one, itself included: Open MPI's mpirun says so in
-/// OMPI_COMM_WORLD_SIZE, MPICH's Hydra and Slurm's srun (PMI-2) in PMI_SIZE; 1 for a process
-/// started alone.
-inline int launched_processes() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
-    if (const char* n = std::getenv(name)) return std::max(1, std::atoi(n));
-  return 1;
-}
-
 inline void check_combinations(const Options& o) {
   POLYSHARD_CHECK(o.data_format == "auto" || o.data_format == "text" || o.data_format == "nanogpt" ||
                       o.data_format == "llmc",
@@ -450,7 +441,7 @@ inline bool parse(int argc, char** argv, Options& o) {
   }
   o.batch_given = app.get_option("--batch")->count() > 0;
   o.world_size_given = app.get_option("--world-size")->count() > 0;
-  if (o.backend == "auto") o.backend = detail::launched_processes() > 1 ? "mpi" : "threads";
+  if (o.backend == "auto") o.backend = launched_processes() > 1 ? "mpi" : "threads";
   if (!o.deepspeed_config.empty())
     apply_deepspeed_config(o.deepspeed_config, o,
                            [&app](const std::string& flag) { return app.get_option(flag)->count() > 0; });

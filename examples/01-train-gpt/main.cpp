@@ -26,13 +26,6 @@ using namespace polyshard;
 
 namespace {
 
-/// A rank's rank among the processes of its machine under mpirun, where the launcher says (Open
-/// MPI), else its rank in the world.
-[[maybe_unused]] int local_rank(int world_rank) {
-  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-  return local ? std::atoi(local) : world_rank;
-}
-
 int run(int argc, char** argv) {
   train::Options o;
   if (!train::parse(argc, argv, o)) return 0;
@@ -87,7 +80,8 @@ int run(int argc, char** argv) {
     try {
       if (on_gpus) {
 #ifdef POLYSHARD_WITH_CUDA
-        train::train_on_cuda(o, data, comm.rank(), comm.size(), train::rank_device(o, local_rank(comm.rank())),
+        const int device = train::rank_device(o, train::local_rank(comm.rank()));
+        train::train_on_cuda(o, data, comm.rank(), comm.size(), device,
                              [&](std::span<float> id) { comm.broadcast(id, 0); }, o.trace.empty() ? nullptr : &trace);
 #endif
       } else {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "launcher.hpp"
 #include "polyshard/core/error.hpp"
 #include "polyshard/policy/config.hpp"
 
@@ -141,14 +142,6 @@ inline std::optional<std::int64_t> named_reduce_buffer_size(const std::string& s
   if (strategy == "sharded_ddp") return polyshard::fairscale_reduce_buffer_size;
   if (strategy == "ddp_sharded") return ranks_span_machines ? polyshard::fairscale_reduce_buffer_size : 0;
   return std::nullopt;
-}
-
-/// Whether the `world` ranks run on more than one machine: under mpirun, when fewer of them
-/// share this one than the world holds (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE); ranks as
-/// threads share one process.
-inline bool ranks_span_machines(int world) {
-  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  return local != nullptr && std::atoi(local) < world;
 }
 
 /// The model's positions (its block size): --init-hf's n_positions, else --seq.
