@@ -353,8 +353,7 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
       if (o.wall_clock_breakdown)
         metrics << ",\"wall_clock\":{\"forward_s\":" << this_step.forward << ",\"backward_s\":" << this_step.backward
                 << ",\"optimizer_step_s\":" << this_step.step << "}";
-      metrics
-              << ",\"parameters\":" << engine.units().numel_total() << ",\"world_size\":" << world
+      metrics << ",\"parameters\":" << engine.units().numel_total() << ",\"world_size\":" << world
               << ",\"strategy\":\"" << o.strategy << "\",\"precision\":\"" << o.precision
               << "\",\"predicted\":{\"bytes_sent\":" << predicted_bytes << ",\"model_state_bytes\":" << predicted_state;
       if (predicted_peak)

@@ -20,14 +20,15 @@ StrategyConfig allgather_bucket(std::int64_t elements) {
 /// ceil(a / b), written out here rather than taken from the code under test.
 std::int64_t pieces(std::int64_t shard, std::int64_t piece) { return (shard + piece - 1) / piece; }
 
-using WholeParameters = std::tuple<ZeRO<1>, ZeRO<2>, Strategy<ShardGradients, WrapByType<Block>>,
-                                   Strategy<ShardGradients, Bf16Mixed>, Strategy<ShardOptimizerState, OffloadOptimizer<Cpu>>,
-                                   Strategy<HybridShard<ShardGradients>>>;
+/// The compositions whose parameters are whole and whose updated shards are all-gathered.
+using UpdatedShardsGathered =
+    std::tuple<ZeRO<1>, ZeRO<2>, Strategy<ShardGradients, WrapByType<Block>>, Strategy<ShardGradients, Bf16Mixed>,
+               Strategy<ShardOptimizerState, OffloadOptimizer<Cpu>>, Strategy<HybridShard<ShardGradients>>>;
 
 }  // namespace
 
-TEST_CASE("allgather_piece_elements: each shard's share of allgather_bucket_size, at least one element, 0 for the whole "
-          "shard",
+TEST_CASE("allgather_piece_elements: each shard's share of allgather_bucket_size, at least one element, 0 for the "
+          "whole shard",
           "[engine][policy]") {
   CHECK(allgather_piece_elements(allgather_bucket(10), 3, 100) == 3);
   CHECK(allgather_piece_elements(allgather_bucket(2), 3, 100) == 1);  // never less than an element a rank
@@ -40,7 +41,7 @@ TEST_CASE("allgather_piece_elements: each shard's share of allgather_bucket_size
 
 TEMPLATE_LIST_TEST_CASE("allgather_bucket_size cuts the all-gather of the updated shards into pieces, to the bits and "
                         "bytes of one a unit",
-                        "[engine]", WholeParameters) {
+                        "[engine]", UpdatedShardsGathered) {
   using S = TestType;
   constexpr double no_clip = std::numeric_limits<double>::infinity();
   for (const int world : {2, 3}) {

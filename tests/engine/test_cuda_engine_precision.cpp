@@ -147,7 +147,8 @@ TEMPLATE_TEST_CASE("parameters exempt from weight decay on the GPU: a zero gradi
   const float shrink = static_cast<float>(1 - adamw.lr * adamw.weight_decay);
   Gpt<float> shapes(test::tiny_gpt());
   std::map<std::string, bool> is_vector;
-  visit_parameters(shapes, [&](const std::string& name, Parameter<float>& p) { is_vector[name] = p.shape().rank() < 2; });
+  visit_parameters(shapes,
+                   [&](const std::string& name, Parameter<float>& p) { is_vector[name] = p.shape().rank() < 2; });
   REQUIRE(after.size() == before.size());
   std::size_t differing = 0, exempt = 0;
   for (std::size_t i = 0; i < after.size(); ++i) {

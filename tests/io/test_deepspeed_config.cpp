@@ -195,7 +195,8 @@ TEST_CASE("stage 3's keys: stage3_prefetch_bucket_size is the prefetch budget, a
                               Contains("the results do not"));
   CHECK(hf.strategy.reduce_bucket_size == StrategyConfig{}.reduce_bucket_size);    // "auto": the caller's
   CHECK(hf.strategy.allgather_bucket_size == StrategyConfig{}.allgather_bucket_size);
-  const auto unsaved = read(R"({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": false}})");
+  const auto unsaved =
+      read(R"({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": false}})");
   REQUIRE(unsaved.notes.size() == 1);
   CHECK_THAT(unsaved.notes[0], Contains("always gather the whole model"));
   // The values are still checked.
