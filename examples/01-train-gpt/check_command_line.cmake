@@ -4,11 +4,17 @@
 # runs that train are two steps of a one-block model.
 set(failures "")
 
-# expect(name EXIT code SAYS text... ARGS arg...): runs PROGRAM with the arguments and records a
-# failure unless it exits with `code` and prints (on stdout or stderr) every `text`.
+# expect(name EXIT code SAYS text... ARGS arg... [ENV VAR=value...]): runs PROGRAM with the
+# arguments (and the environment variables ENV sets) and records a failure unless it exits with
+# `code` and prints (on stdout or stderr) every `text`.
 function(expect name)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "" "EXIT" "SAYS;ARGS")
-  execute_process(COMMAND ${PROGRAM} ${arg_ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "EXIT" "SAYS;ARGS;ENV")
+  set(environment "")
+  if(arg_ENV)
+    set(environment ${CMAKE_COMMAND} -E env ${arg_ENV})
+  endif()
+  execute_process(COMMAND ${environment} ${PROGRAM} ${arg_ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE out)
   set(wrong "")
   if(NOT "${rc}" STREQUAL "${arg_EXIT}")
     string(APPEND wrong " exit ${rc}, not ${arg_EXIT};")
@@ -418,19 +424,11 @@ endif()
 
 # A launcher's processes (here told by PMI_SIZE, as MPICH's Hydra and Slurm's srun tell them) do
 # not each train alone as a world of threads (mpirun itself: check_mpirun.cmake).
-execute_process(COMMAND ${CMAKE_COMMAND} -E env PMI_SIZE=3 ${PROGRAM} ${one_step} --backend threads
-                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
-string(FIND "${out}" "--backend threads, and the launcher (mpirun, srun) started 3 processes" at)
-if(NOT rc EQUAL 2 OR at EQUAL -1)
-  string(APPEND failures "\nthreads-under-a-launcher: exit ${rc}, printed:\n${out}")
-endif()
+expect(threads-under-a-launcher EXIT 2 ENV PMI_SIZE=3 ARGS ${one_step} --backend threads
+       SAYS "--backend threads, and the launcher (mpirun, srun) started 3 processes")
 # Slurm's srun --mpi=pmix sets neither Open MPI's variables nor PMI_SIZE: its job step's count.
-execute_process(COMMAND ${CMAKE_COMMAND} -E env SLURM_STEP_NUM_TASKS=3 ${PROGRAM} ${one_step} --backend threads
-                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
-string(FIND "${out}" "--backend threads, and the launcher (mpirun, srun) started 3 processes" at)
-if(NOT rc EQUAL 2 OR at EQUAL -1)
-  string(APPEND failures "\nthreads-under-srun: exit ${rc}, printed:\n${out}")
-endif()
+expect(threads-under-srun EXIT 2 ENV SLURM_STEP_NUM_TASKS=3 ARGS ${one_step} --backend threads
+       SAYS "--backend threads, and the launcher (mpirun, srun) started 3 processes")
 
 # FairScale's reduce_buffer_size by name: sharded_ddp carries ShardedDataParallel's 2^23 elements
 # (one bucket holds this model's unit), ddp_sharded Lightning's 0 on one machine (each parameter
