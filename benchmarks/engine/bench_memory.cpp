@@ -2,7 +2,9 @@
 // within a steady-state step, per category, measured by its tracker beside host_step_peak_memory's
 // prediction (policy/step_memory.hpp; the in-process backend keeps no scratch of its own,
 // docs/communication.md), what it holds between steps beside resident_memory's, and the
-// activations each unit's forward keeps (Engine::activation_bytes()).
+// activations each unit's forward keeps (Engine::activation_bytes()); and the most it held while
+// the engine was built beside host_construction_peak_memory's (under NVMe offload, one unit's
+// state and shard at a time).
 #include <filesystem>
 #include <mutex>
 
@@ -24,7 +26,7 @@ constexpr std::array<MemoryCategory, 6> categories = {MemoryCategory::Parameters
                                                       MemoryCategory::Communication, MemoryCategory::Other};
 
 struct RankMemory {
-  std::array<double, 6> peak{}, predicted_peak{}, held{}, predicted_held{};
+  std::array<double, 6> peak{}, predicted_peak{}, held{}, predicted_held{}, built{}, predicted_built{};
   std::int64_t block_activations = 0, root_activations = 0;
 };
 
@@ -40,6 +42,8 @@ std::vector<RankMemory> measure(int world, const GptConfig& cfg, std::int64_t ba
     {
       Gpt<float> model(cfg);
       Engine<S, Gpt<float>, ThreadCommunicator, AdamW<float>> engine(model, comm, AdamWConfig{}, config, 1);
+      RankMemory& r = out[static_cast<std::size_t>(comm.rank())];
+      for (std::size_t c = 0; c < categories.size(); ++c) r.built[c] = double(memory.peak(categories[c]));
       const BatchSampler sampler(data, cfg.block_size, batch, 3);
       for (int step = 0; step < 3; ++step) {
         if (step == 2) memory.reset_peaks();  // steady state: prefetch knows the order, the state exists
@@ -58,10 +62,11 @@ std::vector<RankMemory> measure(int world, const GptConfig& cfg, std::int64_t ba
       for (std::int64_t u : units) total += u;
       const StepPeakMemory p = host_step_peak_memory<S>(units, world, 2, config, buckets);
       const ResidentMemory h = resident_memory<S>(total, world, 2, config);
-      RankMemory& r = out[static_cast<std::size_t>(comm.rank())];
+      const StepPeakMemory b = host_construction_peak_memory<S>(units, world, 2, config);
       r.predicted_peak = {p.parameters, p.gradients, p.optimizer_state, p.working_copies, p.communication,
                           p.other};
       r.predicted_held = {h.parameters, h.gradients, h.optimizer_state, h.working_copies, 0.0, h.other};
+      r.predicted_built = {b.parameters, b.gradients, b.optimizer_state, b.working_copies, b.communication, b.other};
       for (std::size_t c = 0; c < categories.size(); ++c) {
         r.peak[c] = double(memory.peak(categories[c]));
         r.held[c] = double(memory.current(categories[c]));
@@ -85,11 +90,12 @@ void row(bench::Table& table, const char* name, int world, const GptConfig& cfg,
   }
   const std::vector<RankMemory> ranks = measure<S>(world, cfg, batch, config);
   // The largest difference between measurement and prediction over every rank and category.
-  double peak_error = 0, held_error = 0;
+  double peak_error = 0, held_error = 0, built_error = 0;
   for (const RankMemory& r : ranks)
     for (std::size_t c = 0; c < categories.size(); ++c) {
       peak_error = std::max(peak_error, std::abs(r.peak[c] - r.predicted_peak[c]));
       held_error = std::max(held_error, std::abs(r.held[c] - r.predicted_held[c]));
+      built_error = std::max(built_error, std::abs(r.built[c] - r.predicted_built[c]));
     }
   const RankMemory& r0 = ranks[0];
   const auto kib = [](double bytes) { return bytes / 1024; };
@@ -100,6 +106,9 @@ void row(bench::Table& table, const char* name, int world, const GptConfig& cfg,
         .set(std::string(short_names[c]) + " predicted", kib(r0.predicted_peak[c]));
   table.set("max |peak - predicted| B", peak_error, 0)
       .set("max |held - predicted| B", held_error, 0)
+      .set("built param KiB", kib(r0.built[0]))
+      .set("built optim KiB", kib(r0.built[2]))
+      .set("max |built - predicted| B", built_error, 0)
       .set("root act KiB", kib(double(r0.root_activations)))
       .set("block act KiB", kib(double(r0.block_activations)));
 }

@@ -127,6 +127,29 @@ TEST_CASE("UringFile: a file per object under the directory, gone with the objec
   CHECK(files_in(dir.path()).empty());
 }
 
+TEST_CASE("UringFile: extend() grows an empty file piece by piece, what was written staying", "[core][uring]") {
+  TempDir dir;
+  UringFile file(dir.path(), "grown", 0, {.block_size = 4096});
+  CHECK(file.size() == 0);
+  CHECK(std::filesystem::file_size(file.path()) == 0);
+  const std::vector<std::byte> first = random_bytes(5000, 1), second = random_bytes(300, 2);
+  CHECK_THROWS_WITH(file.write(first, 0), Catch::Contains("runs past the end"));  // not yet long enough
+  file.extend(5000);
+  CHECK(file.size() == 8192);  // rounded up to 4096
+  CHECK(std::filesystem::file_size(file.path()) == 8192);
+  file.wait(file.write(first, 0));
+  file.extend(100);  // shorter than the file: nothing changes
+  CHECK(file.size() == 8192);
+  file.extend(8192 + 300);
+  CHECK(file.size() == 12'288);
+  file.wait(file.write(second, 8192));
+  CHECK(file_bytes(file.path(), 0, first.size()) == first);
+  CHECK(file_bytes(file.path(), 8192, second.size()) == second);
+  std::vector<std::byte> back(first.size());
+  file.wait(file.read(back, 0));
+  CHECK(back == first);
+}
+
 TEST_CASE("UringFile: an unusable nvme_path is a clear error naming it and the option", "[core][uring]") {
   TempDir dir;
   SECTION("missing") {

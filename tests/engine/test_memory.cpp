@@ -20,12 +20,14 @@ namespace {
 /// sizes it was laid out with.
 struct Held {
   std::array<std::int64_t, memory_category_count> bytes{}, peak{};
+  std::array<std::int64_t, memory_category_count> built_peak{};  // the most held while the engine was built
   std::int64_t padded = 0, largest_unit = 0;
   std::vector<std::int64_t> units;  // padded sizes, root first, in the order forward runs them
   std::vector<std::size_t> buckets;  // gradient buckets per unit
   std::vector<std::int64_t> sub_groups;  // the optimizer's sub-groups, unit after unit
   std::int64_t at(MemoryCategory c) const { return bytes[static_cast<std::size_t>(c)]; }
   std::int64_t peak_at(MemoryCategory c) const { return peak[static_cast<std::size_t>(c)]; }
+  std::int64_t built_peak_at(MemoryCategory c) const { return built_peak[static_cast<std::size_t>(c)]; }
 };
 
 /// The test model: padded_gpt() with four blocks, so that "two consecutive units" differs from
@@ -75,6 +77,8 @@ std::vector<Held> hold(int world, const StrategyConfig& config, bool matrices_on
       if (matrices_only) decay_matrices_only(model);
       const SgdConfig sgd = test::momentum_sgd();
       Engine<S, Gpt<float>, ThreadCommunicator, Sgd<MT>> engine(model, comm, sgd, config, 42);
+      for (std::size_t c = 0; c < memory_category_count; ++c)
+        h.built_peak[c] = tracker.peak(static_cast<MemoryCategory>(c));
       for (std::size_t i = 0; i < engine.units().units.size(); ++i) {
         h.largest_unit = std::max(h.largest_unit, engine.units().units[i].padded);
         h.units.push_back(engine.units().units[i].padded);
@@ -165,6 +169,15 @@ TEMPLATE_LIST_TEST_CASE("memory: what a rank holds between steps and at most wit
       CHECK(double(h.peak_at(MemoryCategory::WorkingCopies)) == peak.working_copies);
       CHECK(double(h.peak_at(MemoryCategory::Communication)) == peak.communication);
       CHECK(double(h.peak_at(MemoryCategory::Other)) == peak.other);
+
+      // While the engine was built: what it then holds, and under NVMe offload one unit more.
+      const StepPeakMemory built = host_construction_peak_memory<S>(h.units, world, 1, config);
+      CHECK(double(h.built_peak_at(MemoryCategory::Parameters)) == built.parameters);
+      CHECK(double(h.built_peak_at(MemoryCategory::Gradients)) == built.gradients);
+      CHECK(double(h.built_peak_at(MemoryCategory::OptimizerState)) == built.optimizer_state);
+      CHECK(double(h.built_peak_at(MemoryCategory::WorkingCopies)) == built.working_copies);
+      CHECK(h.built_peak_at(MemoryCategory::Communication) == 0);
+      CHECK(double(h.built_peak_at(MemoryCategory::Other)) == built.other);
     }
   }
 }
@@ -358,6 +371,50 @@ TEST_CASE("memory: under NVMe offload, sub_group_size bounds the optimizer state
   check(with_t<Infinity, Bf16Mixed>{}, "OffloadOptimizer<Nvme>, bf16: the masters come back with the moments");
   check(OnNvme{}, "OffloadParameters<Nvme>");
   check(with_t<OnNvme, Bf16Mixed>{}, "OffloadParameters<Nvme>, bf16");
+}
+
+TEST_CASE("memory: building the engine under NVMe offload holds one unit's state and shard on top of what it keeps, "
+          "never the whole model's",
+          "[engine][memory]") {
+  test::TempDir nvme;
+  const StrategyConfig config = one_sub_group_in_memory(nvme);
+  StrategyConfig all_in_file = config;
+  all_in_file.max_in_cpu = 0;
+  StrategyConfig keep_root = config;
+  keep_root.max_in_cpu = 400;  // the root's shard (299 elements and padding) stays in memory, no block's does
+  const auto check = [&]<class S>(S, const StrategyConfig& c, const char* label) {
+    using MT = typename S::master_type;
+    for (int world : {1, 3}) {
+      INFO(label << " at world size " << world << ", max_in_cpu " << c.max_in_cpu);
+      for (const Held& h : hold<S>(world, c)) {
+        const StepPeakMemory built = host_construction_peak_memory<S>(h.units, world, 1, c);
+        CHECK(double(h.built_peak_at(MemoryCategory::Parameters)) == built.parameters);
+        CHECK(double(h.built_peak_at(MemoryCategory::OptimizerState)) == built.optimizer_state);
+        // Built all at once before any went to the file, the momentum of every unit: five units,
+        // so at least twice the largest one's.
+        double all_momentum = 0, largest = 0;
+        for (const std::int64_t u : h.units) {
+          all_momentum += double(sizeof(MT) * u / world);
+          largest = std::max(largest, double(sizeof(MT) * u / world));
+        }
+        CHECK(double(h.built_peak_at(MemoryCategory::OptimizerState)) <= largest * 3);  // bf16: the masters twice
+        CHECK(double(h.built_peak_at(MemoryCategory::OptimizerState)) < all_momentum);
+        if constexpr (S::offload::offloads_parameters) {
+          const std::size_t kept = nvme_units_in_memory(h.units, world, c.max_in_cpu);
+          CHECK(kept == (c.max_in_cpu > 0 ? 1u : 0u));
+          // The kept shards, and one block's shard being written.
+          const double c16 = sizeof(typename S::compute_type);
+          CHECK(double(h.built_peak_at(MemoryCategory::Parameters)) ==
+                c16 * double((kept ? h.units[0] : 0) / world + h.units[1] / world));
+        }
+      }
+    }
+  };
+  check(InfinityPerBlock{}, config, "OffloadOptimizer<Nvme>");
+  check(with_t<InfinityPerBlock, Bf16Mixed>{}, config, "OffloadOptimizer<Nvme>, bf16: the masters with the moments");
+  check(OnNvme{}, all_in_file, "OffloadParameters<Nvme>");
+  check(OnNvme{}, keep_root, "OffloadParameters<Nvme>, the root kept in memory");
+  check(with_t<OnNvme, Bf16Mixed>{}, keep_root, "OffloadParameters<Nvme>, bf16, the root kept in memory");
 }
 
 TEST_CASE("memory: under NVMe offload, parameters exempt from weight decay cut the sub-groups, and the prediction "

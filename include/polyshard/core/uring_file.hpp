@@ -53,7 +53,8 @@ struct UringFileOptions {
 };
 
 /// A file of `size()` bytes created under a directory with a name no other rank or process
-/// uses, preallocated, and unlinked when the object is destroyed. read() and write() queue a
+/// uses, its space claimed as it is sized (at creation, and by extend()), and unlinked when the
+/// object is destroyed. read() and write() queue a
 /// span at an offset and return at once; a thread of the file's own cuts each span into
 /// block_size requests and keeps at most queue_depth of them in flight on an io_uring, copying
 /// through staging buffers aligned to 4096 bytes (so O_DIRECT works whatever the span's
@@ -158,6 +159,16 @@ class UringFile {
     if (!first.empty()) throw Error(first);
   }
 
+  /// Makes the file round_up(bytes) long, when it is shorter, claiming the drive's space as the
+  /// constructor does (for a file laid out while its contents are made, piece by piece). Call it
+  /// from the thread that submits requests.
+  void extend(std::int64_t bytes) {
+    const std::int64_t to = round_up(bytes);
+    if (to <= size_) return;
+    reserve(size_, to);
+    size_ = to;
+  }
+
   const std::filesystem::path& path() const { return path_; }
   std::int64_t size() const { return size_; }
   /// Whether O_DIRECT is in effect (false where the file system refused it, or when not asked).
@@ -216,14 +227,21 @@ class UringFile {
       if (!direct_ && errno != EINVAL)
         detail::throw_error("UringFile: cannot switch on O_DIRECT for '", path_.string(), "': ", os_error(errno));
     }
-    // Claiming the space now turns a full drive into an error here rather than a short write
-    // in the middle of a training step.
-    if (size_ > 0 && ::fallocate(fd_, 0, 0, size_) != 0) {
+    reserve(0, size_);
+  }
+
+  /// Claims bytes [from, to) of the drive for the file. Claiming the space ahead turns a full
+  /// drive into an error here rather than a short write in the middle of a training step.
+  void reserve(std::int64_t from, std::int64_t to) {
+    if (to <= from) return;
+    const std::string& option = options_.directory_option;
+    const std::string dir = path_.parent_path().string();
+    if (::fallocate(fd_, 0, from, to - from) != 0) {
       const int err = errno;
-      POLYSHARD_CHECK(err == EOPNOTSUPP || err == ENOSYS, option, " '", dir, "': cannot reserve ", size_,
+      POLYSHARD_CHECK(err == EOPNOTSUPP || err == ENOSYS, option, " '", dir, "': cannot reserve ", to,
                       " bytes for '", path_.string(), "': ", os_error(err));
-      POLYSHARD_CHECK(::ftruncate(fd_, size_) == 0, option, " '", dir, "': cannot size '", path_.string(), "' to ",
-                      size_, " bytes: ", os_error(errno));
+      POLYSHARD_CHECK(::ftruncate(fd_, to) == 0, option, " '", dir, "': cannot size '", path_.string(), "' to ", to,
+                      " bytes: ", os_error(errno));
     }
   }
 

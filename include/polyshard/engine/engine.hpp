@@ -222,19 +222,21 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
       u.shard = u.layout->padded / u.world;
       u.gather_piece = allgather_piece_elements(config, u.world, u.shard);
       u.pin_host = config.pin_memory;
+    }
+    // Unit by unit, each placed as soon as it is built: under NVMe offload its state (and shard)
+    // go to the file before the next unit is made, so that building never holds them all.
+    for (std::size_t i = 0; i < units_.size(); ++i) {
+      State& u = units_[i];
       Behaviour::allocate(u, seed);
       if (config.sync_models_at_startup) sync_from_rank0(u);
       u.bind();
-      std::optional<HostAllocatorScope> pinned;
+      std::optional<HostAllocatorScope> pinned;  // and the masters an offload to NVMe hands to the sub-groups
       pin_host_optimizer_state(pinned, config);
       optimizers_.emplace_back(optimizer_runs(u, optimizer), config.sub_group_size);
+      placement_.place(i, units_, optimizers_, config, comm.rank());
     }
+    placement_.finish_placing();
     plan_buckets();
-    {
-      std::optional<HostAllocatorScope> pinned;  // the masters an offload to NVMe hands to the sub-groups
-      pin_host_optimizer_state(pinned, config);
-      placement_.place(units_, optimizers_, config, comm.rank());  // NVMe: the state moves to nvme_path
-    }
     buffers_ = detail::module_buffers<Comm>(model);
     if (config.sync_models_at_startup)
       broadcast_buffers("the start-up sync of the module buffers from rank 0", /*blocking=*/true);

@@ -301,4 +301,45 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
   return m;
 }
 
+
+/// The peak bytes per category one rank holds while Engine's constructor builds it (a host
+/// model under S; `units` and `states_per_param` as for host_step_peak_memory): what it holds
+/// once built (resident_memory<S>) and, under NVMe offload, one unit's worth more. The engine
+/// builds the units one by one and places each before the next: offloading to NVMe, it writes
+/// the unit's optimizer state and separate masters (and, under OffloadParameters<Nvme>, its
+/// shard, unless max_in_cpu keeps it) to the file and frees them, so that building holds the
+/// largest unit's (each category's largest apart; its separate masters twice, copied into its
+/// sub-groups before the unit's copy is freed), never the model's: a model whose state does
+/// not fit in host memory is built, as DeepSpeed's zero.Init builds one with remote_device nvme.
+/// Every other placement builds each unit where it stays: nothing more.
+template <StrategyType S>
+StepPeakMemory host_construction_peak_memory(std::span<const std::int64_t> units, int world_size,
+                                             int states_per_param = 2, const StrategyConfig& config = {}) {
+  using CT = typename S::compute_type;
+  using MT = typename S::master_type;
+  const ResidentMemory built = resident_memory<S, Cpu>(units, world_size, states_per_param, config);
+  StepPeakMemory m;
+  m.parameters = built.parameters;
+  m.gradients = built.gradients;
+  m.optimizer_state = built.optimizer_state;
+  m.working_copies = built.working_copies;
+  m.other = built.other;
+  if constexpr (S::offload::to_nvme) {
+    constexpr bool shards_in_file = S::offload::offloads_parameters;
+    const std::size_t kept = shards_in_file ? nvme_units_in_memory(units, world_size, config.max_in_cpu) : units.size();
+    // Separate masters (else they are the shards) are copied into the unit's sub-groups' own
+    // before the unit's copy is freed: twice, for a while.
+    const double masters = std::is_same_v<MT, CT> ? 0.0 : 2.0;
+    double shard = 0, state = 0;
+    for (std::size_t i = 0; i < units.size(); ++i) {
+      const double elements = static_cast<double>(units[i] / world_size);
+      if (i >= kept) shard = std::max(shard, sizeof(CT) * elements);
+      state = std::max(state, sizeof(MT) * (static_cast<double>(states_per_param) + masters) * elements);
+    }
+    m.parameters += shard;
+    m.optimizer_state += state;
+  }
+  return m;
+}
+
 }  // namespace polyshard

@@ -21,7 +21,8 @@ struct OffloadPlacement<Offload> : ParametersInMemory {
   static constexpr const char* parameters = "host";
 
   template <class State, class Opt>
-  void place(std::vector<State>&, std::vector<Opt>&, const StrategyConfig&, int) {}
+  void place(std::size_t, std::vector<State>&, std::vector<Opt>&, const StrategyConfig&, int) {}
+  void finish_placing() {}
   void fetch(std::size_t) {}
   void fetch_group(std::size_t, std::size_t) {}
   void store_group(std::size_t, std::size_t) {}

@@ -39,35 +39,43 @@ inline void create_nvme_file(std::optional<UringFile>& file, const StrategyConfi
                                 .pin_memory = config.pin_memory});
 }
 
-/// Lays out, in `swap`, one swap unit per sub-group of every unit, in order: the group's state
-/// tensors (exp_avg and exp_avg_sq for Adam) and, where the unit's master weights are a copy of
-/// their own (mixed precision, a device model's host masters), the group's share of them, which
-/// the group holds from then on (OptimizerGroups::hold_masters_apart). `first_group` gets where
-/// each unit's groups start (and, last, their count).
+/// Lays out, in `swap`, one swap unit per sub-group of `groups` (unit `unit`'s optimizer),
+/// numbered from `first`: the group's state tensors (exp_avg and exp_avg_sq for Adam) and, where
+/// the unit's master weights are a copy of their own (mixed precision, a device model's host
+/// masters), the group's share of them, which the group holds from then on
+/// (OptimizerGroups::hold_masters_apart). Returns how many sub-groups it laid out.
 template <class State, class Groups>
-void add_sub_groups(NvmeSwap& swap, std::vector<State>& units, std::vector<Groups>& optimizers,
-                    std::vector<std::size_t>& first_group, std::int64_t& end, std::vector<const void*>& seen) {
-  first_group.clear();
-  std::size_t g = 0;
-  for (std::size_t i = 0; i < optimizers.size(); ++i) {
-    Groups& groups = optimizers[i];
-    if constexpr (!State::master_is_shard && !State::master_is_full) groups.hold_masters_apart(units[i].master);
-    first_group.push_back(g);
-    for (std::size_t k = 0; k < groups.size(); ++k, ++g) {
-      if (groups.hold_masters()) swap.add(g, groups.master(k).storage(), end, seen);
-      for (const auto& [name, tensor] : groups[k].state()) swap.add(g, tensor.storage(), end, seen);
-    }
+std::size_t add_sub_groups(NvmeSwap& swap, State& unit, Groups& groups, std::size_t first, std::int64_t& end,
+                           std::vector<const void*>& seen) {
+  if constexpr (!State::master_is_shard && !State::master_is_full) groups.hold_masters_apart(unit.master);
+  for (std::size_t k = 0; k < groups.size(); ++k) {
+    if (groups.hold_masters()) swap.add(first + k, groups.master(k).storage(), end, seen);
+    for (const auto& [name, tensor] : groups[k].state()) swap.add(first + k, tensor.storage(), end, seen);
   }
-  first_group.push_back(g);
+  return groups.size();
 }
 
-/// The sub-groups of all units, counted.
-template <class Groups>
-std::size_t count_sub_groups(const std::vector<Groups>& optimizers) {
-  std::size_t n = 0;
-  for (const Groups& groups : optimizers) n += groups.size();
-  return n;
-}
+/// What a placement in a file carries while the engine hands it the units one by one: the file,
+/// where the next storage goes in it, the storages laid out (none twice), and where each unit's
+/// sub-groups start.
+struct NvmeLayoutCursor {
+  std::optional<UringFile> file;  // placements declare the cursor after their swaps: its I/O ends first
+  std::int64_t end = 0;
+  std::vector<const void*> seen;
+  std::vector<std::size_t> first_group{0};  // unit i's sub-groups are [first_group[i], first_group[i + 1])
+
+  /// Lays out unit `unit`'s sub-groups in `swap` after those of the units before it, extends
+  /// the file to hold them, and writes them there (after what the caller laid out before).
+  template <class State, class Groups>
+  void add_and_place_sub_groups(NvmeSwap& swap, State& unit, Groups& groups) {
+    const std::size_t first = first_group.back();
+    first_group.push_back(first + add_sub_groups(swap, unit, groups, first, end, seen));
+    file->extend(end);
+    for (std::size_t g = first; g < first_group.back(); ++g) swap.place(g, *file);
+  }
+  /// Every unit placed: the storages' identities are no longer needed.
+  void finish() { seen = {}; }
+};
 
 /// Entries [first, last) of `swap`.
 struct SwapEntries {
@@ -128,19 +136,24 @@ class OffloadPlacement<Offload> : public ParametersInMemory {
   static constexpr const char* optimizer_state = "nvme";
   static constexpr const char* parameters = "host";
 
-  /// Lays the state of `optimizers` (one per unit) out in a new file under config.nvme_path,
-  /// writes it there as the optimizers built it, and frees it. Throws polyshard::Error naming
-  /// the option when nvme_path, block_size, queue_depth or optimizer_buffer_count is unusable.
+  /// Called for each unit in turn as soon as it and its optimizer (optimizers[unit]) are built:
+  /// lays the optimizer's state out in the rank's file under config.nvme_path (created for unit
+  /// 0), writes it there as the optimizer built it, and frees it, so that building the engine
+  /// holds one unit's state at most. Throws polyshard::Error naming the option when nvme_path,
+  /// block_size, queue_depth or optimizer_buffer_count is unusable.
   template <class State, class Groups>
-  void place(std::vector<State>& units, std::vector<Groups>& optimizers, const StrategyConfig& config, int rank) {
-    state_ = NvmeSwap("optimizer state", detail::count_sub_groups(optimizers),
-                      detail::sub_groups_in_memory(optimizers, config));
-    std::int64_t end = 0;
-    std::vector<const void*> seen;
+  void place(std::size_t unit, std::vector<State>& units, std::vector<Groups>& optimizers,
+             const StrategyConfig& config, int rank) {
+    if (unit == 0) {
+      state_ = NvmeSwap("optimizer state", detail::sub_groups_in_memory(optimizers, config));
+      detail::create_nvme_file(at_.file, config, "polyshard-optimizer-state-rank" + std::to_string(rank), 0);
+    }
     // Masters that are the parameter shards stay: the gathers read them.
-    detail::add_sub_groups(state_, units, optimizers, first_group_, end, seen);
-    detail::create_nvme_file(file_, config, "polyshard-optimizer-state-rank" + std::to_string(rank), end);
-    state_.place(*file_);
+    at_.add_and_place_sub_groups(state_, units[unit], optimizers[unit]);
+  }
+  /// Every unit placed.
+  void finish_placing() {
+    at_.finish();
     // The freed blocks would stay cached in host memory, which offloading is meant to free.
     CachingHostAllocator::instance().release_cached();
   }
@@ -149,11 +162,11 @@ class OffloadPlacement<Offload> : public ParametersInMemory {
   /// Sub-group `k` of unit `unit`: its state and masters in memory, and the next sub-group's
   /// read started when a buffer is free.
   void fetch_group(std::size_t unit, std::size_t k) {
-    const std::size_t g = first_group_[unit] + k;
+    const std::size_t g = at_.first_group[unit] + k;
     state_.acquire_and_read_ahead(g, g + 1);
   }
   /// Starts writing sub-group `k` of unit `unit` back; its memory is freed once the write is done.
-  void store_group(std::size_t unit, std::size_t k) { state_.store(first_group_[unit] + k); }
+  void store_group(std::size_t unit, std::size_t k) { state_.store(at_.first_group[unit] + k); }
   void store(std::size_t) {}
   /// Waits for every read and write and frees all state and masters; throws the first I/O failure.
   void settle() { state_.settle(); }
@@ -162,7 +175,7 @@ class OffloadPlacement<Offload> : public ParametersInMemory {
   /// writes them back and frees them. If fn throws, the file stays as it was.
   template <class F>
   std::invoke_result_t<F&> with_resident(std::size_t unit, F&& fn) {
-    return detail::with_entries_resident({{&state_, first_group_[unit], first_group_[unit + 1]}}, fn);
+    return detail::with_entries_resident({{&state_, at_.first_group[unit], at_.first_group[unit + 1]}}, fn);
   }
 
   /// fn() with unit `unit`'s master weights in memory (in its sub-groups), written back after (a
@@ -173,12 +186,11 @@ class OffloadPlacement<Offload> : public ParametersInMemory {
   }
 
   /// The file, for tests and diagnostics (empty before place()).
-  const std::optional<UringFile>& file() const { return file_; }
+  const std::optional<UringFile>& file() const { return at_.file; }
 
  private:
   NvmeSwap state_;
-  std::vector<std::size_t> first_group_;  // unit i's sub-groups are state_'s [first_group_[i], first_group_[i + 1])
-  std::optional<UringFile> file_;         // last: destroyed first, finishing I/O into the storages
+  detail::NvmeLayoutCursor at_;  // after the swap: its file is destroyed first, finishing I/O into the storages
 };
 
 #else

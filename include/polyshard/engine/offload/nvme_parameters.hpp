@@ -40,7 +40,8 @@ namespace polyshard {
 ///                     buffers for (nvme_sub_groups_in_memory) at most.
 /// So host memory holds, between steps, the shards max_in_cpu keeps and the file's staging
 /// buffers; during forward and backward, params_buffer_count shards more at most; during the
-/// step, as many shards and those sub-groups' state and masters.
+/// step, as many shards and those sub-groups' state and masters; while the engine is built, one
+/// unit's shard, state and masters more, each unit written to the file as soon as it is built.
 template <class Offload>
   requires(Offload::to_nvme && Offload::offloads_parameters)
 class OffloadPlacement<Offload> {
@@ -48,37 +49,44 @@ class OffloadPlacement<Offload> {
   static constexpr const char* optimizer_state = "nvme";
   static constexpr const char* parameters = "nvme";
 
-  /// Lays out every unit's parameter shard (unless max_in_cpu keeps it), master copy and optimizer
-  /// state in a new file under config.nvme_path, writes them there and frees them. Throws
-  /// polyshard::Error naming the option when nvme_path, block_size, queue_depth,
+  /// Called for each unit in turn as soon as it and its optimizer (optimizers[unit]) are built:
+  /// lays its parameter shard (unless max_in_cpu keeps it), master copy and optimizer state out
+  /// in the rank's file under config.nvme_path (created for unit 0), writes them there and frees
+  /// them, so that building the engine holds one unit's at most beyond what max_in_cpu keeps
+  /// (as DeepSpeed's zero.Init with remote_device nvme builds a model larger than host memory).
+  /// Throws polyshard::Error naming the option when nvme_path, block_size, queue_depth,
   /// optimizer_buffer_count, params_buffer_count, params_buffer_size or max_in_cpu is unusable.
   template <class State, class Groups>
-  void place(std::vector<State>& units, std::vector<Groups>& optimizers, const StrategyConfig& config, int rank) {
-    POLYSHARD_CHECK(config.params_buffer_count >= 1, "OffloadParameters<Nvme>: params_buffer_count (units whose ",
-                    "parameter shards may be in memory at once) must be at least 1, got ", config.params_buffer_count);
-    POLYSHARD_CHECK(config.max_in_cpu >= 0, "OffloadParameters<Nvme>: max_in_cpu (parameter elements kept in host ",
-                    "memory) must not be negative, got ", config.max_in_cpu);
-    params_ = NvmeSwap("parameter shard", units.size(), config.params_buffer_count);
-    state_ = NvmeSwap("optimizer state", detail::count_sub_groups(optimizers),
-                      detail::sub_groups_in_memory(optimizers, config));
-    std::vector<std::int64_t> padded;
-    for (const State& u : units) padded.push_back(u.layout->padded);
-    const std::size_t in_memory = units.empty() ? 0 : nvme_units_in_memory(padded, units[0].world, config.max_in_cpu);
-    std::int64_t end = 0;
-    std::vector<const void*> seen;
-    for (std::size_t i = 0; i < units.size(); ++i) {
-      const std::int64_t n = units[i].param_shard.numel();
-      POLYSHARD_CHECK(n <= config.params_buffer_size, "OffloadParameters<Nvme>: the parameter shard of ",
-                      units[i].layout->display_name(), " has ", n, " elements, more than params_buffer_size (",
-                      config.params_buffer_size, "), what one of the params_buffer_count buffers holds: raise ",
-                      "params_buffer_size, or wrap the model in smaller units");
-      if (i < in_memory) seen.push_back(units[i].param_shard.storage().get());  // nor with the state, as a master
-      else params_.add(i, units[i].param_shard.storage(), end, seen);
+  void place(std::size_t unit, std::vector<State>& units, std::vector<Groups>& optimizers,
+             const StrategyConfig& config, int rank) {
+    if (unit == 0) {
+      POLYSHARD_CHECK(config.params_buffer_count >= 1, "OffloadParameters<Nvme>: params_buffer_count (units whose ",
+                      "parameter shards may be in memory at once) must be at least 1, got ",
+                      config.params_buffer_count);
+      POLYSHARD_CHECK(config.max_in_cpu >= 0, "OffloadParameters<Nvme>: max_in_cpu (parameter elements kept in ",
+                      "host memory) must not be negative, got ", config.max_in_cpu);
+      params_ = NvmeSwap("parameter shard", config.params_buffer_count);
+      state_ = NvmeSwap("optimizer state", detail::sub_groups_in_memory(optimizers, config));
+      std::vector<std::int64_t> padded;
+      for (const State& u : units) padded.push_back(u.layout->padded);
+      in_memory_ = nvme_units_in_memory(padded, units[0].world, config.max_in_cpu);
+      detail::create_nvme_file(at_.file, config, "polyshard-offload-rank" + std::to_string(rank), 0);
     }
-    detail::add_sub_groups(state_, units, optimizers, first_group_, end, seen);
-    detail::create_nvme_file(file_, config, "polyshard-offload-rank" + std::to_string(rank), end);
-    params_.place(*file_);
-    state_.place(*file_);
+    const State& u = units[unit];
+    const std::int64_t n = u.param_shard.numel();
+    POLYSHARD_CHECK(n <= config.params_buffer_size, "OffloadParameters<Nvme>: the parameter shard of ",
+                    u.layout->display_name(), " has ", n, " elements, more than params_buffer_size (",
+                    config.params_buffer_size, "), what one of the params_buffer_count buffers holds: raise ",
+                    "params_buffer_size, or wrap the model in smaller units");
+    if (unit < in_memory_) at_.seen.push_back(u.param_shard.storage().get());  // nor with the state, as a master
+    else params_.add(unit, u.param_shard.storage(), at_.end, at_.seen);
+    at_.file->extend(at_.end);
+    params_.place(unit, *at_.file);
+    at_.add_and_place_sub_groups(state_, units[unit], optimizers[unit]);
+  }
+  /// Every unit placed.
+  void finish_placing() {
+    at_.finish();
     // The freed blocks would stay cached in host memory, which offloading is meant to free.
     CachingHostAllocator::instance().release_cached();
   }
@@ -87,11 +95,11 @@ class OffloadPlacement<Offload> {
   void fetch(std::size_t unit) { params_.acquire_and_read_ahead(unit, unit + 1); }
   /// Sub-group `k` of unit `unit`: its state and masters in memory, and the next sub-group's on its way.
   void fetch_group(std::size_t unit, std::size_t k) {
-    const std::size_t g = first_group_[unit] + k;
+    const std::size_t g = at_.first_group[unit] + k;
     state_.acquire_and_read_ahead(g, g + 1);
   }
   /// Starts writing sub-group `k` of unit `unit` back.
-  void store_group(std::size_t unit, std::size_t k) { state_.store(first_group_[unit] + k); }
+  void store_group(std::size_t unit, std::size_t k) { state_.store(at_.first_group[unit] + k); }
   /// Starts writing unit `unit`'s updated shard back.
   void store(std::size_t unit) { params_.store(unit); }
   /// Waits for every read and write and frees what they moved; throws the first I/O failure.
@@ -102,7 +110,7 @@ class OffloadPlacement<Offload> {
   template <class F>
   std::invoke_result_t<F&> with_resident(std::size_t unit, F&& fn) {
     return detail::with_entries_resident(
-        {{&params_, unit, unit + 1}, {&state_, first_group_[unit], first_group_[unit + 1]}}, fn);
+        {{&params_, unit, unit + 1}, {&state_, at_.first_group[unit], at_.first_group[unit + 1]}}, fn);
   }
 
   /// fn() with unit `unit`'s master weights (in its sub-groups) and parameter shard in memory,
@@ -135,12 +143,12 @@ class OffloadPlacement<Offload> {
   /// Whether unit `unit`'s parameter shard lives in the file (not kept in memory by max_in_cpu).
   bool parameters_in_file(std::size_t unit) const { return params_.holds(unit); }
   /// The file, for tests and diagnostics (empty before place()).
-  const std::optional<UringFile>& file() const { return file_; }
+  const std::optional<UringFile>& file() const { return at_.file; }
 
  private:
   NvmeSwap params_, state_;
-  std::vector<std::size_t> first_group_;  // unit i's sub-groups are state_'s [first_group_[i], first_group_[i + 1])
-  std::optional<UringFile> file_;         // last: destroyed first, finishing I/O into the storages
+  std::size_t in_memory_ = 0;    // the first units, whose shards max_in_cpu keeps in host memory
+  detail::NvmeLayoutCursor at_;  // after the swaps: its file is destroyed first, finishing I/O into the storages
 };
 
 #else

@@ -68,14 +68,15 @@ class SwappedStorage {
 class NvmeSwap {
  public:
   NvmeSwap() = default;
-  NvmeSwap(std::string what, std::size_t units, int buffers)
-      : what_(std::move(what)), units_(units), buffers_(buffers) {}
+  /// `buffers` units at most in memory at once; units are numbered from 0 as add() names them.
+  NvmeSwap(std::string what, int buffers) : what_(std::move(what)), buffers_(buffers) {}
 
   /// Lays `storage` out at offset `end` for unit `unit` and moves `end` past it. An empty
   /// storage, or one already laid out by this swap or another that shares `seen`, is skipped.
   template <class P>
   void add(std::size_t unit, const std::shared_ptr<Storage<P, Cpu>>& storage, std::int64_t& end,
            std::vector<const void*>& seen) {
+    if (unit >= units_.size()) units_.resize(unit + 1);
     if (!storage || storage->bytes() == 0 || std::find(seen.begin(), seen.end(), storage.get()) != seen.end()) return;
     seen.push_back(storage.get());
     units_[unit].storages.emplace_back(storage, end);
@@ -91,16 +92,18 @@ class NvmeSwap {
   /// Units whose storages have elements now (being read, in use, or being written back).
   int resident() const { return resident_; }
 
-  /// Writes every unit's storages, as they are, to `file` (which outlives this swap), and frees them.
-  void place(UringFile& file) {
+  /// Writes unit `unit`'s storages, as they are, to `file` (which outlives this swap, and is
+  /// long enough for them: UringFile::extend), waits for the write and frees them. Every unit is
+  /// placed, in order, as it is made (add() first), so that making them all never holds more
+  /// than one.
+  void place(std::size_t unit, UringFile& file) {
     file_ = &file;
-    for (std::size_t i = 0; i < units_.size(); ++i) {
-      if (units_[i].storages.empty()) continue;
-      units_[i].where = Where::resident;
-      ++resident_;
-      store(i);
-    }
-    settle();
+    if (unit >= units_.size()) units_.resize(unit + 1);  // a unit with nothing to keep in the file
+    if (units_[unit].storages.empty()) return;
+    units_[unit].where = Where::resident;
+    ++resident_;
+    store(unit);
+    retire(unit);
   }
 
   /// Unit `unit`'s storages in memory (read, or waited for if a read is under way).

@@ -13,9 +13,10 @@ namespace polyshard {
 
 /// What the engine asks of a placement, as members of every specialization:
 ///   static constexpr const char* optimizer_state, parameters;  where they live between steps
-///   place(units, optimizers, config, rank)  once the units and their optimizers (OptimizerGroups,
-///                    one optimizer per sub-group) are built: take their state where it lives
-///                    between steps;
+///   place(unit, units, optimizers, config, rank)  as soon as unit `unit` and its optimizer
+///                    (OptimizerGroups, one optimizer per sub-group) are built, each unit in turn:
+///                    take its state where it lives between steps;
+///   finish_placing() after the last unit's place();
 ///   fetch(unit)      before the unit's optimizer step: its parameter shard (where it is
 ///                    offloaded) resident, and the next unit's on its way;
 ///   fetch_group(unit, k)  before the step of the unit's sub-group k: its optimizer state (and
