@@ -52,4 +52,30 @@ string(JSON units LENGTH "${zero3_last}" activation_bytes)
 if(units LESS 2)
   message(FATAL_ERROR "activation_bytes reports ${units} unit(s): ${zero3_last}")
 endif()
-message(STATUS "zero3 x4 loss ${zero3_loss}, ddp x1 loss ${ddp_loss}; traffic, model state and step peaks as predicted")
+# What rank 0 held while the engine was built: what it keeps; and with every shard on NVMe, one
+# block's shard and AdamW state at a time, written to the file before the next block is built.
+file(MAKE_DIRECTORY ${WORK_DIR}/nvme)
+run_training(infinity --strategy zero_infinity_parameters --world-size 2 --nvme-path ${WORK_DIR}/nvme
+             --max-in-cpu 0)
+foreach(run zero3 infinity)
+  foreach(category parameters gradients optimizer_state working_copies other)
+    string(JSON predicted GET "${${run}_last}" predicted built_peak_bytes ${category})
+    string(JSON measured GET "${${run}_last}" built_peak_bytes ${category})
+    if(NOT measured EQUAL predicted)
+      message(FATAL_ERROR "${run}: rank 0 built with ${measured} bytes of ${category}, predicted ${predicted}")
+    endif()
+  endforeach()
+endforeach()
+string(JSON zero3_state GET "${zero3_last}" built_peak_bytes optimizer_state)
+string(JSON infinity_state GET "${infinity_last}" built_peak_bytes optimizer_state)
+string(JSON infinity_shards GET "${infinity_last}" built_peak_bytes parameters)
+string(JSON zero3_shards GET "${zero3_last}" built_peak_bytes parameters)
+# zero3's four ranks each build a quarter of the model's state at once; zero_infinity_parameters's two,
+# each with half of it, one block's at a time: less, with four blocks.
+if(NOT infinity_state LESS zero3_state OR NOT infinity_shards LESS zero3_shards)
+  message(FATAL_ERROR "zero_infinity_parameters x2 built with ${infinity_state} bytes of optimizer state and "
+                      "${infinity_shards} of parameters, zero3 x4 with ${zero3_state} and ${zero3_shards}")
+endif()
+message(STATUS "zero3 x4 loss ${zero3_loss}, ddp x1 loss ${ddp_loss}; traffic, model state and step peaks as "
+               "predicted; built, zero3 holds ${zero3_state} bytes of optimizer state, zero_infinity_parameters x2 "
+               "${infinity_state}")

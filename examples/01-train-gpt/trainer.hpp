@@ -2,6 +2,7 @@
 // strategy types (strategies.cpp instantiates it). Every --wrap runs on the same strategy type.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -131,6 +132,10 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
   else
     config.hybrid_group_size = static_cast<int>(o.hybrid_group);  // the engine refuses it where set
   Engine<S, Model, Comm, AnyOptimizer<float>> engine(model, comm, optimizer_config(o), config, o.seed);
+  // The most this rank held while the engine was built (under NVMe offload: one unit's state more).
+  std::array<double, memory_category_count> built_peak{};
+  for (std::size_t c = 0; c < memory_category_count; ++c)
+    built_peak[c] = static_cast<double>(memory.peak(static_cast<MemoryCategory>(c)));
   engine.track_grad_norm(true);
   engine.set_trace(trace);
   POLYSHARD_CHECK(o.wrap != "block" || engine.units().units.size() == model.transformer.h.size() + 1,
@@ -175,18 +180,18 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
   // A steady-state step's peak per category (policy/step_memory.hpp), predicted for host models
   // outside HybridShard at one micro-batch a step; the backend's scratch comes on top of the
   // engine's communication buffers.
-  std::optional<StepPeakMemory> predicted_peak;
+  std::optional<StepPeakMemory> predicted_peak, predicted_built;
   if constexpr (on_host && !S::sharding::hybrid) {
-    if (o.accum == 1) {
-      std::vector<std::int64_t> sizes;
-      std::vector<std::size_t> buckets;
-      for (std::size_t i = 0; i < engine.units().units.size(); ++i) {
-        sizes.push_back(engine.units().units[i].padded);
-        buckets.push_back(engine.gradient_buckets(i).size());
-      }
+    std::vector<std::int64_t> sizes;
+    std::vector<std::size_t> buckets;
+    for (std::size_t i = 0; i < engine.units().units.size(); ++i) {
+      sizes.push_back(engine.units().units[i].padded);
+      buckets.push_back(engine.gradient_buckets(i).size());
+    }
+    if (o.accum == 1)
       predicted_peak = host_step_peak_memory<S>(sizes, world, states, config, buckets,
                                                 optimizer_sub_group_sizes(engine.optimizers()));
-    }
+    predicted_built = host_construction_peak_memory<S>(sizes, world, states, config);
   }
 
   std::ofstream metrics;
@@ -363,6 +368,16 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
                 << ",\"working_copies\":" << predicted_peak->working_copies
                 << ",\"communication\":" << predicted_peak->communication << ",\"other\":" << predicted_peak->other
                 << "}";
+      if (predicted_built)
+        metrics << ",\"built_peak_bytes\":{\"parameters\":" << predicted_built->parameters
+                << ",\"gradients\":" << predicted_built->gradients
+                << ",\"optimizer_state\":" << predicted_built->optimizer_state
+                << ",\"working_copies\":" << predicted_built->working_copies << ",\"other\":" << predicted_built->other
+                << "}";
+      metrics << "},\"built_peak_bytes\":{";  // rank 0's, while the engine was built
+      for (std::size_t c = 0; c < memory_category_count; ++c)
+        metrics << (c ? "," : "") << '"' << memory_category_name(static_cast<MemoryCategory>(c))
+                << "\":" << built_peak[c];
       metrics << "},\"activation_bytes\":[";  // rank 0's, per unit
       for (std::size_t u = 0; u < engine.activation_bytes().size(); ++u)
         metrics << (u ? "," : "") << engine.activation_bytes()[u];

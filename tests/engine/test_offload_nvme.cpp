@@ -356,6 +356,13 @@ TEST_CASE("ZeRO-Infinity with the parameter shards on NVMe: unusable buffer sett
                     Catch::Contains("params_buffer_count") && Catch::Contains("at least 1, got 0"));
   CHECK_THROWS_WITH(train_with(parameter_config(dir, 1, -1)), Catch::Contains("max_in_cpu") && Catch::Contains("got -1"));
   CHECK(files_in(dir.path()) == 0);
+  // Refused at the first block, once the root's shard is in the file (units go there as they are
+  // built): the file goes with the engine that was not built.
+  StrategyConfig root_fits = parameter_config(dir, 1, 0);
+  root_fits.params_buffer_size = 200;  // the root's shard (138 elements) fits, a block's (510) does not
+  CHECK_THROWS_WITH(train_with(root_fits), Catch::Contains("unit 'transformer.h.0'") &&
+                                               Catch::Contains("more than params_buffer_size (200)"));
+  CHECK(files_in(dir.path()) == 0);
 }
 
 TEST_CASE("ZeRO-Infinity with the parameter shards on NVMe reads the next gather's shard ahead while a unit computes",
