@@ -390,8 +390,8 @@ TEST_CASE("memory: building the engine under NVMe offload holds one unit's state
         const StepPeakMemory built = host_construction_peak_memory<S>(h.units, world, 1, c);
         CHECK(double(h.built_peak_at(MemoryCategory::Parameters)) == built.parameters);
         CHECK(double(h.built_peak_at(MemoryCategory::OptimizerState)) == built.optimizer_state);
-        // Built all at once before any went to the file, the momentum of every unit: five units,
-        // so at least twice the largest one's.
+        // Every unit built before any went to the file would hold all five units' momentum; one
+        // unit's is held, its masters twice in bf16 while they are copied into its sub-groups.
         double all_momentum = 0, largest = 0;
         for (const std::int64_t u : h.units) {
           all_momentum += double(sizeof(MT) * u / world);
@@ -403,9 +403,9 @@ TEST_CASE("memory: building the engine under NVMe offload holds one unit's state
           const std::size_t kept = nvme_units_in_memory(h.units, world, c.max_in_cpu);
           CHECK(kept == (c.max_in_cpu > 0 ? 1u : 0u));
           // The kept shards, and one block's shard being written.
-          const double c16 = sizeof(typename S::compute_type);
+          const double element = sizeof(typename S::compute_type);
           CHECK(double(h.built_peak_at(MemoryCategory::Parameters)) ==
-                c16 * double((kept ? h.units[0] : 0) / world + h.units[1] / world));
+                element * double((kept ? h.units[0] : 0) / world + h.units[1] / world));
         }
       }
     }

@@ -54,11 +54,10 @@ struct UringFileOptions {
 
 /// A file of `size()` bytes created under a directory with a name no other rank or process
 /// uses, its space claimed as it is sized (at creation, and by extend()), and unlinked when the
-/// object is destroyed. read() and write() queue a
-/// span at an offset and return at once; a thread of the file's own cuts each span into
-/// block_size requests and keeps at most queue_depth of them in flight on an io_uring, copying
-/// through staging buffers aligned to 4096 bytes (so O_DIRECT works whatever the span's
-/// alignment). wait(ticket) returns when that span is done, and throws polyshard::Error naming
+/// object is destroyed. read() and write() queue a span at an offset and return at once; a
+/// thread of the file's own cuts each span into block_size requests and keeps at most
+/// queue_depth of them in flight on an io_uring, copying through staging buffers aligned to
+/// 4096 bytes (so O_DIRECT works whatever the span's alignment). wait(ticket) returns when that span is done, and throws polyshard::Error naming
 /// the file, the operation and the cause (errno, or a short read or write).
 ///
 /// Offsets are multiples of `alignment`. A write of n bytes writes round_up(n) bytes: the

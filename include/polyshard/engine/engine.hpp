@@ -230,7 +230,7 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
       Behaviour::allocate(u, seed);
       if (config.sync_models_at_startup) sync_from_rank0(u);
       u.bind();
-      std::optional<HostAllocatorScope> pinned;  // and the masters an offload to NVMe hands to the sub-groups
+      std::optional<HostAllocatorScope> pinned;  // the state, and the masters NVMe offload hands to the sub-groups
       pin_host_optimizer_state(pinned, config);
       optimizers_.emplace_back(optimizer_runs(u, optimizer), config.sub_group_size);
       placement_.place(i, units_, optimizers_, config, comm.rank());
