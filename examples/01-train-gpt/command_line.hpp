@@ -302,6 +302,9 @@ inline bool parse(int argc, char** argv, Options& o) {
       ->add_option("--contiguous-memory-optimization", c.contiguous_memory_optimization,
                    "with --cpu-checkpointing: those inputs in one page-locked buffer")
       ->type_name("BOOL");
+  settings->add_option("--number-checkpoints", c.number_checkpoints,
+                       "with --contiguous-memory-optimization: the buffer holds this many inputs of the first's "
+                       "size, from the first step (default: sized by the step before)");
   settings
       ->add_option("--synchronize-checkpoint-boundary", c.synchronize_checkpoint_boundary,
                    "device models: synchronize the device at each checkpoint boundary")

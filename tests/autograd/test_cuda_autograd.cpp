@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "support/finite_difference.hpp"
@@ -531,6 +532,49 @@ TEST_CASE("contiguous_memory_optimization puts a forward's moved inputs in one b
   // Without cpu_checkpointing there is nothing to place: refused, naming both.
   CHECK_THROWS_WITH(CheckpointSettingsScope({.contiguous_memory_optimization = true}),
                     Catch::Contains("contiguous_memory_optimization") && Catch::Contains("cpu_checkpointing is false"));
+}
+
+TEST_CASE("number_checkpoints sizes contiguous_memory_optimization's buffer from the first forward, as many inputs "
+          "as it says",
+          "[cuda][autograd]") {
+  const int n_blocks = 3;
+  CheckpointedStack stack{{}, leaf<Cuda>(test::random_floats(Shape{16}, 201, 1.0)),
+                          leaf<Cuda>(test::random_floats(Shape{16}, 202, 0.1))};
+  for (int k = 0; k < n_blocks; ++k)
+    stack.weights.push_back(leaf<Cuda>(test::random_floats(Shape{16, 16}, 203 + k, 0.3)));
+  // The stack twice over, each forward on a thread of its own (a buffer per thread): six inputs
+  // moved, the first forward of that thread.
+  const auto run = [&](std::uint64_t seed, const CheckpointSettings& settings) {
+    std::pair<CheckpointCounts, std::vector<float>> out;
+    std::thread([&] {
+      Var<float, Cuda> x(to_device(test::random_floats(Shape{5, 16}, seed, 1.0)), true);
+      Var<float, Cuda> loss;
+      {
+        CheckpointSettingsScope scope(settings);
+        loss = mean(stack.forward(stack.forward(x)));
+        out.first = scope.counts();
+      }
+      backward(loss);
+      out.second = x.grad().to_vector();
+    }).join();
+    return out;
+  };
+  const std::vector<float> kept = run(210, {}).second;
+  for (const std::int64_t slots : {std::int64_t{2 * n_blocks}, std::int64_t{8}, std::int64_t{n_blocks}}) {
+    INFO("number_checkpoints " << slots);
+    const auto [counts, grad] = run(210, {.cpu_checkpointing = true, .contiguous_memory_optimization = true,
+                                          .number_checkpoints = slots});
+    CHECK(counts.inputs_offloaded == 2 * n_blocks);
+    // All six where the buffer holds them; with three slots, the first three, the rest on their own.
+    CHECK(counts.inputs_in_one_buffer == std::min<std::int64_t>(slots, 2 * n_blocks));
+    CHECK(grad == kept);
+  }
+  // Without contiguous_memory_optimization it sizes nothing: refused, naming both; so is a negative count.
+  CHECK_THROWS_WITH(CheckpointSettingsScope({.cpu_checkpointing = true, .number_checkpoints = 4}),
+                    Catch::Contains("number_checkpoints (4)") && Catch::Contains("contiguous_memory_optimization"));
+  CHECK_THROWS_WITH(CheckpointSettingsScope({.cpu_checkpointing = true, .contiguous_memory_optimization = true,
+                                             .number_checkpoints = -1}),
+                    Catch::Contains("number_checkpoints (-1)"));
 }
 
 TEST_CASE("synchronize_checkpoint_boundary waits for the device as each checkpoint's forward and recomputation "

@@ -67,7 +67,7 @@ constexpr std::string_view every_key = R"({
           "thread_count": 1},
   "activation_checkpointing": {"partition_activations": false, "cpu_checkpointing": true,
                                "contiguous_memory_optimization": true, "synchronize_checkpoint_boundary": true,
-                               "profile": false, "number_checkpoints": null}
+                               "profile": false, "number_checkpoints": 24}
 })";
 
 }  // namespace
@@ -116,6 +116,7 @@ TEST_CASE("a DeepSpeed config sets every field its keys name, with DeepSpeed's m
   CHECK(s.min_loss_scale == 4);
   CHECK(s.cpu_checkpointing);
   CHECK(s.contiguous_memory_optimization);
+  CHECK(s.number_checkpoints == 24);
   CHECK(s.synchronize_checkpoint_boundary);
 }
 
@@ -131,6 +132,8 @@ TEST_CASE("absent DeepSpeed keys keep DeepSpeed's defaults", "[io][deepspeed]") 
   CHECK_FALSE(c.optimizer);
   CHECK_FALSE(c.train_batch_size);
   CHECK_FALSE(c.wall_clock_breakdown);
+  CHECK(c.strategy.number_checkpoints == 0);  // DeepSpeed's null
+  CHECK(read(R"({"activation_checkpointing": {"number_checkpoints": null}})").strategy.number_checkpoints == 0);
   // DeepSpeed's bucket defaults, not Lightning's 2e8: reduce_bucket_size 5e8 at every stage, and
   // overlap_comm only where DeepSpeed turns it on by itself, at stage 3.
   CHECK(c.strategy.reduce_bucket_size == 500'000'000);
@@ -252,6 +255,8 @@ TEST_CASE("a DeepSpeed key polyshard cannot honour is an error naming the file a
   CHECK_THAT(refusal(R"({"activation_checkpointing": {"partition_activations": true}})"),
              Contains("activation_checkpointing.partition_activations: polyshard cannot honour") &&
                  Contains("model parallelism, which polyshard does not have"));
+  CHECK_THAT(refusal(R"({"activation_checkpointing": {"number_checkpoints": 0}})"),
+             Contains("activation_checkpointing.number_checkpoints: must be at least 1"));
   CHECK_THAT(refusal(R"({"scheduler": {"type": "WarmupLR"}})"), Contains("scheduler: polyshard cannot honour"));
   CHECK_THAT(refusal(R"({"optimizer": {"type": "Lamb"}})"), Contains("optimizer.type: 'Lamb' is not one of"));
   CHECK_THAT(refusal(R"({"optimizer": {"type": "AdamW", "params": {"momentum": 0.9}}})"),

@@ -293,6 +293,7 @@ TEST_CASE("StrategyConfig carries the reference documents' defaults", "[policy]"
   CHECK(c.state_dict_to_cpu);                       // FSDP state_dict_to_cpu
   CHECK_FALSE(c.cpu_checkpointing);                 // DeepSpeed activation_checkpointing.cpu_checkpointing
   CHECK_FALSE(c.contiguous_memory_optimization);    // contiguous_memory_optimization
+  CHECK(c.number_checkpoints == 0);                 // DeepSpeed's number_checkpoints: null
   CHECK_FALSE(c.synchronize_checkpoint_boundary);   // and synchronize_checkpoint_boundary
   CHECK_FALSE(c.move_grads_to_cpu.has_value());     // FSDP: None, cpu_offload's value
 }
@@ -404,7 +405,13 @@ TEST_CASE("StrategyConfig fields a composition does not read are refused for it,
   CHECK(refused_on(ZeRO<3>{}, Cuda{}, [](StrategyConfig& c) {
           c.cpu_checkpointing = true;
           c.contiguous_memory_optimization = true;
+          c.number_checkpoints = 12;
         }) == "(accepted)");
+  CHECK_THAT(refused_on(ZeRO<3>{}, Cuda{}, [](StrategyConfig& c) {
+               c.cpu_checkpointing = true;
+               c.number_checkpoints = 12;
+             }),
+             Catch::Contains("number_checkpoints (12)") && Catch::Contains("contiguous_memory_optimization"));
   // move_grads_to_cpu says where the reduced gradients go: host memory exactly where the optimizer
   // steps there, so each value is accepted where the composition does it and refused elsewhere.
   const auto to_cpu = [](StrategyConfig& c) { c.move_grads_to_cpu = true; };

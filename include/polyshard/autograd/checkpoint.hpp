@@ -38,6 +38,12 @@ struct CheckpointSettings {
   /// after it while no graph still holds a slice; a forward that finds it held, or too small,
   /// places what does not fit on its own and sizes a new one for the next.
   bool contiguous_memory_optimization = false;
+  /// DeepSpeed's number_checkpoints, with contiguous_memory_optimization: a forward that finds no
+  /// buffer it can use (none yet, one held, or one too small) allocates it at its first moved
+  /// input, for this many inputs of that one's size, as DeepSpeed allocates its contiguous
+  /// buffers; so the first forward's inputs go in one buffer too. Inputs past that many are placed
+  /// on their own. 0: the buffer is sized by the forward before, as described above.
+  std::int64_t number_checkpoints = 0;
   /// DeepSpeed's synchronize_checkpoint_boundary: the device is synchronized (all its streams)
   /// as each checkpoint's forward and recomputation begin and end, so that a profile shows each
   /// block's device time between its boundaries.
@@ -62,6 +68,10 @@ class CheckpointSettingsScope {
                     "CheckpointSettings: contiguous_memory_optimization places the inputs cpu_checkpointing moves to "
                     "host memory, and cpu_checkpointing is false: set it too, or leave contiguous_memory_optimization "
                     "false");
+    POLYSHARD_CHECK(settings.number_checkpoints >= 0 &&
+                        (settings.number_checkpoints == 0 || settings.contiguous_memory_optimization),
+                    "CheckpointSettings: number_checkpoints (", settings.number_checkpoints, ") sizes the one buffer ",
+                    "of contiguous_memory_optimization, in inputs: a count of at least 1 with it, or 0");
     current() = this;
   }
   ~CheckpointSettingsScope() { current() = saved_; }
@@ -136,7 +146,7 @@ class ContiguousHostCopies {
   /// Host memory for `n` elements moved by the forward of `scope`: a slice of the buffer where
   /// it fits (`in_buffer` true), else an allocation of its own.
   Tensor<T, Cpu> place(std::int64_t n, const CheckpointSettingsScope& scope, bool& in_buffer) {
-    if (scope.serial() != serial_) begin_forward(scope.serial());
+    if (scope.serial() != serial_) begin_forward(scope.serial(), scope.settings().number_checkpoints * round_up(n));
     const std::int64_t slot = round_up(n);
     demand_ += slot;
     in_buffer = buffer_.defined() && used_ + n <= buffer_.numel();
@@ -152,14 +162,16 @@ class ContiguousHostCopies {
     constexpr std::int64_t per = std::max<std::int64_t>(1, 512 / static_cast<std::int64_t>(sizeof(T)));
     return (n + per - 1) / per * per;
   }
-  /// A new forward: the buffer is reused when no slice of it is held and it holds what the
-  /// forward before asked for, and replaced by one of that size otherwise.
-  void begin_forward(std::uint64_t serial) {
+  /// A new forward: the buffer is reused when no slice of it is held and it holds `wanted`
+  /// elements (number_checkpoints' slots, else what the forward before asked for), and replaced
+  /// by one of that size otherwise.
+  void begin_forward(std::uint64_t serial, std::int64_t slots) {
     serial_ = serial;
+    const std::int64_t wanted = slots > 0 ? slots : demand_;
     const bool held = buffer_.defined() && buffer_.storage().use_count() > 1;
-    if (demand_ > 0 && (held || !buffer_.defined() || buffer_.numel() < demand_)) {
+    if (wanted > 0 && (held || !buffer_.defined() || buffer_.numel() < wanted)) {
       buffer_ = Tensor<T, Cpu>();  // the old one stays only as long as its slices
-      buffer_ = host_staging_tensor<T, D>(Shape{demand_}, MemoryCategory::Activations);
+      buffer_ = host_staging_tensor<T, D>(Shape{wanted}, MemoryCategory::Activations);
     }
     used_ = 0;
     demand_ = 0;

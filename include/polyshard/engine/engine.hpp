@@ -268,6 +268,7 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
     ActivationCount count(*this, 0);
     CheckpointSettingsScope checkpointing({.cpu_checkpointing = config_.cpu_checkpointing,
                                            .contiguous_memory_optimization = config_.contiguous_memory_optimization,
+                                           .number_checkpoints = config_.number_checkpoints,
                                            .synchronize_boundary = config_.synchronize_checkpoint_boundary});
     Var<work_type, device> loss = loss_fn();
     count.done();

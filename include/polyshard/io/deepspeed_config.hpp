@@ -496,7 +496,7 @@ class DeepSpeedConfigReader {
         {"profile", unsupported("no per-checkpoint profile; the engine's trace records each unit's forward and "
                                 "backward")},
         {"number_checkpoints", [&](const json& x, const std::string& k) {
-           refuse_unless(x.is_null(), k, "every block is a checkpoint; leave it null");
+           if (!x.is_null()) set(k, c_.strategy.number_checkpoints, integer(x, k, 1));
          }},
     });
     c_.activation_checkpointing = true;

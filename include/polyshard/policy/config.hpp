@@ -141,6 +141,10 @@ struct StrategyConfig {
   /// With cpu_checkpointing: those inputs are slices of one page-locked buffer, reused from step to
   /// step, instead of an allocation each.
   bool contiguous_memory_optimization = false;
+  /// DeepSpeed's number_checkpoints, with contiguous_memory_optimization: the buffer is allocated
+  /// for this many inputs of the first one's size, from the first step on; 0 (unset): sized by the
+  /// step before.
+  std::int64_t number_checkpoints = 0;
   /// The device is synchronized as each checkpoint's forward and recomputation begin and end.
   bool synchronize_checkpoint_boundary = false;
 
@@ -205,7 +209,8 @@ constexpr const char* policy_name() {
 /// parameters (nothing is gathered ahead), min_num_params without a size-based wrap policy,
 /// pin_memory where no host buffer moves to or from a device or NVMe, move_grads_to_cpu against
 /// where the optimizer steps, cpu_checkpointing and synchronize_checkpoint_boundary on a host
-/// model, contiguous_memory_optimization without cpu_checkpointing (D: where the model
+/// model, contiguous_memory_optimization without cpu_checkpointing, number_checkpoints without
+/// contiguous_memory_optimization (D: where the model
 /// computes). A user who sets one expects it to act; a run that ignores it is a silently
 /// different run. Engine's constructor calls it.
 template <class S, class D = Cpu>
@@ -255,6 +260,9 @@ void refuse_fields_not_read_by(const StrategyConfig& c) {
                   "StrategyConfig::contiguous_memory_optimization = true places the checkpointed inputs that ",
                   "cpu_checkpointing moves to host memory in one buffer, and cpu_checkpointing is false: set it too, ",
                   "or leave contiguous_memory_optimization false");
+  POLYSHARD_CHECK(c.number_checkpoints >= 0 && (c.number_checkpoints == 0 || c.contiguous_memory_optimization),
+                  "StrategyConfig::number_checkpoints (", c.number_checkpoints, ") sizes the one buffer of ",
+                  "contiguous_memory_optimization, in checkpointed inputs: at least 1 with it, or leave it 0");
   constexpr bool grads_to_host = std::same_as<D, Cpu> || S::offload::offloads_optimizer;
   if (c.move_grads_to_cpu.has_value() && *c.move_grads_to_cpu != grads_to_host) {
     if constexpr (std::same_as<D, Cpu>)
