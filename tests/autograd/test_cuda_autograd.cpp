@@ -391,6 +391,14 @@ struct CheckpointedStack {
     return x;
   }
 };
+/// `n_blocks` blocks of width 16, their values drawn from seeds `seed` on.
+CheckpointedStack narrow_stack(int n_blocks, std::uint64_t seed) {
+  CheckpointedStack stack{{}, leaf<Cuda>(test::random_floats(Shape{16}, seed, 1.0)),
+                          leaf<Cuda>(test::random_floats(Shape{16}, seed + 1, 0.1))};
+  for (int k = 0; k < n_blocks; ++k)
+    stack.weights.push_back(leaf<Cuda>(test::random_floats(Shape{16, 16}, seed + 2 + k, 0.3)));
+  return stack;
+}
 std::uint64_t device_bytes_in_use() {
   POLYSHARD_CUDA_CHECK(cudaDeviceSynchronize());  // frees are ordered on the stream
   return cuda::DeviceMemoryPool::current().used_bytes();
@@ -490,10 +498,7 @@ TEST_CASE("contiguous_memory_optimization puts a forward's moved inputs in one b
           "before and never one a live graph still reads",
           "[cuda][autograd]") {
   const int n_blocks = 3;
-  CheckpointedStack stack{{}, leaf<Cuda>(test::random_floats(Shape{16}, 101, 1.0)),
-                          leaf<Cuda>(test::random_floats(Shape{16}, 102, 0.1))};
-  for (int k = 0; k < n_blocks; ++k)
-    stack.weights.push_back(leaf<Cuda>(test::random_floats(Shape{16, 16}, 103 + k, 0.3)));
+  const CheckpointedStack stack = narrow_stack(n_blocks, 101);
   const CheckpointSettings contiguous{.cpu_checkpointing = true, .contiguous_memory_optimization = true};
   // A forward of its own batch (seed) under `settings`: its loss, to run backward on later, and
   // what its checkpoints did.
@@ -538,10 +543,7 @@ TEST_CASE("number_checkpoints sizes contiguous_memory_optimization's buffer from
           "as it says",
           "[cuda][autograd]") {
   const int n_blocks = 3;
-  CheckpointedStack stack{{}, leaf<Cuda>(test::random_floats(Shape{16}, 201, 1.0)),
-                          leaf<Cuda>(test::random_floats(Shape{16}, 202, 0.1))};
-  for (int k = 0; k < n_blocks; ++k)
-    stack.weights.push_back(leaf<Cuda>(test::random_floats(Shape{16, 16}, 203 + k, 0.3)));
+  const CheckpointedStack stack = narrow_stack(n_blocks, 201);
   // The stack twice over, each forward on a thread of its own (a buffer per thread): six inputs
   // moved, the first forward of that thread.
   const auto run = [&](std::uint64_t seed, const CheckpointSettings& settings) {
