@@ -544,8 +544,9 @@ TEST_CASE("number_checkpoints sizes contiguous_memory_optimization's buffer from
           "[cuda][autograd]") {
   const int n_blocks = 3;
   const CheckpointedStack stack = narrow_stack(n_blocks, 201);
+  POLYSHARD_CUDA_CHECK(cudaDeviceSynchronize());  // the weights are there for the threads' streams
   // The stack twice over, each forward on a thread of its own (a buffer per thread): six inputs
-  // moved, the first forward of that thread.
+  // moved, the first forward of that thread; its last copy to the host waits for all its work.
   const auto run = [&](std::uint64_t seed, const CheckpointSettings& settings) {
     std::pair<CheckpointCounts, std::vector<float>> out;
     std::thread([&] {
