@@ -361,19 +361,14 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
       metrics << ",\"parameters\":" << engine.units().numel_total() << ",\"world_size\":" << world
               << ",\"strategy\":\"" << o.strategy << "\",\"precision\":\"" << o.precision
               << "\",\"predicted\":{\"bytes_sent\":" << predicted_bytes << ",\"model_state_bytes\":" << predicted_state;
-      if (predicted_peak)
-        metrics << ",\"peak_bytes\":{\"parameters\":" << predicted_peak->parameters
-                << ",\"gradients\":" << predicted_peak->gradients
-                << ",\"optimizer_state\":" << predicted_peak->optimizer_state
-                << ",\"working_copies\":" << predicted_peak->working_copies
-                << ",\"communication\":" << predicted_peak->communication << ",\"other\":" << predicted_peak->other
-                << "}";
-      if (predicted_built)
-        metrics << ",\"built_peak_bytes\":{\"parameters\":" << predicted_built->parameters
-                << ",\"gradients\":" << predicted_built->gradients
-                << ",\"optimizer_state\":" << predicted_built->optimizer_state
-                << ",\"working_copies\":" << predicted_built->working_copies << ",\"other\":" << predicted_built->other
-                << "}";
+      // A predicted peak per category, as ,"name":{...}.
+      const auto predicted_peaks = [&](const char* name, const StepPeakMemory& p) {
+        metrics << ",\"" << name << "\":{\"parameters\":" << p.parameters << ",\"gradients\":" << p.gradients
+                << ",\"optimizer_state\":" << p.optimizer_state << ",\"working_copies\":" << p.working_copies
+                << ",\"communication\":" << p.communication << ",\"other\":" << p.other << "}";
+      };
+      if (predicted_peak) predicted_peaks("peak_bytes", *predicted_peak);
+      if (predicted_built) predicted_peaks("built_peak_bytes", *predicted_built);
       metrics << "},\"built_peak_bytes\":{";  // rank 0's, while the engine was built
       for (std::size_t c = 0; c < memory_category_count; ++c)
         metrics << (c ? "," : "") << '"' << memory_category_name(static_cast<MemoryCategory>(c))
