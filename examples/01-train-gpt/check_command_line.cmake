@@ -432,7 +432,7 @@ expect(threads-under-srun EXIT 2 ENV SLURM_STEP_NUM_TASKS=3 ARGS ${one_step} --b
 
 # FairScale's reduce_buffer_size by name: sharded_ddp carries ShardedDataParallel's 2^23 elements
 # (one bucket holds this model's unit), ddp_sharded Lightning's 0 on one machine (each parameter
-# reduced alone), and the flag overrides either; counted as the reductions in each run's trace.
+# reduced alone), and a bucket flag overrides either; counted as the reductions in each run's trace.
 function(reductions out)
   set(trace ${WORK_DIR}/reductions.json)
   file(REMOVE ${trace})
@@ -451,10 +451,12 @@ reductions(fairscale --strategy sharded_ddp)
 reductions(lightning --strategy ddp_sharded)
 reductions(fairscale_unbatched --strategy sharded_ddp --reduce-buffer-size 0)
 reductions(lightning_batched --strategy ddp_sharded --reduce-buffer-size 8388608)
+reductions(lightning_capped --strategy ddp_sharded --bucket-cap-mb 25)  # another cap replaces the name's
 if(NOT (fairscale GREATER 0 AND lightning GREATER fairscale AND fairscale_unbatched EQUAL lightning AND
-        lightning_batched EQUAL fairscale))
+        lightning_batched EQUAL fairscale AND lightning_capped EQUAL fairscale))
   string(APPEND failures "\nreduce-buffer-size-by-name: reductions sharded_ddp ${fairscale}, ddp_sharded ${lightning}, "
-         "sharded_ddp with 0 ${fairscale_unbatched}, ddp_sharded with 8388608 ${lightning_batched}")
+         "sharded_ddp with 0 ${fairscale_unbatched}, ddp_sharded with 8388608 ${lightning_batched}, ddp_sharded "
+         "with --bucket-cap-mb 25 ${lightning_capped}")
 endif()
 
 # A setting the strategy does not read is refused, naming it and the policy that ignores it.
@@ -471,7 +473,8 @@ expect(deepspeed-config-micro-batch-against-batch EXIT 2 ARGS --layers 1 --embd 
 
 expect(help EXIT 0 ARGS --help
        SAYS "--config FILE" "Model:" "Training:" "Optimizer:" "Strategy:" "Data:" "Output:" "Checkpoints:" "Sampling:"
-            "Loss scaling" "Strategy settings" "--deepspeed-config FILE.json" "--reduce-bucket-size N=200000000"
+            "Loss scaling" "Strategy settings" "--deepspeed-config FILE.json"
+            "--reduce-bucket-size N          elements reduced at once (DeepSpeed; default 200000000 under the zero"
             "--initial-scale-power N" "--layers N=4" "--betas B1,B2=0.9,0.999" "--nesterov" "--sample-tokens N=32" "--top-k K=0")
 expect(short-help EXIT 0 ARGS -h SAYS "Usage: polyshard-train")
 

@@ -247,15 +247,23 @@ inline bool parse(int argc, char** argv, Options& o) {
   auto* settings =
       app.add_option_group("Strategy settings (StrategyConfig; refused where the strategy does not read them)");
   polyshard::StrategyConfig& c = o.settings;
-  settings->add_option("--bucket-cap-mb", c.bucket_cap_mb, "MiB of gradients a reduction carries (FairScale, DDP)")
+  // The three gradient-bucket caps: where none is given, the strategy's reference's
+  // (fill_named_bucket_cap); given ones replace it, the smallest cutting.
+  settings
+      ->add_option_function<double>(
+          "--bucket-cap-mb", [&c](double mb) { c.bucket_cap_mb = mb; },
+          "MiB of gradients a reduction carries, <= 0: no cap (PyTorch DDP, FSDP; default 25 under their names)")
       ->type_name("X")->transform(number);
-  settings->add_option("--reduce-bucket-size", c.reduce_bucket_size, "elements reduced at once (DeepSpeed)")
+  settings
+      ->add_option_function<std::int64_t>(
+          "--reduce-bucket-size", [&c](std::int64_t n) { c.reduce_bucket_size = n; },
+          "elements reduced at once (DeepSpeed; default 200000000 under the zero and deepspeed names)")
       ->type_name("N")->transform(at_least(1));
   settings
       ->add_option_function<std::int64_t>(
           "--reduce-buffer-size", [&c](std::int64_t n) { c.reduce_buffer_size = n; },
           "elements batching small parameters' gradients, 0: each alone (FairScale; default: sharded_ddp 8388608, "
-          "ddp_sharded 0 on one machine and 8388608 across, else --bucket-cap-mb's)")
+          "ddp_sharded 0 on one machine and 8388608 across)")
       ->type_name("N")->transform(detail::number_at_least<std::int64_t>(0));
   settings->add_option("--allgather-bucket-size", c.allgather_bucket_size,
                        "sharded parameters: elements of units gathered ahead (DeepSpeed)")

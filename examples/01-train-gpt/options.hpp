@@ -134,16 +134,6 @@ inline int rank_device(const Options& o, int local_rank) {
   return o.parallel_devices[static_cast<std::size_t>(local_rank)];
 }
 
-/// The reduce_buffer_size of --strategy when --reduce-buffer-size is not given: FairScale's
-/// default under sharded_ddp (ShardedDataParallel's own), and under ddp_sharded what Lightning's
-/// DDPShardedStrategy passes: that default when the ranks span machines, else 0 (every
-/// parameter reduced alone). Other names leave it unset: bucket_cap_mb's buckets.
-inline std::optional<std::int64_t> named_reduce_buffer_size(const std::string& strategy, bool ranks_span_machines) {
-  if (strategy == "sharded_ddp") return polyshard::fairscale_reduce_buffer_size;
-  if (strategy == "ddp_sharded") return ranks_span_machines ? polyshard::fairscale_reduce_buffer_size : 0;
-  return std::nullopt;
-}
-
 /// The model's positions (its block size): --init-hf's n_positions, else --seq.
 inline std::int64_t model_positions(const Options& o) { return o.positions > 0 ? o.positions : o.seq; }
 

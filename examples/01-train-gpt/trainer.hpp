@@ -122,8 +122,7 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
   if (o.decay_matrices_only) decay_matrices_only(model);  // read by the engine as it builds its optimizers
   StrategyConfig config = o.settings;
   config.gradient_accumulation_steps = static_cast<int>(o.accum);  // the engine counts the micro-batches
-  if (!config.reduce_buffer_size)
-    config.reduce_buffer_size = named_reduce_buffer_size(o.strategy, ranks_span_machines(world));
+  fill_named_bucket_cap(config, o.strategy, ranks_span_machines(world));
   config.min_num_params = o.wrap == "block" ? block_wrap_threshold(model) : wrap_threshold(o);
   // --strategy hybrid without --hybrid-group: two groups when the world splits evenly.
   if constexpr (S::sharding::hybrid)

@@ -31,19 +31,21 @@ TEST_CASE("units are cut into buckets of whole parameters from the end, the padd
   CHECK(plan_gradient_buckets({}, {}, 4, 3).size() == 1);  // a unit of padding only
 }
 
-TEST_CASE("a bucket holds bucket_cap_mb MiB of the reduce type, or reduce_bucket_size elements where that is set",
-          "[engine]") {
+TEST_CASE("a bucket holds the smallest of the caps set: bucket_cap_mb MiB of the reduce type, reduce_bucket_size "
+          "elements", "[engine]") {
   StrategyConfig c;
+  CHECK(gradient_bucket_elements(c, 4) == 0);  // none set (Engine fills the reference's in first): one a unit
+  c.bucket_cap_mb = 25;
   CHECK(gradient_bucket_elements(c, 4) == 25 * 1024 * 1024 / 4);  // PyTorch's and FairScale's 25 MB
   CHECK(gradient_bucket_elements(c, 2) == 25 * 1024 * 1024 / 2);
-  c.reduce_bucket_size = 1000;  // a DeepSpeed setting: elements
+  c.reduce_bucket_size = 1000;  // a DeepSpeed setting, in elements: both set, the smaller
   CHECK(gradient_bucket_elements(c, 4) == 1000);
-  c.bucket_cap_mb = 0.001;  // both: the smaller
+  c.bucket_cap_mb = 0.001;
   CHECK(gradient_bucket_elements(c, 4) == 262);
-  c.bucket_cap_mb = 1;
+  c.bucket_cap_mb = 0;  // bucket_cap_mb's "no cap" leaves reduce_bucket_size's
   CHECK(gradient_bucket_elements(c, 4) == 1000);
   c = {};
-  c.bucket_cap_mb = 0;  // one bucket a unit
+  c.bucket_cap_mb = 0;  // alone: one bucket a unit
   CHECK(gradient_bucket_elements(c, 4) == 0);
   c.reduce_bucket_size = 0;
   CHECK_THROWS_WITH(gradient_bucket_elements(c, 4), Catch::Contains("reduce_bucket_size = 0"));
@@ -65,6 +67,66 @@ TEST_CASE("reduce_buffer_size caps a bucket in elements as FairScale's does, 0 r
   CHECK(gradient_bucket_elements(c, 4) == 100);
   c.reduce_buffer_size = -1;
   CHECK_THROWS_WITH(gradient_bucket_elements(c, 4), Catch::Contains("reduce_buffer_size = -1"));
+}
+
+TEST_CASE("a preset buckets as its reference does where the config sets no cap: DDP and FSDP 25 MiB, ShardedDDP "
+          "2^23 elements, the ZeRO presets 2e8", "[engine]") {
+  const auto cap_of = []<class S>(S, StrategyConfig c = {}) {
+    return gradient_bucket_elements(with_reference_defaults<S>(c), sizeof(typename S::reduce_type));
+  };
+  const std::int64_t torch = 25 * 1024 * 1024 / 4;
+  CHECK(cap_of(DDP{}) == torch);
+  CHECK(cap_of(FSDP{}) == torch);
+  CHECK(cap_of(Strategy<ShardGradients>{}) == torch);  // a composition of one's own: the family's default
+  CHECK(cap_of(Strategy<NoShard, Bf16Mixed>{}) == 2 * torch);  // MiB of the 16-bit reduce type
+  CHECK(cap_of(ShardedDDP{}) == 8'388'608);
+  for (const std::int64_t cap : {cap_of(ZeRO<0>{}), cap_of(ZeRO<1>{}), cap_of(ZeRO<2>{}), cap_of(ZeRO<3>{}),
+                                 cap_of(ZeROOffload{}), cap_of(ZeROInfinity{}), cap_of(ZeROInfinityParameters{})})
+    CHECK(cap == 200'000'000);
+  // A cap the user sets replaces the reference's instead of joining it.
+  StrategyConfig one_mib;
+  one_mib.bucket_cap_mb = 1;
+  CHECK(cap_of(ZeRO<2>{}, one_mib) == 262'144);
+  CHECK(cap_of(ShardedDDP{}, one_mib) == 262'144);
+  StrategyConfig elements;
+  elements.reduce_bucket_size = 1000;
+  CHECK(cap_of(DDP{}, elements) == 1000);
+  CHECK_FALSE(with_reference_defaults<DDP>(elements).bucket_cap_mb.has_value());
+}
+
+TEST_CASE("the engine cuts its buckets with the preset's reference cap, and config() shows it filled in", "[engine]") {
+  // One block 960 wide, 11.1M elements: its two MLP matrices (3.7M each) fit together in 2^23
+  // elements (8,388,608) but not in 25 MiB of floats (6,553,600), and the model in 2e8, so the
+  // three caps cut it differently.
+  const GptConfig wide{.vocab_size = 64, .block_size = 4, .n_layer = 1, .n_head = 4, .n_embd = 960};
+  struct Cut {
+    std::size_t buckets;
+    StrategyConfig config;
+  };
+  const auto cut = []<class S>(S, const GptConfig& cfg, StrategyConfig config = {}) {
+    Cut out{};
+    run_ranks(1, [&](ThreadCommunicator& comm) {
+      Gpt<float> model(cfg);
+      Engine<S, Gpt<float>, ThreadCommunicator, Sgd<float>> engine(model, comm, SgdConfig{}, config, 1);
+      out = {engine.gradient_buckets(0).size(), engine.config()};
+    });
+    return out;
+  };
+  const Cut ddp = cut(DDP{}, wide), sharded = cut(ShardedDDP{}, wide), zero = cut(ZeRO<2>{}, wide);
+  CHECK(ddp.config.bucket_cap_mb == 25);
+  CHECK(sharded.config.reduce_buffer_size == fairscale_reduce_buffer_size);
+  CHECK(zero.config.reduce_bucket_size == 200'000'000);
+  CHECK_FALSE((ddp.config.reduce_bucket_size || ddp.config.reduce_buffer_size || sharded.config.bucket_cap_mb ||
+               sharded.config.reduce_bucket_size || zero.config.bucket_cap_mb || zero.config.reduce_buffer_size));
+  // The counts the same caps give when the config sets them; the three differ.
+  StrategyConfig torch, fairscale;
+  torch.bucket_cap_mb = 25;
+  fairscale.reduce_buffer_size = fairscale_reduce_buffer_size;
+  CHECK(ddp.buckets == cut(ZeRO<2>{}, wide, torch).buckets);
+  CHECK(sharded.buckets == cut(DDP{}, wide, fairscale).buckets);
+  CHECK(zero.buckets == 1);
+  CHECK(ddp.buckets > sharded.buckets);
+  CHECK(sharded.buckets > zero.buckets);
 }
 
 namespace {

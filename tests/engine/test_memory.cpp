@@ -46,8 +46,12 @@ template <class S>
 void check_layout(const Held& h, int world, const StrategyConfig& config) {
   const test::GptShapes shapes = test::gpt_shapes(four_blocks());
   const std::vector<std::int64_t> padded = test::padded_units<S>(shapes, world);
-  REQUIRE(config.reduce_bucket_size == StrategyConfig{}.reduce_bucket_size);  // the cap is bucket_cap_mb's
-  const double cap = config.bucket_cap_mb * 1024 * 1024 / sizeof(typename S::precision::reduce_type);
+  // The cap is bucket_cap_mb's, or with none set the reference's (25 MiB, 2^23 or 2e8 elements),
+  // above any unit of this model.
+  REQUIRE(!config.reduce_bucket_size);
+  REQUIRE(!config.reduce_buffer_size);
+  const double cap = config.bucket_cap_mb ? *config.bucket_cap_mb * 1024 * 1024 / sizeof(typename S::reduce_type)
+                                          : 25.0 * 1024 * 1024 / 4;
   std::vector<std::size_t> buckets;
   for (const auto& params : test::unit_parameters<S>(shapes)) {
     const std::int64_t n = test::sum(params);
@@ -285,7 +289,7 @@ TEST_CASE("memory: ZeRO-3 by repeated layer (the preset's WrapRepeated) holds th
   // 1e5 leaves a model this small whole, as DeepSpeed leaves parameters under
   // stage3_param_persistence_threshold unpartitioned.
   using Zero3Layers = Strategy<ShardParameters<true>, WrapRepeated<2000>>;
-  STATIC_REQUIRE(std::is_same_v<ZeRO<3>, Strategy<ShardParameters<true>, WrapRepeated<100'000>>>);
+  STATIC_REQUIRE(std::is_same_v<ZeRO<3>, Strategy<ShardParameters<true>, WrapRepeated<100'000>, DeepSpeedDefaults>>);
   for (int world : {1, 4}) {
     INFO("world size " << world);
     const std::vector<Held> held = hold<Zero3Layers>(world, {});

@@ -45,6 +45,8 @@ TEST_CASE("families left out take their defaults", "[policy]") {
   STATIC_REQUIRE(is_same_v<families_t<Empty>, std::tuple<NoShard, NoOffload, Fp32, WrapWhole, NoActivationCheckpointing>>);
   STATIC_REQUIRE(is_same_v<Empty::compute_type, float>);
   STATIC_REQUIRE(is_same_v<Empty::master_type, float>);
+  STATIC_REQUIRE(is_same_v<Empty::defaults, TorchDefaults>);
+  STATIC_REQUIRE(is_same_v<Strategy<DeepSpeedDefaults, ShardGradients>::defaults, DeepSpeedDefaults>);
 
   // One family given: that family set, every other one at its default.
   STATIC_REQUIRE(is_same_v<families_t<Strategy<ShardGradients>>,
@@ -82,6 +84,10 @@ TEST_CASE("with_t rebinds one family and keeps the others", "[policy]") {
   STATIC_REQUIRE(is_same_v<families_t<with_t<with_t<S, Bf16Mixed>, PureBf16>>,
                            families_t<with_t<S, PureBf16>>>);
   STATIC_REQUIRE(is_same_v<families_t<with_t<S, Fp16Mixed>>, families_t<S>>);
+  // Rebinding keeps the defaults policy, and rebinds it like any other.
+  STATIC_REQUIRE(is_same_v<with_t<ZeRO<2>, OffloadOptimizer<Cpu>>::defaults, DeepSpeedDefaults>);
+  STATIC_REQUIRE(is_same_v<with_t<ZeRO<2>, TorchDefaults>::defaults, TorchDefaults>);
+  STATIC_REQUIRE(is_same_v<families_t<with_t<ZeRO<2>, TorchDefaults>>, families_t<ZeRO<2>>>);
   // A preset rebinds like any strategy: ZeRO-Offload at stage 3.
   STATIC_REQUIRE(is_same_v<families_t<with_t<ZeROOffload, ShardParameters<>>>,
                            std::tuple<ShardParameters<true>, OffloadOptimizer<Cpu>, Fp32, WrapWhole, NoActivationCheckpointing>>);
@@ -225,9 +231,13 @@ TEST_CASE("wrap and checkpointing policies select module types", "[policy]") {
 TEST_CASE("presets are the strategies their documents describe", "[policy]") {
   // DDP: replicas.
   STATIC_REQUIRE(is_same_v<families_t<DDP>, std::tuple<NoShard, NoOffload, Fp32, WrapWhole, NoActivationCheckpointing>>);
-  // FairScale OSS + ShardedDataParallel: gradients and optimizer state sharded, parameters whole.
+  STATIC_REQUIRE(is_same_v<DDP::defaults, TorchDefaults>);
+  // FairScale OSS + ShardedDataParallel: gradients and optimizer state sharded, parameters whole;
+  // FairScale's defaults, on ZeRO-2's engine.
   STATIC_REQUIRE(is_same_v<ShardedDDP::sharding, ShardGradients>);
   STATIC_REQUIRE(is_same_v<ShardedDDP::offload, NoOffload>);
+  STATIC_REQUIRE(is_same_v<ShardedDDP::defaults, FairScaleShardedDefaults>);
+  STATIC_REQUIRE(is_same_v<canonical_t<ShardedDDP>, canonical_t<ZeRO<2>>>);
   // Lightning's DDPFullyShardedStrategy: reshard_after_forward=True, min_num_params=1e8,
   // cpu_offload=False, compute_dtype float32 unless mixed precision.
   STATIC_REQUIRE(FSDP::sharding::shards_parameters);
@@ -236,6 +246,7 @@ TEST_CASE("presets are the strategies their documents describe", "[policy]") {
   STATIC_REQUIRE(FSDP::wrap::min_num_params == 100'000'000);
   STATIC_REQUIRE(is_same_v<FSDP::offload, NoOffload>);
   STATIC_REQUIRE(is_same_v<FSDP::precision, Fp32>);
+  STATIC_REQUIRE(is_same_v<FSDP::defaults, TorchDefaults>);
   // DeepSpeed stages: 0 disabled, 1 optimizer state, 2 and gradients, 3 and parameters.
   STATIC_REQUIRE(is_same_v<ZeRO<0>::sharding, NoShard>);
   STATIC_REQUIRE(is_same_v<ZeRO<1>::sharding, ShardOptimizerState>);
@@ -258,14 +269,24 @@ TEST_CASE("presets are the strategies their documents describe", "[policy]") {
   // ZeRO-Infinity: stage 3, optimizer state on NVMe.
   STATIC_REQUIRE(is_same_v<ZeROInfinity::sharding, ShardParameters<true>>);
   STATIC_REQUIRE(is_same_v<ZeROInfinity::offload, OffloadOptimizer<Nvme>>);
+  // Every DeepSpeed preset with DeepSpeed's defaults.
+  STATIC_REQUIRE(is_same_v<ZeRO<0>::defaults, DeepSpeedDefaults>);
+  STATIC_REQUIRE(is_same_v<ZeRO<1>::defaults, DeepSpeedDefaults>);
+  STATIC_REQUIRE(is_same_v<ZeRO<2>::defaults, DeepSpeedDefaults>);
+  STATIC_REQUIRE(is_same_v<ZeRO<3>::defaults, DeepSpeedDefaults>);
+  STATIC_REQUIRE(is_same_v<ZeROOffload::defaults, DeepSpeedDefaults>);
+  STATIC_REQUIRE(is_same_v<ZeROInfinity::defaults, DeepSpeedDefaults>);
+  STATIC_REQUIRE(is_same_v<ZeROInfinityParameters::defaults, DeepSpeedDefaults>);
 }
 
 TEST_CASE("StrategyConfig carries the reference documents' defaults", "[policy]") {
   const StrategyConfig c;
-  CHECK(c.bucket_cap_mb == 25);                     // FSDP bucket_cap_mb
-  CHECK(c.reduce_bucket_size == 200'000'000);       // DeepSpeed reduce_bucket_size
-  CHECK_FALSE(c.reduce_buffer_size.has_value());    // FairScale's: unset, bucket_cap_mb's buckets
-  CHECK(fairscale_reduce_buffer_size == 1 << 23);   // ShardedDataParallel's reduce_buffer_size
+  // The gradient-bucket caps: unset, each strategy's reference's (the preset's DefaultsPolicy).
+  CHECK_FALSE((c.bucket_cap_mb || c.reduce_bucket_size || c.reduce_buffer_size));
+  CHECK(with_reference_defaults<DDP>(c).bucket_cap_mb == 25);     // DDP's and FSDP's bucket_cap_mb
+  CHECK(with_reference_defaults<FSDP>(c).bucket_cap_mb == 25);
+  CHECK(with_reference_defaults<ZeRO<>>(c).reduce_bucket_size == 200'000'000);  // Lightning's reduce_bucket_size
+  CHECK(with_reference_defaults<ShardedDDP>(c).reduce_buffer_size == 1 << 23);  // ShardedDataParallel's
   CHECK(c.allgather_bucket_size == 200'000'000);    // DeepSpeed allgather_bucket_size
   CHECK(c.overlap_comm);                            // DeepSpeed overlap_comm
   CHECK(c.min_num_params == 0);                    // 0: WrapBySize's own threshold applies

@@ -194,7 +194,7 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
   /// parameters or only the rank's shards, as the strategy says, initialised from `seed`.
   EngineOver(Model& model, Comm& comm, typename Opt::config_type optimizer, StrategyConfig config = {},
              std::uint64_t seed = 0)
-      : model_(model), comm_(comm), config_(config), scaler_(config) {
+      : model_(model), comm_(comm), config_(with_reference_defaults<S>(config)), scaler_(config) {
     refuse_fields_not_read_by<S, device>(config);
     POLYSHARD_CHECK(config.gradient_accumulation_steps >= 1, "StrategyConfig::gradient_accumulation_steps (the "
                     "micro-batches of one step) must be at least 1, got ", config.gradient_accumulation_steps);
@@ -1526,10 +1526,18 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
 ///
 /// The model must call the modules that may be units through call() (the nn modules do), and
 /// must not move while the engine lives: parameters are bound to the engine's buffers.
+///
+/// Settings `config` leaves unset take the defaults of S's reference (S::defaults: the gradient
+/// buckets of DDP and FSDP are bucket_cap_mb's 25 MiB, ShardedDDP's reduce_buffer_size's 2^23
+/// elements, the ZeRO presets' reduce_bucket_size's 2e8); config() shows them filled in.
 template <StrategyType S, class Model, Communicator Comm, Optimizer Opt>
 class Engine : public detail::EngineOver<canonical_t<S>, Model, Comm, Opt> {
+  using Base = detail::EngineOver<canonical_t<S>, Model, Comm, Opt>;
+
  public:
-  using detail::EngineOver<canonical_t<S>, Model, Comm, Opt>::EngineOver;
+  Engine(Model& model, Comm& comm, typename Opt::config_type optimizer, StrategyConfig config = {},
+         std::uint64_t seed = 0)
+      : Base(model, comm, std::move(optimizer), with_reference_defaults<S>(std::move(config)), seed) {}
   using strategy = S;
 };
 

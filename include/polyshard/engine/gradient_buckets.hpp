@@ -44,26 +44,23 @@ inline std::vector<GradientBucket> plan_gradient_buckets(const std::vector<std::
 }
 
 /// The most elements of one gradient bucket, 0 for one bucket a unit: the smallest of the caps
-/// the config sets. bucket_cap_mb MiB of the reduce type (PyTorch DDP's and FSDP's 25; <= 0: no
-/// cap), reduce_bucket_size elements where it was set away from its default (DeepSpeed's 2e8,
-/// which would otherwise make every model one bucket), and FairScale's reduce_buffer_size where
-/// it is set (0: every parameter alone, a cap of one element). bucket_cap_mb's default counts
-/// only when neither of the others is set.
+/// the config sets (Engine has filled the strategy's reference cap in where it sets none, see
+/// with_reference_defaults): bucket_cap_mb MiB of the reduce type (<= 0: no cap from it),
+/// reduce_bucket_size elements, and reduce_buffer_size elements (0: every parameter alone, a cap
+/// of one element).
 inline std::int64_t gradient_bucket_elements(const StrategyConfig& c, std::size_t reduce_bytes) {
-  const StrategyConfig d;
-  POLYSHARD_CHECK(c.reduce_bucket_size > 0, "StrategyConfig::reduce_bucket_size = ", c.reduce_bucket_size,
-                  ": must be a positive number of elements (DeepSpeed's default: 200000000)");
+  POLYSHARD_CHECK(!c.reduce_bucket_size || *c.reduce_bucket_size > 0, "StrategyConfig::reduce_bucket_size = ",
+                  c.reduce_bucket_size.value_or(0), ": must be a positive number of elements (DeepSpeed's default: ",
+                  lightning_reduce_bucket_size, ")");
   POLYSHARD_CHECK(!c.reduce_buffer_size || *c.reduce_buffer_size >= 0, "StrategyConfig::reduce_buffer_size = ",
                   c.reduce_buffer_size.value_or(0), ": must be a number of elements, or 0 to reduce every parameter ",
                   "alone (FairScale's default: ", fairscale_reduce_buffer_size, ")");
-  const bool by_elements = c.reduce_bucket_size != d.reduce_bucket_size;
-  const bool by_bytes = c.bucket_cap_mb != d.bucket_cap_mb || (!by_elements && !c.reduce_buffer_size);
   std::int64_t cap = 0;
   const auto bound = [&cap](std::int64_t elements) { cap = cap == 0 ? elements : std::min(cap, elements); };
-  if (by_bytes && c.bucket_cap_mb > 0)
-    bound(std::max<std::int64_t>(1, static_cast<std::int64_t>(c.bucket_cap_mb * 1024 * 1024 /
+  if (c.bucket_cap_mb && *c.bucket_cap_mb > 0)
+    bound(std::max<std::int64_t>(1, static_cast<std::int64_t>(*c.bucket_cap_mb * 1024 * 1024 /
                                                                 static_cast<double>(reduce_bytes))));
-  if (by_elements) bound(c.reduce_bucket_size);
+  if (c.reduce_bucket_size) bound(*c.reduce_bucket_size);
   if (c.reduce_buffer_size) bound(std::max<std::int64_t>(1, *c.reduce_buffer_size));
   return cap;
 }

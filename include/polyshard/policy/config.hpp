@@ -15,21 +15,21 @@
 namespace polyshard {
 
 struct StrategyConfig {
-  // Gradient reduction.
-  /// Gradients are reduced in buckets of this many MiB of the reduce dtype, each launched as
-  /// soon as backward has finished it (engine/gradient_buckets.hpp); <= 0: one bucket a unit.
-  /// FairScale's and PyTorch DDP's bucket_cap_mb, default 25.
-  double bucket_cap_mb = 25;
-  /// DeepSpeed's reduce_bucket_size: elements in a gradient bucket, in place of bucket_cap_mb
-  /// when set away from its default (Lightning's 2e8); both set: the smaller bucket.
-  std::int64_t reduce_bucket_size = 200'000'000;
+  // Gradient reduction. Gradients are reduced in buckets, each launched as soon as backward has
+  // finished it (engine/gradient_buckets.hpp), cut by the caps below: the smallest of those set,
+  // and where none is set, the cap of the strategy's reference (its DefaultsPolicy: DDP's and
+  // FSDP's bucket_cap_mb of 25, ShardedDDP's reduce_buffer_size of 2^23, the ZeRO presets'
+  // reduce_bucket_size of 2e8).
+  /// PyTorch DDP's and FairScale FSDP's bucket_cap_mb: MiB of the reduce dtype in a bucket;
+  /// <= 0: no cap from it (one bucket a unit, unless another cap is set).
+  std::optional<double> bucket_cap_mb{};
+  /// DeepSpeed's reduce_bucket_size: elements in a bucket (Lightning's default 2e8).
+  std::optional<std::int64_t> reduce_bucket_size{};
   /// FairScale ShardedDataParallel's reduce_buffer_size: the most elements a bucket batching small
   /// parameters holds; a parameter of that many elements or more is reduced alone, and 0 reduces
-  /// every parameter alone (no batching). Unset: the buckets bucket_cap_mb (or
-  /// reduce_bucket_size) cut. The ShardedDDP preset is ZeRO<2>'s type, so it cannot carry
-  /// FairScale's default (fairscale_reduce_buffer_size, below) by itself: polyshard-train's
-  /// sharded_ddp sets it, and ddp_sharded Lightning's (0 on one machine, that default across
-  /// machines).
+  /// every parameter alone (no batching). The ShardedDDP preset's cap, 2^23
+  /// (fairscale_reduce_buffer_size); polyshard-train's ddp_sharded sets Lightning's (0 on one
+  /// machine, 2^23 across machines).
   std::optional<std::int64_t> reduce_buffer_size{};
   /// DeepSpeed's allgather_bucket_size: elements all-gathered at once. Under ShardOptimizerState
   /// and ShardGradients (DeepSpeed's stages 1 and 2), the most elements one all-gather of the
@@ -159,6 +159,11 @@ struct StrategyConfig {
 
 /// FairScale ShardedDataParallel's default reduce_buffer_size: 2^23 elements.
 inline constexpr std::int64_t fairscale_reduce_buffer_size = 8'388'608;
+/// PyTorch DDP's and FairScale FSDP's default bucket_cap_mb: 25 MiB.
+inline constexpr double torch_bucket_cap_mb = 25;
+/// Lightning DeepSpeedStrategy's default reduce_bucket_size: 2e8 elements (DeepSpeed's own
+/// config default, which a DeepSpeed JSON config without the key gets, is 5e8).
+inline constexpr std::int64_t lightning_reduce_bucket_size = 200'000'000;
 
 /// The sizes of the sub-groups a span of `numel` elements is stepped in: as many of
 /// `group_size` as fit, then the rest. A span of 0 elements is one empty group.

@@ -16,14 +16,16 @@ struct precision_family {};
 struct wrap_family {};
 /// Which blocks recompute their activations in backward instead of keeping them.
 struct checkpointing_family {};
+/// Which reference document's defaults fill the StrategyConfig settings a user leaves unset.
+struct defaults_family {};
 
 /// A policy of family F: a type declaring `using family = F;`.
 template <class P, class F>
 concept PolicyOf = requires { typename P::family; } && std::same_as<typename P::family, F>;
 
-/// Any policy of the five families.
+/// Any policy of the six families.
 template <class P>
 concept Policy = PolicyOf<P, sharding_family> || PolicyOf<P, offload_family> || PolicyOf<P, precision_family> ||
-                 PolicyOf<P, wrap_family> || PolicyOf<P, checkpointing_family>;
+                 PolicyOf<P, wrap_family> || PolicyOf<P, checkpointing_family> || PolicyOf<P, defaults_family>;
 
 }  // namespace polyshard

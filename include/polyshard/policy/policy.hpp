@@ -3,6 +3,7 @@
 
 #include "polyshard/policy/accounting.hpp"
 #include "polyshard/policy/config.hpp"
+#include "polyshard/policy/defaults.hpp"
 #include "polyshard/policy/family.hpp"
 #include "polyshard/policy/offload.hpp"
 #include "polyshard/policy/precision.hpp"

@@ -9,6 +9,7 @@
 #include <boost/hana/type.hpp>
 #include <type_traits>
 
+#include "polyshard/policy/defaults.hpp"
 #include "polyshard/policy/offload.hpp"
 #include "polyshard/policy/precision.hpp"
 #include "polyshard/policy/sharding.hpp"
@@ -38,12 +39,13 @@ constexpr std::size_t count_family = decltype(boost::hana::count_if(boost::hana:
 ///   PrecisionPolicy        Fp32
 ///   WrapPolicy             WrapWhole
 ///   ActivationCheckpointing NoActivationCheckpointing
+///   DefaultsPolicy         TorchDefaults               (what unset StrategyConfig settings mean)
 /// `with<P>` is the same strategy with P in place of its family's member.
 template <class... Ps>
 struct Strategy {
   static_assert((Policy<Ps> && ...),
                 "Strategy<Ps...>: every argument must be a policy (a ShardingPolicy, OffloadPolicy, "
-                "PrecisionPolicy, WrapPolicy or ActivationCheckpointing policy)");
+                "PrecisionPolicy, WrapPolicy, ActivationCheckpointing or DefaultsPolicy)");
   static_assert(detail::count_family<sharding_family, Ps...> <= 1,
                 "Strategy<Ps...>: two sharding policies given; a strategy has one ShardingPolicy");
   static_assert(detail::count_family<offload_family, Ps...> <= 1,
@@ -54,17 +56,21 @@ struct Strategy {
                 "Strategy<Ps...>: two wrap policies given; a strategy has one WrapPolicy");
   static_assert(detail::count_family<checkpointing_family, Ps...> <= 1,
                 "Strategy<Ps...>: two activation-checkpointing policies given; a strategy has at most one");
+  static_assert(detail::count_family<defaults_family, Ps...> <= 1,
+                "Strategy<Ps...>: two defaults policies given; a strategy follows one reference's defaults");
 
   using sharding = detail::pick_t<sharding_family, NoShard, Ps...>;
   using offload = detail::pick_t<offload_family, NoOffload, Ps...>;
   using precision = detail::pick_t<precision_family, Fp32, Ps...>;
   using wrap = detail::pick_t<wrap_family, WrapWhole, Ps...>;
   using checkpointing = detail::pick_t<checkpointing_family, NoActivationCheckpointing, Ps...>;
+  using defaults = detail::pick_t<defaults_family, TorchDefaults, Ps...>;
 
   static_assert(ShardingPolicy<sharding>, "Strategy: the sharding policy lacks a ShardingPolicy's members");
   static_assert(OffloadPolicy<offload>, "Strategy: the offload policy lacks an OffloadPolicy's members");
   static_assert(PrecisionPolicy<precision>, "Strategy: the precision policy lacks a PrecisionPolicy's members");
   static_assert(WrapPolicy<wrap>, "Strategy: the wrap policy lacks a WrapPolicy's members");
+  static_assert(DefaultsPolicy<defaults>, "Strategy: the defaults policy lacks a DefaultsPolicy's members");
 
   static_assert(!offload::offloads_parameters || sharding::shards_parameters,
                 "offloading parameters needs ShardParameters: only parameter shards can live off the device "
@@ -84,7 +90,8 @@ struct Strategy {
                         std::conditional_t<PolicyOf<P, offload_family>, P, offload>,
                         std::conditional_t<PolicyOf<P, precision_family>, P, precision>,
                         std::conditional_t<PolicyOf<P, wrap_family>, P, wrap>,
-                        std::conditional_t<PolicyOf<P, checkpointing_family>, P, checkpointing>>;
+                        std::conditional_t<PolicyOf<P, checkpointing_family>, P, checkpointing>,
+                        std::conditional_t<PolicyOf<P, defaults_family>, P, defaults>>;
 };
 
 namespace detail {
@@ -102,9 +109,11 @@ concept StrategyType = detail::is_strategy<S>::value;
 template <StrategyType S, Policy P>
 using with_t = typename S::template with<P>;
 
-/// The strategy S in one spelling: its five families' policies in the order above, the defaults
-/// written out. Strategies that name the same policies (in any order, defaults given or left
-/// out) have the same canonical_t; the engine is instantiated over it once for all of them.
+/// The strategy S in one spelling: the policies of its five families that decide the code, in
+/// the order above, the defaults written out. Strategies that name the same policies (in any
+/// order, defaults given or left out) have the same canonical_t; the engine is instantiated over
+/// it once for all of them. The defaults policy is left out: it only fills the config, which
+/// Engine does before the engine reads it, so ShardedDDP and ZeRO<2> share one engine.
 template <StrategyType S>
 using canonical_t = Strategy<typename S::sharding, typename S::offload, typename S::precision, typename S::wrap,
                              typename S::checkpointing>;
