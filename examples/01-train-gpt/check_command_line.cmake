@@ -342,9 +342,14 @@ endforeach()
 foreach(key synchronize_checkpoint_boundary cpu_checkpointing contiguous_memory_optimization)
   deepspeed_refusal(${key} "{\"activation_checkpointing\": {\"${key}\": true}}" "StrategyConfig::${key} = true")
 endforeach()
+# --device: auto (the default), cpu or cuda; what auto picks is checked on the emulated device
+# (check_auto_device.cmake).
+expect(batch-below-world EXIT 2 ARGS ${one_step} --world-size 5
+       SAYS "--batch 4 in 1 micro-batch(es) is 4 row(s) a micro-batch for 5 rank(s): each rank needs at least one")
+expect(device-unknown EXIT 2 ARGS ${one_step} --device gpu SAYS "--device must be auto, cpu or cuda, got 'gpu'")
 # --parallel-devices (Lightning's parallel_devices): one GPU of its own per rank, for --device cuda.
-expect(parallel-devices-need-cuda EXIT 2 ARGS ${one_step} --world-size 2 --parallel-devices 0,1
-       SAYS "--parallel-devices lists GPUs, for --device cuda only")
+expect(parallel-devices-need-cuda EXIT 2 ARGS ${one_step} --device cpu --world-size 2 --parallel-devices 0,1
+       SAYS "--parallel-devices lists GPUs, for --device cuda (or auto) only")
 expect(parallel-devices-once-each EXIT 2 ARGS ${one_step} --device cuda --world-size 2 --parallel-devices 1,1
        SAYS "--parallel-devices names GPU 1 twice")
 expect(parallel-devices-one-per-rank EXIT 2 ARGS ${one_step} --device cuda --world-size 3 --parallel-devices 0,1
@@ -462,6 +467,9 @@ endif()
 # A setting the strategy does not read is refused, naming it and the policy that ignores it.
 expect(nvme-path-without-nvme-offload EXIT 2 ARGS ${one_step} --strategy zero3 --nvme-path ${WORK_DIR}
        SAYS "NVMe settings (nvme_path '${WORK_DIR}'" "NoOffload")
+expect(remote-device-where-built EXIT 0 ARGS ${one_step} --strategy zero3 --remote-device cpu SAYS "done: loss")
+expect(remote-device-elsewhere EXIT 2 ARGS ${one_step} --strategy zero3 --remote-device nvme
+       SAYS "remote_device = 'nvme' builds the parameters there first" "host memory (a host model)")
 expect(hybrid-group-without-hybrid EXIT 2 ARGS ${one_step} --strategy ddp --hybrid-group 1
        SAYS "hybrid_group_size = 1 is read only by HybridShard")
 

@@ -91,10 +91,11 @@ inline void check_combinations(const Options& o) {
                   "polyshard-train: --world-size ", o.world_size, ", and under --backend mpi the world is the ",
                   processes, " process(es) the launcher started (mpirun's -np): leave --world-size out, or make it ",
                   "match");
-  POLYSHARD_CHECK(o.device == "cpu" || o.device == "cuda",
-                  "polyshard-train: --device must be cpu or cuda, got '", o.device, "'");
+  POLYSHARD_CHECK(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
+                  "polyshard-train: --device must be auto, cpu or cuda, got '", o.device, "'");
   if (!o.parallel_devices.empty()) {
-    POLYSHARD_CHECK(o.device == "cuda", "polyshard-train: --parallel-devices lists GPUs, for --device cuda only");
+    POLYSHARD_CHECK(o.device != "cpu", "polyshard-train: --parallel-devices lists GPUs, for --device cuda (or auto) "
+                                       "only");
     for (std::size_t i = 0; i < o.parallel_devices.size(); ++i) {
       POLYSHARD_CHECK(o.parallel_devices[i] >= 0, "polyshard-train: --parallel-devices: GPU ", o.parallel_devices[i],
                       " is not a device index");
@@ -209,11 +210,15 @@ inline bool parse(int argc, char** argv, Options& o) {
                    "threads (the ranks as threads of this process) or mpi (a process a rank, under mpirun); "
                    "auto: mpi when a launcher (mpirun, srun) started more than one process, else threads")
       ->type_name("NAME");
-  strategy->add_option("--device", o.device, "cpu, or cuda (one GPU per rank, collectives over NCCL)")
+  strategy
+      ->add_option("--device", o.device,
+                   "cpu, or cuda (one GPU per rank, collectives over NCCL); auto, as Lightning's accelerator: "
+                   "cuda where every rank has a GPU and the run does not sample, else cpu")
       ->type_name("NAME");
   strategy
       ->add_option("--parallel-devices", o.parallel_devices,
-                   "--device cuda: the GPU of each rank (under mpirun, of each rank of a machine), as 0,2,3; "
+                   "--device cuda or auto: the GPU of each rank (under mpirun, of each rank of a machine), as "
+                   "0,2,3; "
                    "default: rank r on GPU r")
       ->delimiter(',')
       ->type_name("GPU,...");
@@ -241,6 +246,12 @@ inline bool parse(int argc, char** argv, Options& o) {
                    "zero_infinity: directory on a local NVMe drive for the optimizer state (and, under "
                    "zero_infinity_parameters, the parameter shards)")
       ->type_name("DIR");
+  strategy
+      ->add_option("--remote-device", o.settings.remote_device,
+                   "cpu or nvme: where the parameters are first built (Lightning's remote_device); accepted where "
+                   "the strategy builds its shards (cpu on the host or with parameters offloaded there, nvme under "
+                   "zero_infinity_parameters), refused elsewhere")
+      ->type_name("NAME");
 
   // StrategyConfig's fields under their reference names; the engine refuses, naming the field, a
   // value its strategy does not read (docs/options.md).

@@ -1,7 +1,10 @@
 // polyshard-train: trains a GPT on byte-level text under a data-parallel strategy, on ranks that
 // are threads of this process or MPI processes, and reports loss, speed, traffic and memory.
+#include <array>
 #include <cstdio>
 #include <deque>
+#include <numeric>
+#include <span>
 #include <thread>
 
 #include "command_line.hpp"
@@ -19,6 +22,7 @@
 #ifdef POLYSHARD_WITH_CUDA
 #include <cstdlib>
 
+#include "polyshard/core/cuda/runtime.hpp"
 #include "train_cuda.hpp"
 #endif
 
@@ -26,14 +30,38 @@ using namespace polyshard;
 
 namespace {
 
+/// Whether --device auto trains on GPUs, as Lightning's accelerator="auto" picks one: where this
+/// build has CUDA and NCCL, each rank this process runs (`local_ranks`: their ranks on this
+/// machine) has a GPU of its own (its --parallel-devices entry, else GPU r), and the run asks for
+/// nothing only host models do (--sample-every). Otherwise the host.
+bool auto_picks_cuda([[maybe_unused]] const train::Options& o, [[maybe_unused]] std::span<const int> local_ranks) {
+#ifdef POLYSHARD_WITH_CUDA
+  if (o.sample_every > 0) return false;
+  const auto devices = cuda::available_devices();
+  if (!devices) return false;
+  for (const int r : local_ranks) {
+    if (!o.parallel_devices.empty() && r >= std::ssize(o.parallel_devices)) return false;
+    if (train::rank_device(o, r) >= devices.count) return false;
+  }
+  return true;
+#else
+  return false;
+#endif
+}
+
 int run(int argc, char** argv) {
   train::Options o;
   if (!train::parse(argc, argv, o)) return 0;
+  if (o.device == "auto" && o.backend != "mpi") {  // under mpirun, once each process knows its rank (below)
+    std::vector<int> ranks(static_cast<std::size_t>(o.world_size));
+    std::iota(ranks.begin(), ranks.end(), 0);
+    o.device = auto_picks_cuda(o, ranks) ? "cuda" : "cpu";
+  }
 #ifndef POLYSHARD_WITH_CUDA
-  POLYSHARD_CHECK(o.device == "cpu", "polyshard-train: --device ", o.device,
+  POLYSHARD_CHECK(o.device != "cuda", "polyshard-train: --device ", o.device,
                   " needs a build with CUDA and NCCL (none was found when this one was configured)");
 #endif
-  const bool on_gpus = o.device == "cuda";
+  bool on_gpus = o.device == "cuda";
   // --init-hf: the model's sizes are the directory's config.json.
   if (!o.init_hf.empty()) {
     const GptConfig hf = read_hf_gpt2_config(std::filesystem::path(o.init_hf) / "config.json");
@@ -74,6 +102,12 @@ int run(int argc, char** argv) {
 #ifdef POLYSHARD_WITH_MPI
     MpiSession session(&argc, &argv);
     MpiCommunicator comm = MpiCommunicator::world();
+    if (o.device == "auto") {  // every process must choose alike, whatever GPUs its own machine has
+      std::array<float, 1> with_gpu{auto_picks_cuda(o, std::array{train::local_rank(comm.rank())}) ? 1.0f : 0.0f};
+      comm.all_reduce(std::span<float>(with_gpu));
+      o.device = with_gpu[0] == static_cast<float>(comm.size()) ? "cuda" : "cpu";
+      on_gpus = o.device == "cuda";
+    }
     train::resolve_micro_batch(o, comm.size());
     cpu::set_blas_threads(o.threads > 0 ? o.threads : 1);
     Trace trace(comm.rank());

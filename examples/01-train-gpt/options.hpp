@@ -43,7 +43,7 @@ struct Options {
   std::int64_t world_size = 1;      // ranks as threads (under --backend mpi, mpirun's processes)
   std::string backend = "auto";     // threads | mpi | auto: mpi under mpirun's processes, else threads (parse())
   bool world_size_given = false;    // --world-size was given (on the command line or in --config)
-  std::string device = "cpu";       // cpu | cuda (one GPU per rank, NCCL)
+  std::string device = "auto";      // auto | cpu | cuda (one GPU per rank, NCCL)
   std::vector<int> parallel_devices;  // each rank's GPU (by local rank under mpirun); empty: rank r on GPU r
   std::string precision = "fp32";   // fp32 | fp16-mixed | bf16-mixed
   std::string wrap = "block";       // whole | block | size:N
@@ -113,15 +113,21 @@ inline std::int64_t wrap_threshold(const Options& o) {
 
 /// DeepSpeed's rule, train_batch_size = micro batch x accumulation steps x world size, once the
 /// world is known: a micro batch (--deepspeed-config's train_micro_batch_size_per_gpu) sets
-/// --batch, or must agree with it where both were given.
+/// --batch, or must agree with it where both were given. Then every rank must get a row of each
+/// micro-batch.
 inline void resolve_micro_batch(Options& o, int world) {
-  if (o.micro_batch == 0) return;
-  const std::int64_t batch = o.micro_batch * o.accum * world;
-  POLYSHARD_CHECK(!o.batch_given || o.batch == batch, "polyshard-train: --deepspeed-config ", o.deepspeed_config,
-                  ": train_micro_batch_size_per_gpu ", o.micro_batch,
-                  " x gradient accumulation ", o.accum, " x ", world, " rank(s) is ", batch, ", not the batch ",
-                  o.batch, " given (train_batch_size or --batch)");
-  o.batch = batch;
+  if (o.micro_batch != 0) {
+    const std::int64_t batch = o.micro_batch * o.accum * world;
+    POLYSHARD_CHECK(!o.batch_given || o.batch == batch, "polyshard-train: --deepspeed-config ", o.deepspeed_config,
+                    ": train_micro_batch_size_per_gpu ", o.micro_batch,
+                    " x gradient accumulation ", o.accum, " x ", world, " rank(s) is ", batch, ", not the batch ",
+                    o.batch, " given (train_batch_size or --batch)");
+    o.batch = batch;
+  }
+  // A rank without rows would have no loss to take the gradient of.
+  POLYSHARD_CHECK(o.batch / o.accum >= world, "polyshard-train: --batch ", o.batch, " in ", o.accum,
+                  " micro-batch(es) is ", o.batch / o.accum, " row(s) a micro-batch for ", world,
+                  " rank(s): each rank needs at least one; raise --batch or use fewer ranks");
 }
 
 /// The GPU of the rank that is `local_rank` on its machine (its rank, with ranks as threads):

@@ -358,7 +358,8 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
         metrics << ",\"wall_clock\":{\"forward_s\":" << this_step.forward << ",\"backward_s\":" << this_step.backward
                 << ",\"optimizer_step_s\":" << this_step.step << "}";
       metrics << ",\"parameters\":" << engine.units().numel_total() << ",\"world_size\":" << world
-              << ",\"strategy\":\"" << o.strategy << "\",\"precision\":\"" << o.precision
+              << ",\"device\":\"" << (on_host ? "cpu" : "cuda") << "\",\"strategy\":\"" << o.strategy
+              << "\",\"precision\":\"" << o.precision
               << "\",\"predicted\":{\"bytes_sent\":" << predicted_bytes << ",\"model_state_bytes\":" << predicted_state;
       // A predicted peak per category, as ,"name":{...}.
       const auto predicted_peaks = [&](const char* name, const StepPeakMemory& p) {

@@ -396,6 +396,23 @@ TEST_CASE("StrategyConfig fields a composition does not read are refused for it,
                      }),
              Catch::Contains("allgather_bucket_size = 10 is a prefetch budget") &&
                  Catch::Contains("prefetch = false"));
+  // remote_device: accepted where the engine builds the shards, refused elsewhere.
+  const auto on_cpu = [](StrategyConfig& c) { c.remote_device = "cpu"; };
+  const auto on_nvme = [](StrategyConfig& c) { c.remote_device = "nvme"; };
+  using ParametersOnHost = Strategy<ShardParameters<true>, OffloadParameters<Cpu>>;
+  CHECK(refused(ZeRO<3>{}, on_cpu) == "(accepted)");  // a host model's shards are built in host memory
+  CHECK(refused_on(ParametersOnHost{}, Cuda{}, on_cpu) == "(accepted)");
+  CHECK_THAT(refused_on(ZeRO<3>{}, Cuda{}, on_cpu),
+             Catch::Contains("remote_device = 'cpu'") && Catch::Contains("in the device") &&
+                 Catch::Contains("OffloadParameters<Cpu>"));
+  CHECK(refused(ZeROInfinityParameters{}, on_nvme) == "(accepted)");
+  CHECK(refused_on(ZeROInfinityParameters{}, Cuda{}, on_nvme) == "(accepted)");
+  CHECK_THAT(refused(ZeROInfinity{}, on_nvme), Catch::Contains("remote_device = 'nvme'") &&
+                                                   Catch::Contains("host memory (a host model)") &&
+                                                   Catch::Contains("OffloadParameters<Nvme>"));
+  CHECK_THAT(refused(ZeROInfinityParameters{}, on_cpu), Catch::Contains("NVMe file"));
+  CHECK_THAT(refused(ZeRO<3>{}, [](StrategyConfig& c) { c.remote_device = "gpu"; }),
+             Catch::Contains("remote_device = 'gpu': must be cpu, nvme, or empty"));
   // The delayed parameter update is read only where the optimizer steps on the host.
   const auto delayed = [](StrategyConfig& c) { c.delayed_parameter_update = true; };
   CHECK_THAT(refused(ZeRO<2>{}, delayed),

@@ -105,6 +105,15 @@ struct StrategyConfig {
   /// steps of training). Off by default.
   bool delayed_parameter_update = false;
 
+  // Where parameters are built (DeepSpeed's zero.Init).
+  /// Lightning DeepSpeedStrategy's remote_device: where the model is first instantiated, "cpu"
+  /// or "nvme"; empty (its None), where training keeps the parameters. The engine builds each
+  /// rank's shards straight there (host memory under OffloadParameters<Cpu> and on a host model,
+  /// the rank's file under OffloadParameters<Nvme>, unit by unit) and never the whole model
+  /// anywhere, so the place that names it is accepted and another refused: built elsewhere first,
+  /// the shards would only be copied over.
+  std::string remote_device{};
+
   // NVMe offload (DeepSpeed).
   std::string nvme_path = "/local_nvme";
   std::int64_t block_size = 1'048'576;
@@ -215,8 +224,8 @@ constexpr const char* policy_name() {
 /// pin_memory where no host buffer moves to or from a device or NVMe, move_grads_to_cpu against
 /// where the optimizer steps, cpu_checkpointing and synchronize_checkpoint_boundary on a host
 /// model, contiguous_memory_optimization without cpu_checkpointing, number_checkpoints without
-/// contiguous_memory_optimization (D: where the model
-/// computes). A user who sets one expects it to act; a run that ignores it is a silently
+/// contiguous_memory_optimization, a remote_device other than where the shards are built (D:
+/// where the model computes). A user who sets one expects it to act; a run that ignores it is a silently
 /// different run. Engine's constructor calls it.
 template <class S, class D = Cpu>
 void refuse_fields_not_read_by(const StrategyConfig& c) {
@@ -282,6 +291,24 @@ void refuse_fields_not_read_by(const StrategyConfig& c) {
                           "for an optimizer that steps there, and this strategy's offload is ", offload, ", whose ",
                           "optimizer steps on the device: offload the optimizer (OffloadOptimizer<Cpu>; ",
                           "polyshard-train --strategy zero3_offload_optimizer), or leave it unset");
+  }
+  {
+    constexpr bool built_on_nvme = S::offload::offloads_parameters && S::offload::to_nvme;
+    constexpr bool built_on_host = !built_on_nvme && (std::same_as<D, Cpu> || S::offload::offloads_parameters);
+    const char* where = built_on_nvme ? "the rank's NVMe file (OffloadParameters<Nvme>)"
+                        : built_on_host ? (std::same_as<D, Cpu> ? "host memory (a host model)"
+                                                                 : "host memory (OffloadParameters<Cpu>)")
+                                        : "the device (a device model whose parameters stay there)";
+    POLYSHARD_CHECK(c.remote_device.empty() || c.remote_device == "cpu" || c.remote_device == "nvme",
+                    "StrategyConfig::remote_device = '", c.remote_device, "': must be cpu, nvme, or empty (where ",
+                    "training keeps the parameters)");
+    POLYSHARD_CHECK(c.remote_device.empty() || (c.remote_device == "cpu" && built_on_host) ||
+                        (c.remote_device == "nvme" && built_on_nvme),
+                    "StrategyConfig::remote_device = '", c.remote_device, "' builds the parameters there first, and ",
+                    "this run (", offload, ") keeps and builds each rank's shards in ", where, ", never the whole ",
+                    "model anywhere: built elsewhere first they would only be copied over. Leave it empty, or ",
+                    "offload the parameters there (OffloadParameters<",
+                    c.remote_device == "nvme" ? "Nvme" : "Cpu", ">)");
   }
   if constexpr (!S::sharding::hybrid) {
     POLYSHARD_CHECK(c.hybrid_group_size == d.hybrid_group_size, "StrategyConfig::hybrid_group_size = ",
