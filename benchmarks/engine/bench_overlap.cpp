@@ -4,7 +4,7 @@
 // time a step without overlap pays that the overlapped step does not. Ranks as threads, or,
 // started by a launcher (mpirun -np 4 bench_overlap), as its MPI processes. A second table times
 // ShardedDDP with FairScale's reduce_buffer_size: 0 (each parameter reduced alone, as Lightning's
-// ddp_sharded sets it on one machine), FairScale's 2^23 elements, and the library's default buckets.
+// ddp_sharded sets it on one machine), FairScale's 2^23 elements (the preset's), and PyTorch DDP's 25 MiB buckets.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
