@@ -467,6 +467,13 @@ endif()
 # A setting the strategy does not read is refused, naming it and the policy that ignores it.
 expect(nvme-path-without-nvme-offload EXIT 2 ARGS ${one_step} --strategy zero3 --nvme-path ${WORK_DIR}
        SAYS "NVMe settings (nvme_path '${WORK_DIR}'" "NoOffload")
+# allgather_bucket_size belongs to stages 1 and 2, stage3_prefetch_bucket_size to sharded parameters.
+expect(allgather-bucket-under-zero3 EXIT 2 ARGS ${one_step} --strategy zero3 --allgather-bucket-size 10
+       SAYS "allgather_bucket_size = 10" "DeepSpeed's stage 3 does not read it")
+expect(stage3-prefetch-under-zero2 EXIT 2 ARGS ${one_step} --strategy zero2 --stage3-prefetch-bucket-size 10
+       SAYS "stage3_prefetch_bucket_size = 10" "gathers no parameters")
+expect(stage3-prefetch-under-zero3 EXIT 0 ARGS ${one_step} --strategy zero3 --stage3-prefetch-bucket-size 100000
+       SAYS "done: loss")
 expect(remote-device-where-built EXIT 0 ARGS ${one_step} --strategy zero3 --remote-device cpu SAYS "done: loss")
 expect(remote-device-elsewhere EXIT 2 ARGS ${one_step} --strategy zero3 --remote-device nvme
        SAYS "remote_device = 'nvme' builds the parameters there first" "host memory (a host model)")

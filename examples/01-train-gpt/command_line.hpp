@@ -277,7 +277,12 @@ inline bool parse(int argc, char** argv, Options& o) {
           "ddp_sharded 0 on one machine and 8388608 across)")
       ->type_name("N")->transform(detail::number_at_least<std::int64_t>(0));
   settings->add_option("--allgather-bucket-size", c.allgather_bucket_size,
-                       "sharded parameters: elements of units gathered ahead (DeepSpeed)")
+                       "zero1, zero2: elements of each all-gather of the updated shards (DeepSpeed)")
+      ->type_name("N")->transform(at_least(1));
+  settings
+      ->add_option_function<std::int64_t>(
+          "--stage3-prefetch-bucket-size", [&c](std::int64_t n) { c.stage3_prefetch_bucket_size = n; },
+          "sharded parameters: elements of units gathered ahead (DeepSpeed; default: the next unit only)")
       ->type_name("N")->transform(at_least(1));
   settings->add_option("--overlap-comm", c.overlap_comm, "overlap reductions with backward")->type_name("BOOL");
   settings->add_option("--prefetch", c.prefetch, "sharded parameters: gather the next units ahead")->type_name("BOOL");

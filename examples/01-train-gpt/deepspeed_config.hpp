@@ -33,8 +33,7 @@ inline std::string flag_of_key(std::string_view key) {
   if (key == "zero_optimization.offload_param.buffer_count") return "--params-buffer-count";
   if (key == "zero_optimization.offload_param.buffer_size") return "--params-buffer-size";
   if (key == "gradient_accumulation_steps") return "--accum";
-  // Stage 3's prefetch budget, which polyshard keeps in allgather_bucket_size (0: --prefetch false).
-  if (key == "zero_optimization.stage3_prefetch_bucket_size") return "--allgather-bucket-size";
+  // Stage 3's prefetch budget of 0 is --prefetch false; others are --stage3-prefetch-bucket-size.
   std::string flag = "--";
   for (const char c : key.substr(key.rfind('.') + 1)) flag += c == '_' ? '-' : c;
   return flag;

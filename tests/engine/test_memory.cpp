@@ -231,10 +231,10 @@ TEST_CASE("memory: the step's peaks follow the schedule: prefetch, overlapped re
   const ResidentMemory resident16 = resident_memory<Zero3Bf16>(299 + 4 * 2197, 1, 1);
   CHECK(host_step_peak_memory<Zero3Bf16>(units, 1, 1).parameters == resident16.parameters + 2197 * 2);
 
-  // A prefetch budget of two blocks (allgather_bucket_size; padded blocks hold at most 2,204
+  // A prefetch budget of two blocks (stage3_prefetch_bucket_size; padded blocks hold at most 2,204
   // elements up to world size 8): two blocks ahead of the one running.
   StrategyConfig two_ahead;
-  two_ahead.allgather_bucket_size = 4600;
+  two_ahead.stage3_prefetch_bucket_size = 4600;
   CHECK(host_step_peak_memory<Zero3>(units, 1, 1, two_ahead).parameters == resident.parameters + r + 3 * b);
 
   // The engine against them, at every world size, with each schedule switched off.

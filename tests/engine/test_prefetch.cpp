@@ -1,7 +1,9 @@
 // Prefetching the next units' gathers: the same collectives, issued earlier, so the same bits and
 // the same bytes; a rank holds one more gathered unit at its peak, or as many more as
-// allgather_bucket_size's budget allows.
+// stage3_prefetch_bucket_size's budget allows.
 #include <catch2/catch.hpp>
+
+#include <optional>
 
 #include "engine_fixture.hpp"
 
@@ -17,7 +19,7 @@ struct Observed {
 
 /// Prefetch off, the next unit (the default budget), or `budget` elements ahead.
 template <class S>
-Observed run_with(bool prefetch, int world, std::int64_t budget = StrategyConfig{}.allgather_bucket_size) {
+Observed run_with(bool prefetch, int world, std::optional<std::int64_t> budget = std::nullopt) {
   std::vector<Observed> seen(static_cast<std::size_t>(world));
   run_ranks(world, [&](ThreadCommunicator& comm) {
     Observed& o = seen[static_cast<std::size_t>(comm.rank())];
@@ -28,7 +30,7 @@ Observed run_with(bool prefetch, int world, std::int64_t budget = StrategyConfig
     Gpt<float> model(config);
     StrategyConfig strategy_config;
     strategy_config.prefetch = prefetch;
-    strategy_config.allgather_bucket_size = budget;
+    strategy_config.stage3_prefetch_bucket_size = budget;
     Engine<S, Gpt<float>, ThreadCommunicator, Sgd<float>> engine(model, comm, test::momentum_sgd(), strategy_config, 42);
     BatchSampler sampler(test::tiny_data(), 8, 6, 7);
     const RowRange rows = rank_rows(6, comm.rank(), world);
@@ -73,8 +75,8 @@ TEMPLATE_LIST_TEST_CASE("prefetching the next unit changes no bit and no byte, a
   }
 }
 
-TEMPLATE_LIST_TEST_CASE("allgather_bucket_size prefetches as many units as it holds, at least the next one, changing "
-                        "no bit and no byte",
+TEMPLATE_LIST_TEST_CASE("stage3_prefetch_bucket_size prefetches as many units as it holds, at least the next one, "
+                        "changing no bit and no byte",
                         "[engine]", Prefetching) {
   for (const int world : {1, 2, 3}) {
     CAPTURE(world);

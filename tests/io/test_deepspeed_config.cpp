@@ -96,7 +96,8 @@ TEST_CASE("a DeepSpeed config sets every field its keys name, with DeepSpeed's m
   CHECK(s.gradient_accumulation_steps == 3);
   CHECK(s.overlap_comm == false);
   CHECK(s.reduce_bucket_size == 50'000'000);  // 5e7: a float with no fraction is an integer
-  CHECK(s.allgather_bucket_size == 30'000'000);  // stage 3's prefetch budget
+  CHECK(s.stage3_prefetch_bucket_size == 30'000'000);  // stage 3's prefetch budget
+  CHECK(s.allgather_bucket_size == StrategyConfig{}.allgather_bucket_size);  // not read at stage 3
   CHECK(s.prefetch);
   CHECK(c.wall_clock_breakdown == true);
   CHECK(c.notes.empty());
@@ -143,7 +144,9 @@ TEST_CASE("absent DeepSpeed keys keep DeepSpeed's defaults", "[io][deepspeed]") 
   CHECK(stage2.strategy.allgather_bucket_size == 500'000'000);  // stages 1 and 2: the all-gather's pieces
   CHECK(stage2.strategy.overlap_comm == false);
   const auto stage3 = read(R"({"zero_optimization": {"stage": 3}})");
-  CHECK(stage3.strategy.allgather_bucket_size == 50'000'000);  // stage3_prefetch_bucket_size's 5e7
+  CHECK(stage3.strategy.stage3_prefetch_bucket_size == 50'000'000);  // DeepSpeed's 5e7
+  CHECK(stage3.strategy.allgather_bucket_size == d.allgather_bucket_size);
+  CHECK_FALSE(stage2.strategy.stage3_prefetch_bucket_size);
   CHECK(stage3.strategy.prefetch);
   CHECK(stage3.strategy.overlap_comm == true);
   CHECK(stage3.strategy.reduce_bucket_size == 500'000'000);
@@ -168,21 +171,23 @@ TEST_CASE("stage 3's keys: stage3_prefetch_bucket_size is the prefetch budget, a
           "[io][deepspeed]") {
   using Catch::Contains;
   const auto budget = read(R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 1234}})");
-  CHECK(budget.strategy.allgather_bucket_size == 1234);
+  CHECK(budget.strategy.stage3_prefetch_bucket_size == 1234);
   CHECK(budget.strategy.prefetch);
   CHECK(budget.notes.empty());
   // 0: DeepSpeed fetches nothing ahead.
   const auto none = read(R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 0}})");
   CHECK_FALSE(none.strategy.prefetch);
-  CHECK(none.strategy.allgather_bucket_size == StrategyConfig{}.allgather_bucket_size);
+  CHECK_FALSE(none.strategy.stage3_prefetch_bucket_size);
   // Each key read only by the stages DeepSpeed reads it at; elsewhere a note says so.
   const auto gather3 = read(R"({"zero_optimization": {"allgather_bucket_size": 777, "stage": 3}})");
-  CHECK(gather3.strategy.allgather_bucket_size == 50'000'000);
+  CHECK(gather3.strategy.allgather_bucket_size == StrategyConfig{}.allgather_bucket_size);
+  CHECK(gather3.strategy.stage3_prefetch_bucket_size == 50'000'000);
   REQUIRE(gather3.notes.size() == 1);
   CHECK_THAT(gather3.notes[0], Contains("zero_optimization.allgather_bucket_size: read by DeepSpeed's stages 1 and 2"));
   const auto gather2 = read(R"({"zero_optimization": {"stage": 2, "allgather_bucket_size": 777,
                                                       "stage3_prefetch_bucket_size": 99}})");
   CHECK(gather2.strategy.allgather_bucket_size == 777);
+  CHECK_FALSE(gather2.strategy.stage3_prefetch_bucket_size);
   CHECK(gather2.strategy.prefetch);
   REQUIRE(gather2.notes.size() == 1);
   CHECK_THAT(gather2.notes[0], Contains("stage3_prefetch_bucket_size: read by DeepSpeed's stage 3 only"));
@@ -198,6 +203,7 @@ TEST_CASE("stage 3's keys: stage3_prefetch_bucket_size is the prefetch budget, a
                               Contains("the results do not"));
   CHECK(hf.strategy.reduce_bucket_size == StrategyConfig{}.reduce_bucket_size);    // "auto": the caller's
   CHECK(hf.strategy.allgather_bucket_size == StrategyConfig{}.allgather_bucket_size);
+  CHECK_FALSE(hf.strategy.stage3_prefetch_bucket_size);  // "auto": the caller's
   const auto unsaved =
       read(R"({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": false}})");
   REQUIRE(unsaved.notes.size() == 1);
@@ -239,6 +245,7 @@ TEST_CASE("auto and the keys a caller keeps leave the caller's settings", "[io][
                         {.base = base, .deepspeed_defaults = false});
   CHECK(own.strategy.reduce_bucket_size == 100);
   CHECK(own.strategy.allgather_bucket_size == base.allgather_bucket_size);
+  CHECK(own.strategy.stage3_prefetch_bucket_size == base.stage3_prefetch_bucket_size);
   CHECK(own.strategy.overlap_comm == base.overlap_comm);
 }
 

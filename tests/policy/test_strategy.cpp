@@ -288,6 +288,7 @@ TEST_CASE("StrategyConfig carries the reference documents' defaults", "[policy]"
   CHECK(with_reference_defaults<ZeRO<>>(c).reduce_bucket_size == 200'000'000);  // Lightning's reduce_bucket_size
   CHECK(with_reference_defaults<ShardedDDP>(c).reduce_buffer_size == 1 << 23);  // ShardedDataParallel's
   CHECK(c.allgather_bucket_size == 200'000'000);    // DeepSpeed allgather_bucket_size
+  CHECK_FALSE(c.stage3_prefetch_bucket_size);       // unset: the next unit only
   CHECK(c.overlap_comm);                            // DeepSpeed overlap_comm
   CHECK(c.min_num_params == 0);                    // 0: WrapBySize's own threshold applies
   CHECK(c.gradient_accumulation_steps == 1);        // DeepSpeed gradient_accumulation_steps
@@ -379,22 +380,33 @@ TEST_CASE("StrategyConfig fields a composition does not read are refused for it,
   const auto no_prefetch = [](StrategyConfig& c) { c.prefetch = false; };
   CHECK_THAT(refused(ZeRO<1>{}, no_prefetch), Catch::Contains("prefetch = false"));
   CHECK(refused(ZeRO<3>{}, no_prefetch) == "(accepted)");
-  // allgather_bucket_size is the prefetch budget where units are gathered ahead, and the piece
-  // of the all-gather of the updated shards where the optimizer alone is sharded.
-  const auto budget = [](StrategyConfig& c) { c.allgather_bucket_size = 10; };
-  CHECK_THAT(refused(DDP{}, budget), Catch::Contains("allgather_bucket_size = 10") && Catch::Contains("NoShard"));
-  CHECK(refused(ZeRO<1>{}, budget) == "(accepted)");
-  CHECK(refused(ZeRO<2>{}, budget) == "(accepted)");
+  // allgather_bucket_size cuts the all-gather of the updated shards where the optimizer state
+  // alone is sharded (stages 1 and 2); stage3_prefetch_bucket_size is the prefetch budget where
+  // units are gathered ahead. Each is refused where the other applies, as under DeepSpeed.
+  const auto pieces = [](StrategyConfig& c) { c.allgather_bucket_size = 10; };
+  const auto budget = [](StrategyConfig& c) { c.stage3_prefetch_bucket_size = 10; };
+  CHECK_THAT(refused(DDP{}, pieces), Catch::Contains("allgather_bucket_size = 10") && Catch::Contains("NoShard"));
+  CHECK(refused(ZeRO<1>{}, pieces) == "(accepted)");
+  CHECK(refused(ZeRO<2>{}, pieces) == "(accepted)");
+  CHECK_THAT(refused(ZeRO<3>{}, pieces), Catch::Contains("allgather_bucket_size = 10") &&
+                                             Catch::Contains("DeepSpeed's stage 3 does not read it") &&
+                                             Catch::Contains("stage3_prefetch_bucket_size"));
+  CHECK_THAT(refused(FSDP{}, pieces), Catch::Contains("ShardParameters"));
   CHECK(refused(ZeRO<3>{}, budget) == "(accepted)");
   CHECK(refused(FSDP{}, budget) == "(accepted)");
-  CHECK_THAT(refused(ZeRO<3>{}, [](StrategyConfig& c) { c.allgather_bucket_size = 0; }),
+  for (const std::string& verdict : {refused(DDP{}, budget), refused(ZeRO<1>{}, budget), refused(ZeRO<2>{}, budget)})
+    CHECK_THAT(verdict, Catch::Contains("stage3_prefetch_bucket_size = 10") &&
+                            Catch::Contains("gathers no parameters"));
+  CHECK_THAT(refused(ZeRO<2>{}, [](StrategyConfig& c) { c.allgather_bucket_size = 0; }),
              Catch::Contains("allgather_bucket_size = 0") && Catch::Contains("must be positive"));
+  CHECK_THAT(refused(ZeRO<3>{}, [](StrategyConfig& c) { c.stage3_prefetch_bucket_size = 0; }),
+             Catch::Contains("stage3_prefetch_bucket_size = 0") && Catch::Contains("must be positive"));
   CHECK_THAT(refused(ZeRO<3>{},
                      [](StrategyConfig& c) {
-                       c.allgather_bucket_size = 10;
+                       c.stage3_prefetch_bucket_size = 10;
                        c.prefetch = false;
                      }),
-             Catch::Contains("allgather_bucket_size = 10 is a prefetch budget") &&
+             Catch::Contains("stage3_prefetch_bucket_size = 10 is a prefetch budget") &&
                  Catch::Contains("prefetch = false"));
   // remote_device: accepted where the engine builds the shards, refused elsewhere.
   const auto on_cpu = [](StrategyConfig& c) { c.remote_device = "cpu"; };

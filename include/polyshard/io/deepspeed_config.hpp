@@ -440,7 +440,7 @@ class DeepSpeedConfigReader {
       const std::optional<std::int64_t> budget =
           prefetch_bucket_ ? *prefetch_bucket_ : std::optional<std::int64_t>(50'000'000);
       if (budget && *budget == 0) set(key, c_.strategy.prefetch, std::optional(false));
-      else set(key, c_.strategy.allgather_bucket_size, budget);
+      else set(key, c_.strategy.stage3_prefetch_bucket_size, budget);
     } else if (stage != 3 && prefetch_bucket_) {
       c_.notes.push_back(path(zero, "stage3_prefetch_bucket_size") + ": read by DeepSpeed's stage 3 only, and " +
                          "this is stage " + std::to_string(stage));

@@ -31,16 +31,19 @@ struct StrategyConfig {
   /// (fairscale_reduce_buffer_size); polyshard-train's ddp_sharded sets Lightning's (0 on one
   /// machine, 2^23 across machines).
   std::optional<std::int64_t> reduce_buffer_size{};
-  /// DeepSpeed's allgather_bucket_size: elements all-gathered at once. Under ShardOptimizerState
-  /// and ShardGradients (DeepSpeed's stages 1 and 2), the most elements one all-gather of the
-  /// updated shards moves after the step: a unit's is cut into as many as that takes
-  /// (allgather_piece_elements). Under ShardParameters, the elements of the units a rank gathers
-  /// ahead of the one computing (prefetch; DeepSpeed's stage 3 calls it
-  /// stage3_prefetch_bucket_size): set away from its default (2e8), units are prefetched, in the
-  /// order the last forward ran them, as deep as this budget allows, and at least the next one;
-  /// at its default, the next unit only, so that ZeRO-3 and FSDP out of the box hold two
-  /// gathered units beside the root.
+  /// DeepSpeed's allgather_bucket_size: under ShardOptimizerState and ShardGradients (DeepSpeed's
+  /// stages 1 and 2), the most elements one all-gather of the updated shards moves after the
+  /// step: a unit's is cut into as many as that takes (allgather_piece_elements). Refused set
+  /// elsewhere: NoShard gathers nothing, and under ShardParameters, as under DeepSpeed's stage 3,
+  /// the updated shards stay where they are (what is gathered ahead of compute is bounded by
+  /// stage3_prefetch_bucket_size).
   std::int64_t allgather_bucket_size = 200'000'000;
+  /// DeepSpeed's stage3_prefetch_bucket_size: under ShardParameters, the elements of the units a
+  /// rank gathers ahead of the one computing. Set, units are prefetched, in the order the last
+  /// forward ran them, as deep as it allows, and at least the next one; unset, the next unit
+  /// only, so that ZeRO-3 and FSDP out of the box hold two gathered units beside the root
+  /// (DeepSpeed's own 5e7 comes with a DeepSpeed JSON config, whose 0 is prefetch = false).
+  std::optional<std::int64_t> stage3_prefetch_bucket_size{};
   /// Reduce each gradient bucket as soon as backward has finished it, while backward goes on
   /// (on the communication thread or stream), and complete a unit's reductions only when the
   /// next unit's are done. Off: each unit's buckets are reduced, and waited for, when the
@@ -219,14 +222,15 @@ constexpr const char* policy_name() {
 
 /// Refuses, naming it, a field set away from its default that strategy S never reads: the NVMe
 /// settings (nvme_path, block_size, queue_depth, optimizer_buffer_count) without an offload to
-/// NVMe, hybrid_group_size without HybridShard, prefetch and allgather_bucket_size without sharded
-/// parameters (nothing is gathered ahead), min_num_params without a size-based wrap policy,
+/// NVMe, hybrid_group_size without HybridShard, prefetch and stage3_prefetch_bucket_size without
+/// sharded parameters (nothing is gathered ahead), allgather_bucket_size without stages 1 and 2's
+/// all-gather of updated shards, min_num_params without a size-based wrap policy,
 /// pin_memory where no host buffer moves to or from a device or NVMe, move_grads_to_cpu against
 /// where the optimizer steps, cpu_checkpointing and synchronize_checkpoint_boundary on a host
 /// model, contiguous_memory_optimization without cpu_checkpointing, number_checkpoints without
 /// contiguous_memory_optimization, a remote_device other than where the shards are built (D:
-/// where the model computes). A user who sets one expects it to act; a run that ignores it is a silently
-/// different run. Engine's constructor calls it.
+/// where the model computes). A user who sets one expects it to act; a run that ignores it is a
+/// silently different run. Engine's constructor calls it.
 template <class S, class D = Cpu>
 void refuse_fields_not_read_by(const StrategyConfig& c) {
   [[maybe_unused]] const char* offload = detail::policy_name<typename S::offload>();
@@ -320,18 +324,25 @@ void refuse_fields_not_read_by(const StrategyConfig& c) {
                     "(which gathers units), and this strategy shards with ", sharding,
                     ": leave it true");
   }
-  if constexpr (!S::sharding::shards_parameters && !S::sharding::shards_optimizer_state) {
+  if constexpr (!S::sharding::shards_optimizer_state || S::sharding::shards_parameters) {
     POLYSHARD_CHECK(c.allgather_bucket_size == d.allgather_bucket_size, "StrategyConfig::allgather_bucket_size = ",
-                    c.allgather_bucket_size, " bounds what ShardParameters gathers ahead of compute, or the ",
-                    "all-gather of the updated shards under ShardOptimizerState and ShardGradients, and this ",
-                    "strategy shards with ", sharding, ", which gathers nothing: leave it at 200000000");
+                    c.allgather_bucket_size, " cuts the all-gather of the updated shards under ShardOptimizerState ",
+                    "and ShardGradients (DeepSpeed's stages 1 and 2), and this strategy shards with ", sharding,
+                    ", which has no such all-gather (DeepSpeed's stage 3 does not read it either; what sharded ",
+                    "parameters gather ahead is stage3_prefetch_bucket_size): leave it at 200000000");
   }
   POLYSHARD_CHECK(c.allgather_bucket_size > 0, "StrategyConfig::allgather_bucket_size = ", c.allgather_bucket_size,
-                  ": a number of elements must be positive (prefetch = false gathers nothing ahead)");
-  if (!c.prefetch)
-    POLYSHARD_CHECK(c.allgather_bucket_size == d.allgather_bucket_size, "StrategyConfig::allgather_bucket_size = ",
-                    c.allgather_bucket_size, " is a prefetch budget, and prefetch = false gathers nothing ahead: "
-                    "leave one of them at its default");
+                  ": a number of elements must be positive");
+  if (c.stage3_prefetch_bucket_size) {
+    POLYSHARD_CHECK(S::sharding::shards_parameters, "StrategyConfig::stage3_prefetch_bucket_size = ",
+                    *c.stage3_prefetch_bucket_size, " bounds what ShardParameters gathers ahead of compute, and this ",
+                    "strategy shards with ", sharding, ", which gathers no parameters: leave it unset");
+    POLYSHARD_CHECK(*c.stage3_prefetch_bucket_size > 0, "StrategyConfig::stage3_prefetch_bucket_size = ",
+                    *c.stage3_prefetch_bucket_size, ": a number of elements must be positive (prefetch = false ",
+                    "gathers nothing ahead)");
+    POLYSHARD_CHECK(c.prefetch, "StrategyConfig::stage3_prefetch_bucket_size = ", *c.stage3_prefetch_bucket_size,
+                    " is a prefetch budget, and prefetch = false gathers nothing ahead: set only one of them");
+  }
   if constexpr (S::wrap::min_num_params == 0) {
     POLYSHARD_CHECK(c.min_num_params == d.min_num_params, "StrategyConfig::min_num_params = ", c.min_num_params,
                     " is read only by a size-based wrap policy (WrapBySize), and this strategy wraps with ",
@@ -349,10 +360,10 @@ inline std::int64_t allgather_piece_elements(const StrategyConfig& c, int ranks,
 }
 
 /// The most elements of parameters ShardParameters holds gathered ahead of the unit computing,
-/// the next unit excepted, which is prefetched whatever its size: allgather_bucket_size, or 0 at
-/// its default (the next unit only).
+/// the next unit excepted, which is prefetched whatever its size: stage3_prefetch_bucket_size,
+/// or 0 where it is unset (the next unit only).
 inline std::int64_t prefetch_budget_elements(const StrategyConfig& c) {
-  return c.allgather_bucket_size == StrategyConfig{}.allgather_bucket_size ? 0 : c.allgather_bucket_size;
+  return c.stage3_prefetch_bucket_size.value_or(0);
 }
 
 }  // namespace polyshard

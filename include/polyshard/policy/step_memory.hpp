@@ -80,7 +80,7 @@ std::vector<std::int64_t> optimizer_sub_group_sizes(const std::vector<Groups>& o
 /// resident_memory<S>(sum of units):
 ///   forward   the root is gathered and stays gathered until its backward is done; each other
 ///             unit is gathered before its forward, the next ones prefetched meanwhile (prefetch:
-///             the next one, and more while allgather_bucket_size allows: prefetch_budget_elements),
+///             the next one, and more while stage3_prefetch_bucket_size allows: prefetch_budget_elements),
 ///             and freed after it (reshard_after_forward; else at its backward's end)
 ///   backward  units in the reverse order, each gathered again (those before it prefetched),
 ///             its whole gradients made (ShardGradients, ShardParameters) and, once done,
