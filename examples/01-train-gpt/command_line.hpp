@@ -218,8 +218,7 @@ inline bool parse(int argc, char** argv, Options& o) {
   strategy
       ->add_option("--parallel-devices", o.parallel_devices,
                    "--device cuda or auto: the GPU of each rank (under mpirun, of each rank of a machine), as "
-                   "0,2,3; "
-                   "default: rank r on GPU r")
+                   "0,2,3; default: rank r on GPU r")
       ->delimiter(',')
       ->type_name("GPU,...");
   strategy

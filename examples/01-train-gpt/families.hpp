@@ -12,7 +12,7 @@
 
 #include "options.hpp"
 #include "polyshard/core/device.hpp"
-#include "polyshard/policy/config.hpp"
+#include "polyshard/policy/defaults.hpp"
 #include "datasets.hpp"
 #include "polyshard/profile/trace.hpp"
 
@@ -51,20 +51,19 @@ inline bool scales_as_grad_scaler(const std::string& strategy) {
 
 /// The gradient-bucket cap of --strategy's reference, where none of --bucket-cap-mb,
 /// --reduce-bucket-size and --reduce-buffer-size is given (the families' types share one
-/// engine whatever their reference, so the name, not the type, says whose default applies):
-/// FairScale's reduce_buffer_size under sharded_ddp (ShardedDataParallel's own 2^23), under
-/// ddp_sharded what Lightning's DDPShardedStrategy passes (that default when the ranks span
-/// machines, else 0: every parameter reduced alone), bucket_cap_mb's 25 MiB under the other
-/// PyTorch and FairScale names, and Lightning's reduce_bucket_size (2e8 elements) under the
-/// ZeRO and DeepSpeed names.
+/// engine whatever their reference, so the name, not the type, says whose defaults policy
+/// applies): FairScaleShardedDefaults under sharded_ddp, TorchDefaults under the other PyTorch
+/// and FairScale names, DeepSpeedDefaults under the ZeRO and DeepSpeed names; and under
+/// ddp_sharded what Lightning's DDPShardedStrategy passes as reduce_buffer_size (FairScale's
+/// default when the ranks span machines, else 0: every parameter reduced alone).
 inline void fill_named_bucket_cap(polyshard::StrategyConfig& c, const std::string& strategy,
                                   bool ranks_span_machines) {
-  if (c.bucket_cap_mb || c.reduce_bucket_size || c.reduce_buffer_size) return;
-  if (strategy == "sharded_ddp") c.reduce_buffer_size = polyshard::fairscale_reduce_buffer_size;
-  else if (strategy == "ddp_sharded")
+  if (polyshard::sets_bucket_cap(c)) return;
+  if (strategy == "ddp_sharded")
     c.reduce_buffer_size = ranks_span_machines ? polyshard::fairscale_reduce_buffer_size : 0;
-  else if (scales_as_grad_scaler(strategy)) c.bucket_cap_mb = polyshard::torch_bucket_cap_mb;
-  else c.reduce_bucket_size = polyshard::lightning_reduce_bucket_size;
+  else if (strategy == "sharded_ddp") polyshard::FairScaleShardedDefaults::fill_bucket_cap(c);
+  else if (scales_as_grad_scaler(strategy)) polyshard::TorchDefaults::fill_bucket_cap(c);
+  else polyshard::DeepSpeedDefaults::fill_bucket_cap(c);
 }
 
 /// Trains one rank under the strategy of family F and precision P with the options' wrap,

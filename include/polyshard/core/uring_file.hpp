@@ -57,8 +57,9 @@ struct UringFileOptions {
 /// object is destroyed. read() and write() queue a span at an offset and return at once; a
 /// thread of the file's own cuts each span into block_size requests and keeps at most
 /// queue_depth of them in flight on an io_uring, copying through staging buffers aligned to
-/// 4096 bytes (so O_DIRECT works whatever the span's alignment). wait(ticket) returns when that span is done, and throws polyshard::Error naming
-/// the file, the operation and the cause (errno, or a short read or write).
+/// 4096 bytes (so O_DIRECT works whatever the span's alignment). wait(ticket) returns when that
+/// span is done, and throws polyshard::Error naming the file, the operation and the cause
+/// (errno, or a short read or write).
 ///
 /// Offsets are multiples of `alignment`. A write of n bytes writes round_up(n) bytes: the
 /// bytes after the span, up to the next multiple of 4096, become zero. A span must stay valid,

@@ -47,14 +47,18 @@ struct DeepSpeedDefaults {
   static void fill_bucket_cap(StrategyConfig& c) { c.reduce_bucket_size = lightning_reduce_bucket_size; }
 };
 
-/// `config` with the settings it leaves unset taken from strategy S's reference: where none of
-/// the three gradient-bucket caps (bucket_cap_mb, reduce_bucket_size, reduce_buffer_size) is set,
-/// S's own. A cap the user sets replaces the reference's rather than adding to it, so a run
-/// configured for one reference buckets the same under every strategy.
+/// Whether `config` sets any of the three gradient-bucket caps (bucket_cap_mb,
+/// reduce_bucket_size, reduce_buffer_size); where it sets none, a reference's cap applies.
+inline bool sets_bucket_cap(const StrategyConfig& config) {
+  return config.bucket_cap_mb || config.reduce_bucket_size || config.reduce_buffer_size;
+}
+
+/// `config` with the settings it leaves unset taken from strategy S's reference: where it sets
+/// no gradient-bucket cap, S's own. A cap the user sets replaces the reference's rather than
+/// adding to it, so a run configured for one reference buckets the same under every strategy.
 template <class S>
 StrategyConfig with_reference_defaults(StrategyConfig config) {
-  if (!config.bucket_cap_mb && !config.reduce_bucket_size && !config.reduce_buffer_size)
-    S::defaults::fill_bucket_cap(config);
+  if (!sets_bucket_cap(config)) S::defaults::fill_bucket_cap(config);
   return config;
 }
 
