@@ -126,6 +126,11 @@ int main(int argc, char** argv) {
     row<Strategy<NoShard, PerBlock>>(table, "ddp", world, cfg, batch);
     row<Strategy<ShardOptimizerState, PerBlock>>(table, "zero1", world, cfg, batch);
     row<Strategy<ShardGradients, PerBlock>>(table, "zero2", world, cfg, batch);
+    // FairScale's OSS partition (ShardedDDP's): each parameter whole on one rank, every shard
+    // padded to the largest rank's share.
+    StrategyConfig whole;
+    whole.partition = ShardPartition::whole_parameters;
+    row<Strategy<ShardGradients, PerBlock>>(table, "zero2 whole_parameters", world, cfg, batch, whole);
     row<Strategy<ShardParameters<true>, PerBlock>>(table, "zero3", world, cfg, batch);
     row<Strategy<ShardParameters<false>, PerBlock>>(table, "fsdp_grad_op", world, cfg, batch);
     row<Strategy<ShardGradients, OffloadOptimizer<Cpu>, PerBlock>>(table, "zero_offload", world, cfg, batch);

@@ -480,6 +480,35 @@ expect(remote-device-elsewhere EXIT 2 ARGS ${one_step} --strategy zero3 --remote
 expect(hybrid-group-without-hybrid EXIT 2 ARGS ${one_step} --strategy ddp --hybrid-group 1
        SAYS "hybrid_group_size = 1 is read only by HybridShard")
 
+# The partition of the optimizer state by name: FairScale's OSS (each parameter whole on one rank)
+# under sharded_ddp and ddp_sharded, even slices under the ZeRO names, --partition over either;
+# refused where the parameters are sharded or nothing is.
+foreach(run "sharded_ddp=whole_parameters" "ddp_sharded=whole_parameters" "zero2=flat_slices"
+            "deepspeed_stage_1=flat_slices" "zero1 --partition whole_parameters=whole_parameters"
+            "sharded_ddp --partition flat_slices=flat_slices" "zero3=none" "ddp=none")
+  string(REPLACE "=" ";" run "${run}")
+  list(GET run 0 flags)
+  list(GET run 1 partition)
+  separate_arguments(flags)
+  string(JOIN "-" name ${flags})
+  file(REMOVE ${WORK_DIR}/partition.jsonl)
+  expect(partition-${name} EXIT 0 ARGS ${one_step} --world-size 2 --strategy ${flags}
+         --metrics ${WORK_DIR}/partition.jsonl SAYS "done: loss")
+  set(said "no metrics")
+  if(EXISTS ${WORK_DIR}/partition.jsonl)
+    file(READ ${WORK_DIR}/partition.jsonl line)
+    string(JSON said GET "${line}" partition)
+  endif()
+  if(NOT said STREQUAL partition)
+    string(APPEND failures "\npartition-${name}: the metrics say partition '${said}', not '${partition}'")
+  endif()
+endforeach()
+expect(whole-parameters-under-zero3 EXIT 2 ARGS ${one_step} --strategy zero3 --partition whole_parameters
+       SAYS "StrategyConfig::partition = whole_parameters" "ShardParameters, whose parameter shards are even slices")
+expect(whole-parameters-under-ddp EXIT 2 ARGS ${one_step} --strategy ddp --partition whole_parameters
+       SAYS "StrategyConfig::partition = whole_parameters" "NoShard, which partitions nothing")
+expect(unknown-partition EXIT 2 ARGS ${one_step} --strategy zero2 --partition oss SAYS "--partition" "oss")
+
 # DeepSpeed's train_batch_size = micro batch x accumulation x world size, checked once the world is known.
 file(WRITE ${WORK_DIR}/deepspeed-batches.json [=[{"train_batch_size": 6, "train_micro_batch_size_per_gpu": 2}]=])
 expect(deepspeed-config-micro-batch-against-batch EXIT 2 ARGS --layers 1 --embd 32 --heads 2 --seq 16 --steps 1

@@ -258,7 +258,7 @@ inline bool parse(int argc, char** argv, Options& o) {
       app.add_option_group("Strategy settings (StrategyConfig; refused where the strategy does not read them)");
   polyshard::StrategyConfig& c = o.settings;
   // The three gradient-bucket caps: where none is given, the strategy's reference's
-  // (fill_named_bucket_cap); given ones replace it, the smallest cutting.
+  // (fill_named_defaults); given ones replace it, the smallest cutting.
   settings
       ->add_option_function<double>(
           "--bucket-cap-mb", [&c](double mb) { c.bucket_cap_mb = mb; },
@@ -283,6 +283,16 @@ inline bool parse(int argc, char** argv, Options& o) {
           "--stage3-prefetch-bucket-size", [&c](std::int64_t n) { c.stage3_prefetch_bucket_size = n; },
           "sharded parameters: elements of units gathered ahead (DeepSpeed; default: the next unit only)")
       ->type_name("N")->transform(at_least(1));
+  settings
+      ->add_option_function<std::string>(
+          "--partition",
+          [&c](const std::string& p) {
+            c.partition = p == "whole_parameters" ? polyshard::ShardPartition::whole_parameters
+                                                  : polyshard::ShardPartition::flat_slices;
+          },
+          "zero1, zero2: flat_slices (even slices of each unit) or whole_parameters (each parameter on one rank, "
+          "FairScale's OSS; default under sharded_ddp and ddp_sharded)")
+      ->type_name("NAME")->check(CLI::IsMember({"flat_slices", "whole_parameters"}));
   settings->add_option("--overlap-comm", c.overlap_comm, "overlap reductions with backward")->type_name("BOOL");
   settings->add_option("--prefetch", c.prefetch, "sharded parameters: gather the next units ahead")->type_name("BOOL");
   settings->add_option("--delayed-parameter-update", c.delayed_parameter_update,

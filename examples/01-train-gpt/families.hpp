@@ -49,15 +49,24 @@ inline bool scales_as_grad_scaler(const std::string& strategy) {
          strategy == "fsdp_grad_op" || strategy == "hybrid";
 }
 
-/// The gradient-bucket cap of --strategy's reference, where none of --bucket-cap-mb,
-/// --reduce-bucket-size and --reduce-buffer-size is given (the families' types share one
-/// engine whatever their reference, so the name, not the type, says whose defaults policy
-/// applies): FairScaleShardedDefaults under sharded_ddp, TorchDefaults under the other PyTorch
-/// and FairScale names, DeepSpeedDefaults under the ZeRO and DeepSpeed names; and under
-/// ddp_sharded what Lightning's DDPShardedStrategy passes as reduce_buffer_size (FairScale's
-/// default when the ranks span machines, else 0: every parameter reduced alone).
-inline void fill_named_bucket_cap(polyshard::StrategyConfig& c, const std::string& strategy,
-                                  bool ranks_span_machines) {
+/// The settings of --strategy's reference that the command line leaves unset (the families'
+/// types share one engine whatever their reference, so the name, not the type, says whose
+/// defaults policy applies): FairScaleShardedDefaults under sharded_ddp and ddp_sharded
+/// (FairScale's OSS: each parameter whole on one rank), TorchDefaults under the other PyTorch and
+/// FairScale names, DeepSpeedDefaults under the ZeRO and DeepSpeed names. The gradient-bucket cap,
+/// where none of --bucket-cap-mb, --reduce-bucket-size and --reduce-buffer-size is given, is the
+/// policy's, but under ddp_sharded what Lightning's DDPShardedStrategy passes as
+/// reduce_buffer_size (FairScale's default when the ranks span machines, else 0: every parameter
+/// reduced alone). The partition, where --partition is not given, is the policy's where the
+/// family shards the optimizer state of whole parameters.
+template <class S>
+void fill_named_defaults(polyshard::StrategyConfig& c, const std::string& strategy, bool ranks_span_machines) {
+  const bool fairscale_sharded = strategy == "ddp_sharded" || strategy == "sharded_ddp";
+  if constexpr (S::sharding::shards_optimizer_state && !S::sharding::shards_parameters)
+    if (!c.partition)
+      c.partition = fairscale_sharded              ? polyshard::FairScaleShardedDefaults::partition
+                    : scales_as_grad_scaler(strategy) ? polyshard::TorchDefaults::partition
+                                                      : polyshard::DeepSpeedDefaults::partition;
   if (polyshard::sets_bucket_cap(c)) return;
   if (strategy == "ddp_sharded")
     c.reduce_buffer_size = ranks_span_machines ? polyshard::fairscale_reduce_buffer_size : 0;

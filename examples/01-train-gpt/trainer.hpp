@@ -122,7 +122,7 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
   if (o.decay_matrices_only) decay_matrices_only(model);  // read by the engine as it builds its optimizers
   StrategyConfig config = o.settings;
   config.gradient_accumulation_steps = static_cast<int>(o.accum);  // the engine counts the micro-batches
-  fill_named_bucket_cap(config, o.strategy, ranks_span_machines(world));
+  fill_named_defaults<S>(config, o.strategy, ranks_span_machines(world));
   config.min_num_params = o.wrap == "block" ? block_wrap_threshold(model) : wrap_threshold(o);
   // --strategy hybrid without --hybrid-group: two groups when the world splits evenly.
   if constexpr (S::sharding::hybrid)
@@ -359,7 +359,8 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
                 << ",\"optimizer_step_s\":" << this_step.step << "}";
       metrics << ",\"parameters\":" << engine.units().numel_total() << ",\"world_size\":" << world
               << ",\"device\":\"" << (on_host ? "cpu" : "cuda") << "\",\"strategy\":\"" << o.strategy
-              << "\",\"precision\":\"" << o.precision
+              << "\",\"precision\":\"" << o.precision << "\",\"partition\":\""
+              << (engine.config().partition ? partition_name(*engine.config().partition) : "none")
               << "\",\"predicted\":{\"bytes_sent\":" << predicted_bytes << ",\"model_state_bytes\":" << predicted_state;
       // A predicted peak per category, as ,"name":{...}.
       const auto predicted_peaks = [&](const char* name, const StepPeakMemory& p) {

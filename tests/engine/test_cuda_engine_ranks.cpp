@@ -98,6 +98,24 @@ TEMPLATE_TEST_CASE("allgather_bucket_size on 2 and 3 GPUs: the updated shards al
   CHECK(cut->parameters == whole->parameters);
 }
 
+// FairScale's OSS partition on the device: each parameter whole in one rank's shard, shards padded
+// to the largest rank's; the updates are elementwise, so only the order of the reductions' sums
+// can differ from the flat slices' (on the emulated device, not at all).
+TEMPLATE_TEST_CASE("whole_parameters on 2 and 3 GPUs trains as the flat slices do", "[cuda][engine][ranks]", ZeRO1,
+                   ZeRO2PerBlock, ZeROOffload) {
+  const int world = GENERATE(2, 3);
+  INFO("world size " << world);
+  const auto flat = train_on_gpus<TestType>(world, 3);
+  if (!flat) return;  // too few devices
+  StrategyConfig whole;
+  whole.partition = ShardPartition::whole_parameters;
+  const auto owned = train_on_gpus<TestType>(world, 3, momentum_sgd(), std::numeric_limits<double>::infinity(), false,
+                                             whole);
+  REQUIRE(owned);
+  check_losses(owned->losses, flat->losses, 1e-6);
+  CHECK(test::max_difference(owned->parameters, flat->parameters) <= 1e-6);
+}
+
 // The oracle's checks of one GPU's 16-bit run (test_cuda_engine_precision.cpp) on 3: every
 // master after every step, every rank's copy of a replicated unit, and the controls.
 TEMPLATE_TEST_CASE("bf16 compute on 3 GPUs ends on the emulated roundings of one process", "[cuda][engine][ranks]",

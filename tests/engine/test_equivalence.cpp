@@ -13,8 +13,8 @@ using test::FsdpPerBlock;
 using test::GradOpPerBlock;
 using test::ZeRO2PerBlock;
 using test::ZeRO3Checkpointed;
-using Fp32Strategies = std::tuple<DDP, DdpPerBlock, ZeRO<1>, ZeRO<2>, ZeRO2PerBlock, ZeRO<3>, FSDP, FsdpPerBlock,
-                                  GradOpPerBlock, ZeRO3Checkpointed>;
+using Fp32Strategies = std::tuple<DDP, DdpPerBlock, ZeRO<1>, ZeRO<2>, ShardedDDP, ZeRO2PerBlock, ZeRO<3>, FSDP,
+                                  FsdpPerBlock, GradOpPerBlock, ZeRO3Checkpointed>;
 
 TEMPLATE_LIST_TEST_CASE("fp32: every strategy at world size 1 equals DDP bit for bit", "[engine]", Fp32Strategies) {
   const auto reference = train<DDP>(1);

@@ -18,8 +18,8 @@ using test::ZeRO3Checkpointed;
 namespace {
 
 using ZeRO3Offload = Strategy<ShardParameters<true>, OffloadParameters<Cpu>, WrapByType<Block>>;
-using OracleFp32 = std::tuple<DDP, DdpPerBlock, ZeRO<1>, ZeRO<2>, ZeRO2PerBlock, ZeRO<3>, FsdpPerBlock, GradOpPerBlock,
-                              ZeRO3Checkpointed, ZeROOffload, ZeRO3Offload>;
+using OracleFp32 = std::tuple<DDP, DdpPerBlock, ZeRO<1>, ZeRO<2>, ShardedDDP, ZeRO2PerBlock, ZeRO<3>, FsdpPerBlock,
+                              GradOpPerBlock, ZeRO3Checkpointed, ZeROOffload, ZeRO3Offload>;
 
 }  // namespace
 

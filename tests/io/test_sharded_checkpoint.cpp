@@ -358,6 +358,7 @@ TEST_CASE("a checkpoint loads onto any world size, sharding and wrap policy unch
   reload.operator()<Strategy<NoShard>>(3, "ddp3");
   reload.operator()<ZeRO<1>>(3, "zero1x3");
   reload.operator()<ZeRO<2>>(2, "zero2x2");
+  reload.operator()<ShardedDDP>(3, "sharded_ddp_x3");  // each parameter whole on one rank
   reload.operator()<Strategy<ShardParameters<false>, WrapBySize<40>>>(3, "fsdp_grad_op_x3");
   reload.operator()<Strategy<ShardParameters<true>, Bf16Mixed>>(4, "zero3_bf16_whole");
   reload.operator()<Strategy<HybridShard<ShardParameters<true>>>>(4, "hybrid");

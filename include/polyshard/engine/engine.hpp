@@ -28,6 +28,7 @@
 #include "polyshard/engine/model_contract.hpp"
 #include "polyshard/engine/offload.hpp"
 #include "polyshard/engine/optimizer_groups.hpp"
+#include "polyshard/engine/parameter_partition.hpp"
 #include "polyshard/engine/sharding/no_shard.hpp"
 #include "polyshard/engine/sharding/shard_gradients.hpp"
 #include "polyshard/engine/sharding/shard_optimizer_state.hpp"
@@ -213,6 +214,7 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
     Comm& shards = shard_comm();
     plan_ = plan_units<typename S::wrap, typename S::checkpointing, work_type, Model, device>(model, shards.size(),
                                                                                               config.min_num_params);
+    if (config_.partition == ShardPartition::whole_parameters) lay_out_whole_parameters(plan_, shards.size());
     units_.resize(plan_.units.size());
     for (std::size_t i = 0; i < units_.size(); ++i) {
       State& u = units_[i];

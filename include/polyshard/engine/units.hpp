@@ -23,6 +23,7 @@ struct UnitEntry {
   Shape shape;
   ParameterInit init;
   Parameter<T, D>* parameter;
+  std::size_t order = 0;  // the parameter's place among the model's, in the order it declares them
   std::int64_t numel() const { return shape.numel(); }
 };
 
@@ -83,7 +84,7 @@ class UnitPlanner {
     using X = std::remove_const_t<M>;
     if constexpr (is_parameter<X>::value) {
       auto& u = plan_.units[unit];
-      u.entries.push_back(UnitEntry<T, D>{name, u.numel, m.shape(), m.init(), &m});
+      u.entries.push_back(UnitEntry<T, D>{name, u.numel, m.shape(), m.init(), &m, declared_++});
       u.numel += m.numel();
       return m.numel();
     } else if constexpr (is_buffer<X>::value) {
@@ -166,6 +167,7 @@ class UnitPlanner {
   std::int64_t min_num_params_;
   const ShardedConstruction* marks_;
   std::set<ModuleKey> found_;
+  std::size_t declared_ = 0;  // parameters walked so far
 };
 }  // namespace detail
 

@@ -14,6 +14,24 @@
 
 namespace polyshard {
 
+/// How a unit is cut into the ranks' shards where the optimizer state (and gradients) are sharded
+/// but the parameters are whole (ShardOptimizerState, ShardGradients).
+enum class ShardPartition {
+  /// Equal slices of the unit's flat buffer, a parameter possibly split between ranks (DeepSpeed's
+  /// stages 1 and 2; FSDP's flat parameters).
+  flat_slices,
+  /// Every parameter whole on one rank, as FairScale's OSS partitions them: in the model's order,
+  /// each goes to the rank holding the fewest elements so far (a frozen one counts as one
+  /// element); each rank's parameters lie together, padded to the largest rank's
+  /// (engine/parameter_partition.hpp).
+  whole_parameters,
+};
+
+/// "flat_slices" or "whole_parameters", as StrategyConfig and polyshard-train name them.
+constexpr const char* partition_name(ShardPartition p) {
+  return p == ShardPartition::whole_parameters ? "whole_parameters" : "flat_slices";
+}
+
 struct StrategyConfig {
   // Gradient reduction. Gradients are reduced in buckets, each launched as soon as backward has
   // finished it (engine/gradient_buckets.hpp), cut by the caps below: the smallest of those set,
@@ -44,6 +62,12 @@ struct StrategyConfig {
   /// only, so that ZeRO-3 and FSDP out of the box hold two gathered units beside the root
   /// (DeepSpeed's own 5e7 comes with a DeepSpeed JSON config, whose 0 is prefetch = false).
   std::optional<std::int64_t> stage3_prefetch_bucket_size{};
+  /// How ShardOptimizerState and ShardGradients cut a unit into shards: FairScale's OSS gives each
+  /// parameter whole to one rank (whole_parameters), DeepSpeed's stages 1 and 2 slice the flat
+  /// buffer evenly (flat_slices). Unset: the strategy's reference's (its DefaultsPolicy: the
+  /// ShardedDDP preset's is whole_parameters). whole_parameters is refused where the parameters
+  /// are sharded or nothing is (their shards are even slices).
+  std::optional<ShardPartition> partition{};
   /// Reduce each gradient bucket as soon as backward has finished it, while backward goes on
   /// (on the communication thread or stream), and complete a unit's reductions only when the
   /// next unit's are done. Off: each unit's buckets are reduced, and waited for, when the
@@ -224,12 +248,12 @@ constexpr const char* policy_name() {
 /// settings (nvme_path, block_size, queue_depth, optimizer_buffer_count) without an offload to
 /// NVMe, hybrid_group_size without HybridShard, prefetch and stage3_prefetch_bucket_size without
 /// sharded parameters (nothing is gathered ahead), allgather_bucket_size without stages 1 and 2's
-/// all-gather of updated shards, min_num_params without a size-based wrap policy,
-/// pin_memory where no host buffer moves to or from a device or NVMe, move_grads_to_cpu against
-/// where the optimizer steps, cpu_checkpointing and synchronize_checkpoint_boundary on a host
-/// model, contiguous_memory_optimization without cpu_checkpointing, number_checkpoints without
-/// contiguous_memory_optimization, a remote_device other than where the shards are built (D:
-/// where the model computes). A user who sets one expects it to act; a run that ignores it is a
+/// all-gather of updated shards, partition = whole_parameters but under those stages,
+/// min_num_params without a size-based wrap policy, pin_memory where no host buffer moves to or
+/// from a device or NVMe, move_grads_to_cpu against where the optimizer steps, cpu_checkpointing
+/// and synchronize_checkpoint_boundary on a host model, contiguous_memory_optimization without
+/// cpu_checkpointing, number_checkpoints without contiguous_memory_optimization, a remote_device
+/// other than where the shards are built (D: where the model computes). A user who sets one expects it to act; a run that ignores it is a
 /// silently different run. Engine's constructor calls it.
 template <class S, class D = Cpu>
 void refuse_fields_not_read_by(const StrategyConfig& c) {
@@ -330,6 +354,14 @@ void refuse_fields_not_read_by(const StrategyConfig& c) {
                     "and ShardGradients (DeepSpeed's stages 1 and 2), and this strategy shards with ", sharding,
                     ", which has no such all-gather (DeepSpeed's stage 3 does not read it either; what sharded ",
                     "parameters gather ahead is stage3_prefetch_bucket_size): leave it at 200000000");
+  }
+  if constexpr (!S::sharding::shards_optimizer_state || S::sharding::shards_parameters) {
+    POLYSHARD_CHECK(c.partition != ShardPartition::whole_parameters, "StrategyConfig::partition = whole_parameters ",
+                    "gives each parameter whole to one rank, as FairScale's OSS shards the optimizer state of whole ",
+                    "parameters (ShardOptimizerState, ShardGradients), and this strategy shards with ", sharding,
+                    S::sharding::shards_parameters ? ", whose parameter shards are even slices of each unit"
+                                                   : ", which partitions nothing",
+                    ": leave it unset or flat_slices");
   }
   POLYSHARD_CHECK(c.allgather_bucket_size > 0, "StrategyConfig::allgather_bucket_size = ", c.allgather_bucket_size,
                   ": a number of elements must be positive");

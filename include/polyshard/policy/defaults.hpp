@@ -2,8 +2,10 @@
 // struct serves every strategy, but the references disagree on what a run does when nothing is
 // set: PyTorch's DDP and FairScale's FSDP cut gradient buckets of bucket_cap_mb's 25 MiB,
 // FairScale's ShardedDataParallel of reduce_buffer_size's 2^23 elements, DeepSpeed of
-// reduce_bucket_size's 2e8 elements. The presets name their reference's policy; Engine applies
-// it (with_reference_defaults) before the engine reads the config.
+// reduce_bucket_size's 2e8 elements; and where the optimizer state alone is sharded, FairScale's
+// OSS gives each parameter whole to one rank where DeepSpeed slices the flat buffer evenly. The
+// presets name their reference's policy; Engine applies it (with_reference_defaults) before the
+// engine reads the config.
 #pragma once
 
 #include <concepts>
@@ -17,34 +19,41 @@ namespace polyshard {
 ///   using family = defaults_family;
 ///   static constexpr const char* name;
 ///   static void fill_bucket_cap(StrategyConfig&);  // sets its reference's gradient-bucket cap
+///   static constexpr ShardPartition partition;      // its reference's shards of optimizer state
 template <class P>
 concept DefaultsPolicy = PolicyOf<P, defaults_family> && requires(StrategyConfig& c) {
   { P::name } -> std::convertible_to<const char*>;
   P::fill_bucket_cap(c);
+  { P::partition } -> std::convertible_to<ShardPartition>;
 };
 
 /// PyTorch's DistributedDataParallel and FairScale's FullyShardedDataParallel: buckets of
-/// bucket_cap_mb = 25 MiB of the reduce type. The default of the family.
+/// bucket_cap_mb = 25 MiB of the reduce type; FSDP's flat parameters are even slices. The
+/// default of the family.
 struct TorchDefaults {
   using family = defaults_family;
   static constexpr const char* name = "TorchDefaults";
   static void fill_bucket_cap(StrategyConfig& c) { c.bucket_cap_mb = torch_bucket_cap_mb; }
+  static constexpr ShardPartition partition = ShardPartition::flat_slices;
 };
 
 /// FairScale's ShardedDataParallel: reduce_buffer_size = 2^23 elements batch the small
-/// parameters, larger ones are reduced alone.
+/// parameters, larger ones are reduced alone; its OSS gives each parameter whole to one rank.
 struct FairScaleShardedDefaults {
   using family = defaults_family;
   static constexpr const char* name = "FairScaleShardedDefaults";
   static void fill_bucket_cap(StrategyConfig& c) { c.reduce_buffer_size = fairscale_reduce_buffer_size; }
+  static constexpr ShardPartition partition = ShardPartition::whole_parameters;
 };
 
 /// DeepSpeed as Lightning's DeepSpeedStrategy configures it: reduce_bucket_size = 2e8 elements,
-/// so that a model of fewer elements is one bucket a unit, reduced when its backward is done.
+/// so that a model of fewer elements is one bucket a unit, reduced when its backward is done;
+/// stages 1 and 2 shard even slices of the flat buffer.
 struct DeepSpeedDefaults {
   using family = defaults_family;
   static constexpr const char* name = "DeepSpeedDefaults";
   static void fill_bucket_cap(StrategyConfig& c) { c.reduce_bucket_size = lightning_reduce_bucket_size; }
+  static constexpr ShardPartition partition = ShardPartition::flat_slices;
 };
 
 /// Whether `config` sets any of the three gradient-bucket caps (bucket_cap_mb,
@@ -54,11 +63,14 @@ inline bool sets_bucket_cap(const StrategyConfig& config) {
 }
 
 /// `config` with the settings it leaves unset taken from strategy S's reference: where it sets
-/// no gradient-bucket cap, S's own. A cap the user sets replaces the reference's rather than
+/// no gradient-bucket cap, S's own; where it sets no partition and S shards the optimizer state
+/// of whole parameters, S's partition. A cap the user sets replaces the reference's rather than
 /// adding to it, so a run configured for one reference buckets the same under every strategy.
 template <class S>
 StrategyConfig with_reference_defaults(StrategyConfig config) {
   if (!sets_bucket_cap(config)) S::defaults::fill_bucket_cap(config);
+  if constexpr (S::sharding::shards_optimizer_state && !S::sharding::shards_parameters)
+    if (!config.partition) config.partition = S::defaults::partition;
   return config;
 }
 

@@ -1,0 +1,84 @@
+// ShardPartition::whole_parameters: FairScale's OSS partition of a model's parameters among the
+// ranks, and the unit layout that puts each rank's parameters together, so that every sharding
+// mechanism built on equal shards (reduce-scatter, all-gather, checkpoints, accounting) serves it
+// unchanged.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "polyshard/core/error.hpp"
+#include "polyshard/engine/units.hpp"
+
+namespace polyshard {
+
+/// The rank each parameter goes to, parameters taken in the order given: the rank holding the
+/// fewest elements so far (the lowest such rank on a tie), which then holds the parameter's
+/// elements more, or one more for a frozen parameter (whose state is not partitioned, so that
+/// frozen ones are spread rather than piled on one rank). `load` (one entry a rank) carries the
+/// tally from one call to the next, as OSS's runs on from one parameter group to the next.
+inline std::vector<int> assign_whole_parameters(const std::vector<std::int64_t>& numels,
+                                                const std::vector<bool>& trainable, std::vector<std::int64_t>& load) {
+  POLYSHARD_CHECK(!load.empty(), "assign_whole_parameters: no ranks to assign parameters to");
+  POLYSHARD_CHECK(numels.size() == trainable.size(), "assign_whole_parameters: ", numels.size(),
+                  " parameter sizes for ", trainable.size(), " trainable flags");
+  std::vector<int> owners;
+  owners.reserve(numels.size());
+  for (std::size_t i = 0; i < numels.size(); ++i) {
+    const auto least = std::min_element(load.begin(), load.end());  // the first of equal ones
+    owners.push_back(static_cast<int>(least - load.begin()));
+    *least += trainable[i] ? numels[i] : 1;
+  }
+  return owners;
+}
+
+/// Lays `plan`'s units out for `world` ranks that each own whole parameters: the model's
+/// parameters, in the order it declares them whatever their units, are assigned by
+/// assign_whole_parameters with one tally, and each rank's parameters of a unit lie together in
+/// its shard of the unit, in that order from the shard's start; every shard of a unit is as long
+/// as its largest, the rest of a shorter one padding. A unit's entries end in offset order.
+/// Trainability is read now: the partition stays what it was when the engine was built.
+template <FloatElement T, Device D>
+void lay_out_whole_parameters(UnitPlan<T, D>& plan, int world) {
+  POLYSHARD_CHECK(world >= 1, "lay_out_whole_parameters: a world of ", world, " ranks");
+  // Every parameter as (unit, entry), in declaration order.
+  std::vector<std::pair<std::size_t, std::size_t>> declared;
+  for (std::size_t u = 0; u < plan.units.size(); ++u)
+    for (std::size_t i = 0; i < plan.units[u].entries.size(); ++i) declared.emplace_back(u, i);
+  const auto entry = [&plan](const std::pair<std::size_t, std::size_t>& at) -> auto& {
+    return plan.units[at.first].entries[at.second];
+  };
+  std::sort(declared.begin(), declared.end(),
+            [&](const auto& a, const auto& b) { return entry(a).order < entry(b).order; });
+  std::vector<std::int64_t> numels;
+  std::vector<bool> trainable;
+  for (const auto& at : declared) {
+    numels.push_back(entry(at).numel());
+    trainable.push_back(entry(at).parameter->requires_grad());
+  }
+  std::vector<std::int64_t> load(static_cast<std::size_t>(world), 0);
+  const std::vector<int> owners = assign_whole_parameters(numels, trainable, load);
+  // Each unit's shard: its largest rank's share.
+  const std::size_t ranks = static_cast<std::size_t>(world);
+  std::vector<std::int64_t> held(plan.units.size() * ranks, 0);
+  for (std::size_t k = 0; k < declared.size(); ++k)
+    held[declared[k].first * ranks + static_cast<std::size_t>(owners[k])] += numels[k];
+  std::vector<std::int64_t> next(held.size());  // per unit and rank: the next free element
+  for (std::size_t u = 0; u < plan.units.size(); ++u) {
+    const auto first = held.begin() + static_cast<std::ptrdiff_t>(u * ranks);
+    const std::int64_t shard = *std::max_element(first, first + static_cast<std::ptrdiff_t>(ranks));
+    for (std::size_t r = 0; r < ranks; ++r) next[u * ranks + r] = static_cast<std::int64_t>(r) * shard;
+    plan.units[u].padded = shard * world;
+  }
+  for (std::size_t k = 0; k < declared.size(); ++k) {
+    std::int64_t& at = next[declared[k].first * ranks + static_cast<std::size_t>(owners[k])];
+    entry(declared[k]).offset = at;
+    at += numels[k];
+  }
+  for (auto& unit : plan.units)
+    std::stable_sort(unit.entries.begin(), unit.entries.end(),
+                     [](const auto& a, const auto& b) { return a.offset < b.offset; });
+}
+
+}  // namespace polyshard
