@@ -58,11 +58,10 @@ std::vector<RankMemory> measure(int world, const GptConfig& cfg, std::int64_t ba
         units.push_back(engine.units().units[i].padded);
         buckets.push_back(engine.gradient_buckets(i).size());
       }
-      std::int64_t total = 0;
-      for (std::int64_t u : units) total += u;
-      const StepPeakMemory p = host_step_peak_memory<S>(units, world, 2, config, buckets);
-      const ResidentMemory h = resident_memory<S>(total, world, 2, config);
-      const StepPeakMemory b = host_construction_peak_memory<S>(units, world, 2, config);
+      const std::vector<std::int64_t> shards = engine.units().uneven_shards(comm.rank(), world);
+      const StepPeakMemory p = host_step_peak_memory<S>(units, world, 2, config, buckets, {}, shards);
+      const ResidentMemory h = resident_memory<S>(units, world, 2, config, shards);
+      const StepPeakMemory b = host_construction_peak_memory<S>(units, world, 2, config, shards);
       r.predicted_peak = {p.parameters, p.gradients, p.optimizer_state, p.working_copies, p.communication,
                           p.other};
       r.predicted_held = {h.parameters, h.gradients, h.optimizer_state, h.working_copies, 0.0, h.other};
@@ -126,8 +125,8 @@ int main(int argc, char** argv) {
     row<Strategy<NoShard, PerBlock>>(table, "ddp", world, cfg, batch);
     row<Strategy<ShardOptimizerState, PerBlock>>(table, "zero1", world, cfg, batch);
     row<Strategy<ShardGradients, PerBlock>>(table, "zero2", world, cfg, batch);
-    // FairScale's OSS partition (ShardedDDP's): each parameter whole on one rank, every shard
-    // padded to the largest rank's share.
+    // FairScale's OSS partition (ShardedDDP's): each parameter whole on one rank, each rank's
+    // shard of its own size.
     StrategyConfig whole;
     whole.partition = ShardPartition::whole_parameters;
     row<Strategy<ShardGradients, PerBlock>>(table, "zero2 whole_parameters", world, cfg, batch, whole);

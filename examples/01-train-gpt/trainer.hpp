@@ -174,8 +174,13 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
   const int states = engine.optimizers().empty() ? 0 : engine.optimizers()[0].states_per_param();
   const std::int64_t padded = engine.units().padded_total(), root = engine.units().units[0].padded;
   const int shard_ranks = engine.shard_comm().size();
-  const double predicted_bytes = bytes_sent_per_step<S>(padded, root, world, /*norm=*/true, shard_ranks);
-  const double predicted_state = model_state_bytes<S>(padded, shard_ranks, states);
+  // This rank's shards where they are uneven (--partition whole_parameters).
+  const std::vector<std::int64_t> shards = engine.units().uneven_shards(engine.shard_comm().rank(), shard_ranks);
+  std::int64_t rank_shard = shards.empty() ? -1 : 0;
+  for (const std::int64_t n : shards) rank_shard += n;
+  const double predicted_bytes =
+      bytes_sent_per_step<S>(padded, root, world, /*norm=*/true, shard_ranks, /*uneven_shards=*/!shards.empty());
+  const double predicted_state = model_state_bytes<S>(padded, shard_ranks, states, rank_shard);
   // A steady-state step's peak per category (policy/step_memory.hpp), predicted for host models
   // outside HybridShard at one micro-batch a step; the backend's scratch comes on top of the
   // engine's communication buffers.
@@ -189,8 +194,8 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
     }
     if (o.accum == 1)
       predicted_peak = host_step_peak_memory<S>(sizes, world, states, config, buckets,
-                                                optimizer_sub_group_sizes(engine.optimizers()));
-    predicted_built = host_construction_peak_memory<S>(sizes, world, states, config);
+                                                optimizer_sub_group_sizes(engine.optimizers()), shards);
+    predicted_built = host_construction_peak_memory<S>(sizes, world, states, config, shards);
   }
 
   std::ofstream metrics;

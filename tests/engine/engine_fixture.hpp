@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <numeric>
 
 #include "polyshard/comm/thread_communicator.hpp"
 #include "polyshard/data/data.hpp"
@@ -46,6 +47,8 @@ struct RunResult {
   std::map<CollectiveKind, std::uint64_t> calls;  // per kind in the last step, counted as traffic is
   std::int64_t model_state = 0;   // parameters + gradients + optimizer state, after the last step
   std::int64_t padded = 0, root_padded = 0;
+  /// This rank's shards in all where they are uneven (UnitPlan::uneven_shards), else -1.
+  std::int64_t rank_shard = -1;
 };
 
 /// SGD with momentum: linear in the gradients, so runs that differ only in the order of
@@ -93,6 +96,8 @@ RunResult train_rank(Comm& comm, int steps = 3, std::int64_t batch = 6, typename
   result.parameters = engine.full_parameters();
   result.padded = engine.units().padded_total();
   result.root_padded = engine.units().units[0].padded;
+  const auto shards = engine.units().uneven_shards(engine.shard_comm().rank(), engine.shard_comm().size());
+  if (!shards.empty()) result.rank_shard = std::accumulate(shards.begin(), shards.end(), std::int64_t{0});
   return result;
 }
 

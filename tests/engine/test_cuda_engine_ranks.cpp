@@ -98,9 +98,9 @@ TEMPLATE_TEST_CASE("allgather_bucket_size on 2 and 3 GPUs: the updated shards al
   CHECK(cut->parameters == whole->parameters);
 }
 
-// FairScale's OSS partition on the device: each parameter whole in one rank's shard, shards padded
-// to the largest rank's; the updates are elementwise, so only the order of the reductions' sums
-// can differ from the flat slices' (on the emulated device, not at all).
+// FairScale's OSS partition on the device: each parameter whole in one rank's shard of its own
+// size, reduced to its owner and broadcast from it; the updates are elementwise, so only the order
+// of the reductions' sums can differ from the flat slices' (on the emulated device, not at all).
 TEMPLATE_TEST_CASE("whole_parameters on 2 and 3 GPUs trains as the flat slices do", "[cuda][engine][ranks]", ZeRO1,
                    ZeRO2PerBlock, ZeROOffload) {
   const int world = GENERATE(2, 3);

@@ -55,16 +55,23 @@ namespace {
 /// One parameter's place in an engine's layout, copied out of the rank that built it.
 struct Placed {
   std::size_t unit;
-  std::int64_t offset, numel, shard;
+  std::int64_t offset, numel;
 };
 
-/// Rank 0's layout under S on `world` thread ranks, by parameter name, and its partition setting;
-/// `frozen` names parameters frozen before the engine is built.
-template <class S>
-std::pair<std::map<std::string, Placed>, std::optional<ShardPartition>> layout_of(
-    int world, const std::set<std::string>& frozen = {}) {
-  std::map<std::string, Placed> out;
+/// Rank 0's view of an engine's layout: each parameter by name, each unit's shard bounds and
+/// padded size, and the partition setting.
+struct Layout {
+  std::map<std::string, Placed> parameters;
+  std::vector<std::vector<std::int64_t>> bounds;
+  std::vector<std::int64_t> padded;
   std::optional<ShardPartition> partition;
+};
+
+/// The layout under S on `world` thread ranks; `frozen` names parameters frozen before the
+/// engine is built.
+template <class S>
+Layout layout_of(int world, const std::set<std::string>& frozen = {}) {
+  Layout out;
   run_ranks(world, [&](ThreadCommunicator& comm) {
     Gpt<float> model(test::tiny_gpt());
     visit_parameters(model, [&](const std::string& name, Parameter<float>& p) {
@@ -72,18 +79,21 @@ std::pair<std::map<std::string, Placed>, std::optional<ShardPartition>> layout_o
     });
     Engine<S, Gpt<float>, ThreadCommunicator, Sgd<float>> engine(model, comm, test::momentum_sgd(), {}, 42);
     if (comm.rank() != 0) return;
-    partition = engine.config().partition;
+    out.partition = engine.config().partition;
     const auto& units = engine.units().units;
-    for (std::size_t u = 0; u < units.size(); ++u)
-      for (const auto& e : units[u].entries) out[e.name] = {u, e.offset, e.numel(), units[u].padded / world};
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      out.bounds.push_back(units[u].bounds);
+      out.padded.push_back(units[u].padded);
+      for (const auto& e : units[u].entries) out.parameters[e.name] = {u, e.offset, e.numel()};
+    }
   });
-  return {out, partition};
+  return out;
 }
 
 }  // namespace
 
-TEST_CASE("under whole_parameters each rank's shard holds whole parameters, those OSS's tally gives it, in the "
-          "model's order, and is as long as the largest rank's",
+TEST_CASE("under whole_parameters each rank's shard holds the whole parameters OSS's tally gives it, in the "
+          "model's order, and nothing else",
           "[engine][partition]") {
   using PerBlock = Strategy<ShardGradients, WrapByType<Block>, FairScaleShardedDefaults>;
   const int world = GENERATE(2, 3, 4);
@@ -92,48 +102,55 @@ TEST_CASE("under whole_parameters each rank's shard holds whole parameters, thos
   const std::set<std::string> frozen =
       with_frozen ? std::set<std::string>{"transformer.wte.weight", "transformer.h.0.mlp.c_fc.weight"}
                   : std::set<std::string>{};
-  CHECK(layout_of<ZeRO<2>>(world).second == ShardPartition::flat_slices);
+  const Layout flat = layout_of<ZeRO<2>>(world);
+  CHECK(flat.partition == ShardPartition::flat_slices);
+  for (const auto& b : flat.bounds) CHECK(b.empty());  // equal shards
   for (const bool per_block : {false, true}) {
     INFO("units: " << (per_block ? "one a block" : "the whole model"));
-    const auto layout = per_block ? layout_of<PerBlock>(world, frozen) : layout_of<ShardedDDP>(world, frozen);
-    const std::map<std::string, Placed>& whole = layout.first;
-    CHECK(layout.second == ShardPartition::whole_parameters);
+    const Layout whole = per_block ? layout_of<PerBlock>(world, frozen) : layout_of<ShardedDDP>(world, frozen);
+    CHECK(whole.partition == ShardPartition::whole_parameters);
+    REQUIRE(whole.bounds.size() == (per_block ? 3u : 1u));  // tiny_gpt has two blocks
     // The tally, kept here over the model's parameters in the order it declares them (the order
     // its visitor walks, which is no engine's), and each rank's next free element per unit.
     Gpt<float> model(test::tiny_gpt());
     std::vector<std::int64_t> load(static_cast<std::size_t>(world), 0);
     std::map<std::pair<std::size_t, int>, std::int64_t> next;
-    std::map<std::size_t, std::vector<std::int64_t>> held;
     std::size_t visited = 0;
     visit_parameters(model, [&](const std::string& name, Parameter<float>& p) {
       INFO(name);
       ++visited;
-      REQUIRE(whole.count(name) == 1);
-      const Placed& at = whole.at(name);
+      REQUIRE(whole.parameters.count(name) == 1);
+      const Placed& at = whole.parameters.at(name);
+      const std::vector<std::int64_t>& bounds = whole.bounds[at.unit];
+      REQUIRE(bounds.size() == static_cast<std::size_t>(world) + 1);
       int owner = 0;
       for (int r = 1; r < world; ++r)
         if (load[static_cast<std::size_t>(r)] < load[static_cast<std::size_t>(owner)]) owner = r;
       load[static_cast<std::size_t>(owner)] += frozen.count(name) ? 1 : p.numel();
       // Whole in the owner's shard, right after the owner's earlier parameters of the unit.
-      auto [slot, fresh] = next.try_emplace({at.unit, owner}, owner * at.shard);
+      auto slot = next.try_emplace({at.unit, owner}, bounds[static_cast<std::size_t>(owner)]).first;
       CHECK(at.offset == slot->second);
-      CHECK(at.offset + at.numel <= (owner + 1) * at.shard);
       slot->second += at.numel;
-      auto& unit_held = held.try_emplace(at.unit, std::vector<std::int64_t>(static_cast<std::size_t>(world), 0)).first->second;
-      unit_held[static_cast<std::size_t>(owner)] += at.numel;
+      CHECK(slot->second <= bounds[static_cast<std::size_t>(owner) + 1]);
     });
-    CHECK(visited == whole.size());
-    CHECK(held.size() == (per_block ? 3u : 1u));  // tiny_gpt has two blocks
-    for (const auto& [unit, per_rank] : held) {
-      INFO("unit " << unit);
-      const auto largest = *std::max_element(per_rank.begin(), per_rank.end());
-      for (const auto& [name, at] : whole)
-        if (at.unit == unit) CHECK(at.shard == largest);
+    CHECK(visited == whole.parameters.size());
+    // Each shard ends where its rank's last parameter does: no padding, and the unit is its
+    // parameters.
+    for (std::size_t u = 0; u < whole.bounds.size(); ++u) {
+      INFO("unit " << u);
+      const std::vector<std::int64_t>& bounds = whole.bounds[u];
+      CHECK(bounds.front() == 0);
+      CHECK(bounds.back() == whole.padded[u]);
+      for (std::size_t r = 0; r < bounds.size() - 1; ++r) {
+        const auto it = next.find({u, static_cast<int>(r)});
+        CHECK(bounds[r + 1] == (it == next.end() ? bounds[r] : it->second));
+      }
     }
   }
 }
 
-TEST_CASE("the ShardedDDP preset partitions as FairScale's OSS, and a partition set replaces it", "[engine][partition]") {
+TEST_CASE("the ShardedDDP preset partitions as FairScale's OSS, and a partition set replaces it",
+          "[engine][partition]") {
   CHECK(with_reference_defaults<ShardedDDP>({}).partition == ShardPartition::whole_parameters);
   CHECK(with_reference_defaults<ZeRO<1>>({}).partition == ShardPartition::flat_slices);
   CHECK(with_reference_defaults<ZeRO<2>>({}).partition == ShardPartition::flat_slices);
@@ -159,11 +176,17 @@ TEST_CASE("whole_parameters trains as one process, with ShardGradients and Shard
     INFO("world size " << world);
     const auto sharded = train<ShardedDDP>(world);
     CHECK(max_difference(sharded.parameters, reference.parameters) < 1e-6);
-    // Memory and traffic are the accounting's formulas over the padded layout (the layout itself
-    // is checked against a tally above). SGD with momentum keeps one state value per parameter.
-    CHECK(double(sharded.model_state) == Approx(model_state_bytes<ShardedDDP>(sharded.padded, world, 1)).epsilon(1e-12));
-    CHECK(sharded.bytes_sent ==
-          Approx(bytes_sent_per_step<ShardedDDP>(sharded.padded, sharded.root_padded, world)).epsilon(1e-12));
+    // Memory and traffic are the accounting's formulas over the rank's own shard (the layout
+    // itself is checked against a tally above): whole parameters, and the shard's gradients and
+    // state (SGD with momentum: one value per parameter); every unit reduced to and broadcast
+    // from each owner, which a ring sends whole.
+    REQUIRE(sharded.rank_shard >= 0);
+    const double state = 4.0 * double(sharded.padded) + (4.0 + 4.0) * double(sharded.rank_shard);
+    CHECK(double(sharded.model_state) == Approx(state).epsilon(1e-12));
+    CHECK(model_state_bytes<ShardedDDP>(sharded.padded, world, 1, sharded.rank_shard) == Approx(state));
+    CHECK(sharded.bytes_sent == Approx(8.0 * double(sharded.padded)).epsilon(1e-12));
+    CHECK(bytes_sent_per_step<ShardedDDP>(sharded.padded, sharded.root_padded, world, false, 0, true) ==
+          Approx(8.0 * double(sharded.padded)));
     for (std::size_t i = 0; i < reference.losses.size(); ++i)
       CHECK(sharded.losses[i] == Approx(reference.losses[i]).epsilon(1e-6));
     const auto zero1 = train<ZeRO<1>>(world, 3, 6, test::momentum_sgd(), inf, whole);

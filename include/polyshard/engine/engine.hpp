@@ -214,14 +214,21 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
     Comm& shards = shard_comm();
     plan_ = plan_units<typename S::wrap, typename S::checkpointing, work_type, Model, device>(model, shards.size(),
                                                                                               config.min_num_params);
-    if (config_.partition == ShardPartition::whole_parameters) lay_out_whole_parameters(plan_, shards.size());
+    if (config_.partition == ShardPartition::whole_parameters) {
+      POLYSHARD_CHECK(config_.allgather_bucket_size == StrategyConfig{}.allgather_bucket_size,
+                      "StrategyConfig::allgather_bucket_size = ", config_.allgather_bucket_size, " cuts the ",
+                      "all-gather of equal shards (DeepSpeed's stages 1 and 2), and partition = whole_parameters ",
+                      "broadcasts each rank's parameters from it, as FairScale's OSS does: leave it at 200000000, ",
+                      "or set partition = flat_slices");
+      lay_out_whole_parameters(plan_, shards.size());
+    }
     units_.resize(plan_.units.size());
     for (std::size_t i = 0; i < units_.size(); ++i) {
       State& u = units_[i];
       u.layout = &plan_.units[i];
       u.rank = shards.rank();
       u.world = shards.size();
-      u.shard = u.layout->padded / u.world;
+      u.shard = u.layout->shard_size(u.rank, u.world);
       u.gather_piece = allgather_piece_elements(config, u.world, u.shard);
       u.pin_host = config.pin_memory;
     }

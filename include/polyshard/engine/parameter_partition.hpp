@@ -1,7 +1,6 @@
 // ShardPartition::whole_parameters: FairScale's OSS partition of a model's parameters among the
-// ranks, and the unit layout that puts each rank's parameters together, so that every sharding
-// mechanism built on equal shards (reduce-scatter, all-gather, checkpoints, accounting) serves it
-// unchanged.
+// ranks, and the unit layout that puts each rank's parameters together in a shard of its own
+// size, which the engine reduces to and broadcasts from its owner as OSS does.
 #pragma once
 
 #include <algorithm>
@@ -35,10 +34,10 @@ inline std::vector<int> assign_whole_parameters(const std::vector<std::int64_t>&
 
 /// Lays `plan`'s units out for `world` ranks that each own whole parameters: the model's
 /// parameters, in the order it declares them whatever their units, are assigned by
-/// assign_whole_parameters with one tally, and each rank's parameters of a unit lie together in
-/// its shard of the unit, in that order from the shard's start; every shard of a unit is as long
-/// as its largest, the rest of a shorter one padding. A unit's entries end in offset order.
-/// Trainability is read now: the partition stays what it was when the engine was built.
+/// assign_whole_parameters with one tally, and each unit is cut into uneven shards
+/// (UnitLayout::bounds), rank after rank, each holding its rank's parameters of the unit in that
+/// order, with no padding anywhere. A unit's entries end in offset order. Trainability is read
+/// now: the partition stays what it was when the engine was built.
 template <FloatElement T, Device D>
 void lay_out_whole_parameters(UnitPlan<T, D>& plan, int world) {
   POLYSHARD_CHECK(world >= 1, "lay_out_whole_parameters: a world of ", world, " ranks");
@@ -59,17 +58,19 @@ void lay_out_whole_parameters(UnitPlan<T, D>& plan, int world) {
   }
   std::vector<std::int64_t> load(static_cast<std::size_t>(world), 0);
   const std::vector<int> owners = assign_whole_parameters(numels, trainable, load);
-  // Each unit's shard: its largest rank's share.
+  // Each unit's shards: rank r's starts where rank r - 1's ends.
   const std::size_t ranks = static_cast<std::size_t>(world);
-  std::vector<std::int64_t> held(plan.units.size() * ranks, 0);
+  std::vector<std::int64_t> next(plan.units.size() * ranks, 0);  // per unit and rank: the next free element
   for (std::size_t k = 0; k < declared.size(); ++k)
-    held[declared[k].first * ranks + static_cast<std::size_t>(owners[k])] += numels[k];
-  std::vector<std::int64_t> next(held.size());  // per unit and rank: the next free element
+    next[declared[k].first * ranks + static_cast<std::size_t>(owners[k])] += numels[k];
   for (std::size_t u = 0; u < plan.units.size(); ++u) {
-    const auto first = held.begin() + static_cast<std::ptrdiff_t>(u * ranks);
-    const std::int64_t shard = *std::max_element(first, first + static_cast<std::ptrdiff_t>(ranks));
-    for (std::size_t r = 0; r < ranks; ++r) next[u * ranks + r] = static_cast<std::int64_t>(r) * shard;
-    plan.units[u].padded = shard * world;
+    auto& unit = plan.units[u];
+    unit.bounds.assign(ranks + 1, 0);
+    for (std::size_t r = 0; r < ranks; ++r) {
+      unit.bounds[r + 1] = unit.bounds[r] + next[u * ranks + r];  // + rank r's elements
+      next[u * ranks + r] = unit.bounds[r];
+    }
+    unit.padded = unit.bounds.back();
   }
   for (std::size_t k = 0; k < declared.size(); ++k) {
     std::int64_t& at = next[declared[k].first * ranks + static_cast<std::size_t>(owners[k])];

@@ -62,7 +62,7 @@ struct UnitState {
   /// The unit's host buffers of a device model (offloaded state) are page-locked
   /// (StrategyConfig::pin_memory); else pageable, and their transfers are staged.
   bool pin_host = false;
-  std::int64_t shard = 0;  // padded / world
+  std::int64_t shard = 0;  // this rank's shard: padded / world, or its own size (uneven shards)
   /// Elements of each shard all-gathered at once after the step where the parameters are
   /// whole and the optimizer sharded (allgather_piece_elements); 0: the whole shard.
   std::int64_t gather_piece = 0;
@@ -88,7 +88,13 @@ struct UnitState {
   /// (requires_grad false when last read): never reduced (their gradient is zero) nor updated.
   std::vector<std::pair<std::int64_t, std::int64_t>> frozen;
 
-  std::int64_t shard_begin() const { return static_cast<std::int64_t>(rank) * shard; }
+  std::int64_t shard_begin() const { return layout->shard_begin(rank, world); }
+  /// Whether every rank's shard is padded / world elements; else each rank's is its own
+  /// (ShardPartition::whole_parameters), which a reduce-scatter or an all-gather cannot serve.
+  bool even_shards() const { return layout->bounds.empty(); }
+  /// Where rank r's shard starts, and its elements.
+  std::int64_t owner_begin(int r) const { return layout->shard_begin(r, world); }
+  std::int64_t owner_size(int r) const { return layout->shard_size(r, world); }
 
   /// Points every parameter of the unit at its slice of `work` and `grad_work`, and reads which
   /// are frozen.
@@ -301,8 +307,7 @@ struct UnitState {
     for (const auto& e : layout->entries)
       if (!e.parameter->leaf().node()->has_grad) zero(e.offset, e.offset + e.numel());
     for (const auto& [lo, hi] : frozen) zero(lo, hi);
-    // The padding: between the entries (each rank's shard ends in some under
-    // ShardPartition::whole_parameters) and after the last.
+    // The padding: wherever no entry lies.
     std::int64_t at = 0;
     for (const auto& e : layout->entries) {
       zero(at, e.offset);

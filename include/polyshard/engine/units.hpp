@@ -34,7 +34,19 @@ struct UnitLayout {
   bool checkpointed = false;   // its activations are recomputed in backward
   std::vector<UnitEntry<T, D>> entries;
   std::int64_t numel = 0;      // parameters, without padding
-  std::int64_t padded = 0;     // a multiple of the world size
+  std::int64_t padded = 0;     // a multiple of the world size (but for uneven shards: numel)
+  /// Uneven shards (ShardPartition::whole_parameters): rank r's is elements [bounds[r],
+  /// bounds[r + 1]). Empty: equal shards of padded / world elements.
+  std::vector<std::int64_t> bounds;
+
+  /// Where rank `rank` of `world`'s shard starts, and its elements.
+  std::int64_t shard_begin(int rank, int world) const {
+    return bounds.empty() ? rank * (padded / world) : bounds[static_cast<std::size_t>(rank)];
+  }
+  std::int64_t shard_size(int rank, int world) const {
+    return bounds.empty() ? padded / world
+                          : bounds[static_cast<std::size_t>(rank) + 1] - bounds[static_cast<std::size_t>(rank)];
+  }
 
   /// "the root unit" or "unit 'NAME'", as errors and call sites name it.
   std::string display_name() const { return name.empty() ? std::string("the root unit") : "unit '" + name + "'"; }
@@ -56,6 +68,15 @@ struct UnitPlan {
     std::int64_t n = 0;
     for (const auto& u : units) n += u.numel;
     return n;
+  }
+  /// Rank `rank`'s shard of each unit where the shards are uneven
+  /// (ShardPartition::whole_parameters), for the accounting's predictions; empty where they are
+  /// equal (padded / world each, which the predictions assume).
+  std::vector<std::int64_t> uneven_shards(int rank, int world) const {
+    std::vector<std::int64_t> out;
+    if (units.empty() || units.front().bounds.empty()) return out;
+    for (const auto& u : units) out.push_back(u.shard_size(rank, world));
+    return out;
   }
 };
 
@@ -98,7 +119,8 @@ class UnitPlanner {
           // WrapRepeated: the element is a unit when it holds enough parameters of its own.
           if constexpr (Checkpointing::template checkpoints_type<E>) plan_.checkpointed_modules[module_key(m[i])] = true;
           const std::size_t mine = plan_.units.size();
-          plan_.units.push_back(UnitLayout<T, D>{element, plan_.checkpointed_modules.count(module_key(m[i])) > 0, {}, 0, 0});
+          plan_.units.push_back(
+              UnitLayout<T, D>{element, plan_.checkpointed_modules.count(module_key(m[i])) > 0, {}, 0, 0, {}});
           if (walk_members(m[i], element, mine) >= repeated_min_num_params<Wrap>()) {
             plan_.unit_of_module[module_key(m[i])] = mine;
           } else {
@@ -119,7 +141,8 @@ class UnitPlanner {
         if (!is_root && (!Wrap::manual || marked)) {
           // A unit of its own, tentatively; size-based wrapping may give its parameters back.
           const std::size_t mine = plan_.units.size();
-          plan_.units.push_back(UnitLayout<T, D>{name, plan_.checkpointed_modules.count(module_key(m)) > 0, {}, 0, 0});
+          plan_.units.push_back(
+              UnitLayout<T, D>{name, plan_.checkpointed_modules.count(module_key(m)) > 0, {}, 0, 0, {}});
           const std::int64_t left = walk_members(m, name, mine);
           if (Wrap::template wraps_type<X> || marked || (min_num_params_ > 0 && left >= min_num_params_)) {
             POLYSHARD_CHECK(!marked || left > 0, "ManualWrap: wrap() marked '", name, "' (",
@@ -184,7 +207,7 @@ class UnitPlanner {
 template <class Wrap, class Checkpointing, FloatElement T, class Model, Device D = Cpu>
 UnitPlan<T, D> plan_units(Model& model, std::int64_t world_size, std::int64_t min_num_params = 0) {
   UnitPlan<T, D> plan;
-  plan.units.push_back(UnitLayout<T, D>{"", false, {}, 0, 0});
+  plan.units.push_back(UnitLayout<T, D>{"", false, {}, 0, 0, {}});
   const std::int64_t threshold = Wrap::min_num_params > 0 && min_num_params > 0 ? min_num_params : Wrap::min_num_params;
   const ShardedConstruction* marks = nullptr;
   if constexpr (Wrap::manual) {

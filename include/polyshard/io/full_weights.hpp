@@ -163,24 +163,49 @@ void gather_masters(E& engine, std::size_t unit, bool to_host, bool may_alias, T
                     Tensor<typename E::MT, typename E::device>& device) {
   using MT = typename E::MT;
   using D = typename E::device;
-  const std::int64_t padded = engine.units().units[unit].padded;
+  const auto& layout = engine.units().units[unit];
+  const std::int64_t padded = layout.padded;
+  auto& comm = engine.shard_comm();
+  const int ranks = comm.size();
+  // Shards of their own sizes (ShardPartition::whole_parameters): each rank's masters from it.
+  const auto broadcast_shards = [&](const auto& whole_unit, auto params, auto&& broadcast) {
+    const std::int64_t mine = layout.shard_begin(comm.rank(), ranks);
+    std::copy(params.begin(), params.end(), whole_unit.span().begin() + mine);
+    for (int r = 0; r < ranks; ++r)
+      if (layout.shard_size(r, ranks) > 0)
+        broadcast(whole_unit.flat_view(layout.shard_begin(r, ranks), layout.shard_size(r, ranks)).span(), r);
+  };
   engine.access_optimizer(unit, [&](auto&, auto params) {
-    const bool whole = static_cast<std::int64_t>(params.size()) == padded;
+    // (With uneven shards, one rank may hold a unit whole while the others hold none of it.)
+    const bool whole = layout.bounds.empty() && static_cast<std::int64_t>(params.size()) == padded;
     if constexpr (E::masters_on_host) {
       if (whole && may_alias && to_host && E::masters_resident) {
         host = Tensor<MT>::wrap(params.data(), Shape{padded});
       } else if (whole) {
         host = Tensor<MT>::from({padded}, std::span<const MT>(params), MemoryCategory::Other);
+      } else if (!layout.bounds.empty()) {
+        host = Tensor<MT>::zeros({padded}, MemoryCategory::Other);
+        broadcast_shards(host, params, [&](std::span<MT> part, int root) { broadcast_host<D>(comm, part, root); });
       } else {
         host = Tensor<MT>::empty({padded}, MemoryCategory::Other);
-        all_gather_host<D>(engine.shard_comm(), std::span<const MT>(params), host.span());
+        all_gather_host<D>(comm, std::span<const MT>(params), host.span());
       }
       if (!to_host) device = on_device<D>(std::exchange(host, Tensor<MT>()), MemoryCategory::Other);
     } else {
       // The masters are in the device's memory: gathered there, and copied down if asked.
       device = Tensor<MT, D>::empty({padded}, MemoryCategory::Other);
-      if (whole) device.copy_from(Tensor<MT, D>::wrap(params.data(), Shape{padded}));
-      else engine.shard_comm().all_gather(std::span<const MT>(params), device.span());
+      if (whole) {
+        device.copy_from(Tensor<MT, D>::wrap(params.data(), Shape{padded}));
+      } else if (!layout.bounds.empty()) {
+        const std::int64_t mine = layout.shard_begin(comm.rank(), ranks);
+        device.flat_view(mine, static_cast<std::int64_t>(params.size()))
+            .copy_from(Tensor<MT, D>::wrap(params.data(), Shape{static_cast<std::int64_t>(params.size())}));
+        for (int r = 0; r < ranks; ++r)
+          if (layout.shard_size(r, ranks) > 0)
+            comm.broadcast(device.flat_view(layout.shard_begin(r, ranks), layout.shard_size(r, ranks)).span(), r);
+      } else {
+        comm.all_gather(std::span<const MT>(params), device.span());
+      }
       if (to_host) {
         host = Tensor<MT>::empty({padded}, MemoryCategory::Other);
         copy_across(std::exchange(device, Tensor<MT, D>()), host);

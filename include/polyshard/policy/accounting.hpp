@@ -33,20 +33,24 @@ namespace polyshard {
 /// (offloaded_state_bytes_in_step).
 /// Under OffloadParameters<Nvme> the parameter shards are in the file too: only the gradients stay,
 /// 2/N (max_in_cpu = 0).
+/// `rank_shard` >= 0: the rank's shards hold that many elements in all, in place of P/N (uneven
+/// shards, ShardPartition::whole_parameters: UnitPlan::uneven_shards).
 template <StrategyType S>
-constexpr double model_state_bytes(std::int64_t params, int world_size, int states_per_param = 2) {
+constexpr double model_state_bytes(std::int64_t params, int world_size, int states_per_param = 2,
+                                   std::int64_t rank_shard = -1) {
   using sharding = typename S::sharding;
   using offload = typename S::offload;
   using CT = typename S::compute_type;
   using RT = typename S::reduce_type;
   using MT = typename S::master_type;
   const double p = static_cast<double>(params), n = static_cast<double>(world_size);
+  const double s = rank_shard >= 0 ? static_cast<double>(rank_shard) : p / n;  // the rank's shard
   constexpr bool parameters_in_file = offload::to_nvme && offload::offloads_parameters;
-  const double parameters = parameters_in_file ? 0.0 : sizeof(CT) * p / (sharding::shards_parameters ? n : 1.0);
-  const double gradients = sizeof(RT) * p / (sharding::shards_gradients ? n : 1.0);
+  const double parameters = parameters_in_file ? 0.0 : sizeof(CT) * (sharding::shards_parameters ? s : p);
+  const double gradients = sizeof(RT) * (sharding::shards_gradients ? s : p);
   const double resident_states = offload::to_nvme ? 0 : states_per_param;
   const double copies = resident_states + (std::is_same_v<MT, CT> || offload::to_nvme ? 0 : 1);
-  const double optimizer = sizeof(MT) * copies * p / (sharding::shards_optimizer_state ? n : 1.0);
+  const double optimizer = sizeof(MT) * copies * (sharding::shards_optimizer_state ? s : p);
   return parameters + gradients + optimizer;
 }
 
@@ -84,9 +88,10 @@ struct ResidentMemory {
 ///                   are freed with their unit), 4 P of gradients unless they are sharded.
 ///   other           under NVMe offload, the file's staging buffers: queue_depth x block_size
 ///                   (`config`'s).
+/// `rank_shard` >= 0: the rank's shards hold that many elements in all, in place of P / N.
 template <StrategyType S, Device D = Cpu>
 constexpr ResidentMemory resident_memory(std::int64_t params, int world_size, int states_per_param = 2,
-                                         const StrategyConfig& config = {}) {
+                                         const StrategyConfig& config = {}, std::int64_t rank_shard = -1) {
   using sharding = typename S::sharding;
   using offload = typename S::offload;
   using CT = typename S::compute_type;
@@ -102,17 +107,18 @@ constexpr ResidentMemory resident_memory(std::int64_t params, int world_size, in
   constexpr bool masters_alias = std::is_same_v<MT, CT> && (sharding::shards_parameters
                                                                  ? steps_elsewhere == shards_elsewhere
                                                                  : !steps_elsewhere);
+  const double s = rank_shard >= 0 ? static_cast<double>(rank_shard) : p / n;  // the rank's shard
   ResidentMemory m;
   constexpr bool parameters_in_file = offload::to_nvme && offload::offloads_parameters;
-  m.parameters = sizeof(CT) * p / (sharding::shards_parameters ? n : 1.0);
-  if (parameters_in_file && p / n > static_cast<double>(config.max_in_cpu)) m.parameters = 0;
-  m.gradients = sizeof(RT) * p / (sharding::shards_gradients ? n : 1.0);
+  m.parameters = sizeof(CT) * (sharding::shards_parameters ? s : p);
+  if (parameters_in_file && s > static_cast<double>(config.max_in_cpu)) m.parameters = 0;
+  m.gradients = sizeof(RT) * (sharding::shards_gradients ? s : p);
   if (!sharding::shards_gradients && !work_copies && !std::is_same_v<RT, CT>) m.gradients += sizeof(CT) * p;
   // A device's optimizer offloaded to the host steps on a host copy of its reduced gradients.
-  if (steps_elsewhere) m.gradients += sizeof(RT) * p / (sharding::shards_optimizer_state ? n : 1.0);
+  if (steps_elsewhere) m.gradients += sizeof(RT) * (sharding::shards_optimizer_state ? s : p);
   const double states = offload::to_nvme ? 0 : states_per_param;
   const double masters = masters_alias || offload::to_nvme ? 0 : 1;  // a copy of their own, in memory
-  m.optimizer_state = sizeof(MT) * (states + masters) * p / (sharding::shards_optimizer_state ? n : 1.0);
+  m.optimizer_state = sizeof(MT) * (states + masters) * (sharding::shards_optimizer_state ? s : p);
   if (offload::to_nvme) m.other = static_cast<double>(config.queue_depth) * static_cast<double>(config.block_size);
   if (work_copies) {
     if (!sharding::shards_parameters) m.working_copies += sizeof(float) * p;
@@ -141,13 +147,15 @@ inline std::int64_t nvme_parameters_in_memory(std::span<const std::int64_t> unit
 
 /// resident_memory with the unit sizes (padded, root first): under OffloadParameters<Nvme>, the
 /// parameter shards max_in_cpu keeps in memory counted unit by unit (nvme_parameters_in_memory);
-/// for every other strategy, resident_memory of their sum.
+/// for every other strategy, resident_memory of their sum. `shards`: the rank's shard of each
+/// unit where they are uneven (UnitPlan::uneven_shards); empty: P / N each.
 template <StrategyType S, Device D = Cpu>
 ResidentMemory resident_memory(std::span<const std::int64_t> units, int world_size, int states_per_param = 2,
-                               const StrategyConfig& config = {}) {
-  std::int64_t total = 0;
+                               const StrategyConfig& config = {}, std::span<const std::int64_t> shards = {}) {
+  std::int64_t total = 0, rank_shard = shards.empty() ? -1 : 0;
   for (std::int64_t u : units) total += u;
-  ResidentMemory m = resident_memory<S, D>(total, world_size, states_per_param, config);
+  for (std::int64_t s : shards) rank_shard += s;
+  ResidentMemory m = resident_memory<S, D>(total, world_size, states_per_param, config, rank_shard);
   if constexpr (S::offload::to_nvme && S::offload::offloads_parameters)
     m.parameters = static_cast<double>(sizeof(typename S::compute_type)) *
                    static_cast<double>(nvme_parameters_in_memory(units, world_size, config.max_in_cpu));
@@ -193,9 +201,12 @@ constexpr double offloaded_state_bytes_in_step(std::int64_t largest_unit_params,
 /// Under HybridShard, `group_size` ranks shard (N above is the group size) and each shard's
 /// gradient is then all-reduced across the world_size / group_size groups: 2(R-1)/R * P/N *
 /// sizeof(reduce) more. Pass the parameter count padded for the group size.
+/// `uneven_shards` (ShardPartition::whole_parameters): each unit's gradients are reduced to each
+/// rank's shard and the shards broadcast from their owners, which a ring sends whole: P *
+/// (sizeof(reduce) + sizeof(compute)) for ShardOptimizerState and ShardGradients.
 template <StrategyType S>
 constexpr double bytes_sent_per_step(std::int64_t params, std::int64_t root_params, int world_size,
-                                     bool norm = false, int group_size = 0) {
+                                     bool norm = false, int group_size = 0, bool uneven_shards = false) {
   using sharding = typename S::sharding;
   using CT = typename S::compute_type;
   using RT = typename S::reduce_type;
@@ -206,7 +217,7 @@ constexpr double bytes_sent_per_step(std::int64_t params, std::int64_t root_para
   if constexpr (!sharding::shards_optimizer_state) {
     bytes = 2.0 * f * p * sizeof(RT);
   } else if constexpr (!sharding::shards_parameters) {
-    bytes = f * p * (sizeof(RT) + sizeof(CT));
+    bytes = (uneven_shards && shard_ranks > 1 ? 1.0 : f) * p * (sizeof(RT) + sizeof(CT));
   } else {
     const double gathers = sharding::reshard_after_forward ? 2.0 : 1.0;
     bytes = f * (p * sizeof(RT) + (root + gathers * (p - root)) * sizeof(CT));

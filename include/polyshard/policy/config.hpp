@@ -22,8 +22,8 @@ enum class ShardPartition {
   flat_slices,
   /// Every parameter whole on one rank, as FairScale's OSS partitions them: in the model's order,
   /// each goes to the rank holding the fewest elements so far (a frozen one counts as one
-  /// element); each rank's parameters lie together, padded to the largest rank's
-  /// (engine/parameter_partition.hpp).
+  /// element); each rank's shard of a unit is its parameters, of its own size, reduced to it and
+  /// broadcast from it (engine/parameter_partition.hpp).
   whole_parameters,
 };
 

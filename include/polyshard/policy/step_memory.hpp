@@ -112,11 +112,14 @@ std::vector<std::int64_t> optimizer_sub_group_sizes(const std::vector<Groups>& o
 /// (optimizer_sub_group_sizes(Engine::optimizers())), which parameters exempt from weight decay
 /// cut further; empty: each unit's shard in pieces of sub_group_size. One micro-batch per step:
 /// a backward after another one of the same step, or under no_sync, carries gradients aside
-/// (not predicted). HybridShard is not predicted.
+/// (not predicted). HybridShard is not predicted. `shards`: the rank's shard of each unit where
+/// they are uneven (UnitPlan::uneven_shards; ShardPartition::whole_parameters, whose reductions
+/// to each shard's owner and broadcasts from it work in place); empty: p / N each.
 template <StrategyType S>
 StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int world_size, int states_per_param = 2,
                                      const StrategyConfig& config = {}, std::span<const std::size_t> buckets = {},
-                                     std::span<const std::int64_t> sub_groups = {}) {
+                                     std::span<const std::int64_t> sub_groups = {},
+                                     std::span<const std::int64_t> shards = {}) {
   using sharding = typename S::sharding;
   using CT = typename S::compute_type;
   using RT = typename S::reduce_type;
@@ -128,9 +131,11 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
   constexpr Walk::Category grad_category = work16 ? Walk::working_copies : Walk::gradients;
   const double n = static_cast<double>(world_size);
   const auto p = [&](std::size_t i) { return static_cast<double>(units[i]); };
+  const bool uneven = !shards.empty();
+  [[maybe_unused]] const auto shard = [&](std::size_t i) { return uneven ? static_cast<double>(shards[i]) : p(i) / n; };
   const std::size_t last = units.size() - 1;  // units 1..last run inside the root, in this order
 
-  Walk walk(resident_memory<S, Cpu>(units, world_size, states_per_param, config));
+  Walk walk(resident_memory<S, Cpu>(units, world_size, states_per_param, config, shards));
 
   // Under OffloadParameters<Nvme>, the units whose shards are in the file: each is read in for
   // its gathers and dropped once gathered, params_buffer_count of them in memory at most but for
@@ -228,7 +233,7 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
       f.gradients = w * p(i);
       if (!std::is_same_v<RT, float>) f.communication = r * p(i);
     } else if constexpr (sharding::shards_optimizer_state) {
-      const bool one_bucket = buckets.empty() || buckets[i] <= 1;
+      const bool one_bucket = (buckets.empty() || buckets[i] <= 1) && !uneven;  // uneven: reduced in place
       if (world_size > 1 && one_bucket) {
         if (!work16 && std::is_same_v<RT, float>) f.communication = w * p(i) + r * p(i) / n;
         else if (!std::is_same_v<RT, float>) f.communication = r * p(i);
@@ -258,7 +263,7 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
   post_backward(0);
   complete(0);
   // Step.
-  if (sharding::shards_optimizer_state && !sharding::shards_parameters && world_size > 1)
+  if (sharding::shards_optimizer_state && !sharding::shards_parameters && world_size > 1 && !uneven)
     for (std::size_t i = 0; i <= last; ++i) {
       const auto piece = static_cast<double>(allgather_piece_elements(config, world_size, units[i] / world_size));
       const double held = piece == 0 ? c * p(i) / n : c * (piece + n * piece);
@@ -272,7 +277,7 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
     std::vector<double> groups(sub_groups.begin(), sub_groups.end());
     if (sub_groups.empty())
       for (std::size_t i = 0; i <= last; ++i)
-        for (const std::int64_t g : sub_group_sizes(static_cast<std::int64_t>(p(i) / n), config.sub_group_size))
+        for (const std::int64_t g : sub_group_sizes(static_cast<std::int64_t>(shard(i)), config.sub_group_size))
           groups.push_back(static_cast<double>(g));
     const double masters = std::is_same_v<MT, CT> ? 0.0 : 1.0;
     walk.add(Walk::optimizer_state, sizeof(MT) * (static_cast<double>(states_per_param) + masters) *
@@ -314,10 +319,11 @@ StepPeakMemory host_step_peak_memory(std::span<const std::int64_t> units, int wo
 /// Every other placement builds each unit where it stays: nothing more.
 template <StrategyType S>
 StepPeakMemory host_construction_peak_memory(std::span<const std::int64_t> units, int world_size,
-                                             int states_per_param = 2, const StrategyConfig& config = {}) {
+                                             int states_per_param = 2, const StrategyConfig& config = {},
+                                             std::span<const std::int64_t> shards = {}) {
   using CT = typename S::compute_type;
   using MT = typename S::master_type;
-  const ResidentMemory built = resident_memory<S, Cpu>(units, world_size, states_per_param, config);
+  const ResidentMemory built = resident_memory<S, Cpu>(units, world_size, states_per_param, config, shards);
   StepPeakMemory m;
   m.parameters = built.parameters;
   m.gradients = built.gradients;
@@ -332,7 +338,7 @@ StepPeakMemory host_construction_peak_memory(std::span<const std::int64_t> units
     const double masters = std::is_same_v<MT, CT> ? 0.0 : 2.0;
     double shard = 0, state = 0;
     for (std::size_t i = 0; i < units.size(); ++i) {
-      const double elements = static_cast<double>(units[i] / world_size);
+      const double elements = static_cast<double>(shards.empty() ? units[i] / world_size : shards[i]);
       if (i >= kept) shard = std::max(shard, sizeof(CT) * elements);
       state = std::max(state, sizeof(MT) * (static_cast<double>(states_per_param) + masters) * elements);
     }

@@ -90,14 +90,17 @@ void reduce_scatter_grads(U& u, Comm& comm, std::vector<PendingReduction>& pendi
 /// owners in.
 template <class U, class F>
 void for_each_owner(const U& u, std::int64_t begin, std::int64_t end, F&& f) {
-  for (std::int64_t r = begin / u.shard; r < u.world && r * u.shard < end; ++r)
-    f(static_cast<int>(r), std::max(begin, r * u.shard), std::min(end, (r + 1) * u.shard));
+  for (int r = 0; r < u.world; ++r) {
+    const std::int64_t lo = std::max(begin, u.owner_begin(r)), hi = std::min(end, u.owner_begin(r) + u.owner_size(r));
+    if (lo < hi) f(r, lo, hi);
+  }
 }
 
-/// Whether elements [begin, end) are the whole unit: reduced then as one collective.
+/// Whether elements [begin, end) are the whole unit cut into equal shards: reduced then as one
+/// reduce-scatter.
 template <class U>
 bool whole_unit(const U& u, std::int64_t begin, std::int64_t end) {
-  return begin == 0 && end == u.layout->padded;
+  return begin == 0 && end == u.layout->padded && u.even_shards();
 }
 
 /// Parameters that stay whole on every rank (NoShard, ShardOptimizerState, ShardGradients):
@@ -142,7 +145,11 @@ struct WholeParameters {
       u.refresh_work_from_full();
       return;
     }
-    if (u.gather_piece <= 0 || u.gather_piece >= u.shard) {
+    if (!u.even_shards()) {
+      // Shards of their own sizes (whole parameters): each from its owner, as OSS broadcasts them.
+      for (int r = 0; r < u.world; ++r)
+        if (u.owner_size(r) > 0) comm.broadcast(u.full.flat_view(u.owner_begin(r), u.owner_size(r)).span(), r);
+    } else if (u.gather_piece <= 0 || u.gather_piece >= u.shard) {
       // The input is copied out first: a collective's input must not alias its output.
       auto mine = u.full.flat_view(u.shard_begin(), u.shard).clone(MemoryCategory::Communication);
       comm.all_gather(std::span<const CT>(mine.span()), u.full.span());
