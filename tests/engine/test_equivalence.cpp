@@ -93,6 +93,10 @@ TEST_CASE("hybrid sharding: shard within groups, replicate across them, train li
     CHECK(max_difference(h2.parameters, reference.parameters) < 1e-6);
     CHECK(max_difference(h3.parameters, reference.parameters) < 1e-6);
     CHECK(max_difference(h1.parameters, reference.parameters) < 1e-6);
+    // FairScale's partition within each group: the same shards in every group, all-reduced across.
+    StrategyConfig whole = config;
+    whole.partition = ShardPartition::whole_parameters;
+    CHECK(max_difference(train<Hybrid2>(world, 3, 6, sgd, inf, whole).parameters, reference.parameters) < 1e-6);
     // Traffic: the inner strategy within a group, plus an all-reduce of each shard across groups.
     const double h2_per_rank = bytes_sent_per_step<Hybrid2>(h2.padded, h2.root_padded, world, false, group);
     const double h3_per_rank = bytes_sent_per_step<Hybrid3>(h3.padded, h3.root_padded, world, false, group);

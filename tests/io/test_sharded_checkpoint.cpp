@@ -541,6 +541,17 @@ TEST_CASE("full weights leave a sharded engine as one PyTorch state dict and loa
   const CheckpointRun zero1 = run<ZeRO<1>>({.world = 3, .init = file});
   REQUIRE(succeeded(zero1));
   CHECK(bit_identical(zero1.parameters, a.parameters));
+  // Each parameter whole on one rank, shards of their own sizes: read in, and exported again
+  // from every owner's masters.
+  const CheckpointRun oss = run<ShardedDDP>({.world = 3, .init = file, .export_to = dir / "oss.safetensors"});
+  REQUIRE(succeeded(oss));
+  CHECK(bit_identical(oss.parameters, a.parameters));
+  {
+    Gpt<float> model(tiny_gpt());
+    FlatParameters<float> flat(model);
+    load_state_dict(model, dir / "oss.safetensors");
+    CHECK(bit_identical(sorted_parameters(model), a.parameters));
+  }
   // bf16 compute keeps fp32 masters: the masters come back exactly through another export.
   const CheckpointRun bf16 = run<Strategy<ShardParameters<true>, Bf16Mixed>>({.world = 2, .init = file, .export_to = dir / "again.safetensors"});
   REQUIRE(succeeded(bf16));
