@@ -191,7 +191,7 @@ TEST_CASE("whole_parameters trains as one process, with ShardGradients and Shard
       CHECK(sharded.losses[i] == Approx(reference.losses[i]).epsilon(1e-6));
     const auto zero1 = train<ZeRO<1>>(world, 3, 6, test::momentum_sgd(), inf, whole);
     CHECK(max_difference(zero1.parameters, reference.parameters) < 1e-6);
-    // Clipped: the global norm sums the shards, padding between the parameters included (zero).
+    // Clipped: the global norm sums every rank's shard, each of its own size.
     const auto clipped = train<ShardedDDP>(world, 3, 6, test::momentum_sgd(), 0.5);
     CHECK(max_difference(clipped.parameters, train<DDP>(1, 3, 6, test::momentum_sgd(), 0.5).parameters) < 1e-6);
     // The updates are elementwise, so only where each element is updated differs from the flat

@@ -105,11 +105,7 @@ struct UnitState {
     // A view of these buffers read while the unit is released names the parameter it was (from
     // a copy of the names: the view may outlive the engine).
     auto names = std::make_shared<std::vector<std::pair<std::int64_t, std::string>>>();
-    for (const auto& e : layout->entries) {
-      if (e.numel() == 0) continue;
-      if (e.offset > (names->empty() ? 0 : names->back().first)) names->emplace_back(e.offset, "");  // padding
-      names->emplace_back(e.offset + e.numel(), e.name);
-    }
+    for (const auto& e : layout->entries) names->emplace_back(e.offset + e.numel(), e.name);
     const std::string unit = layout->display_name();
     work.storage()->describe_views([names, unit](std::int64_t offset) { return describe(*names, unit, offset, ""); });
     if (grad_work.storage() != work.storage())
@@ -119,13 +115,11 @@ struct UnitState {
   }
 
   /// "parameter 'NAME' of unit 'UNIT', which is not gathered now": what element `offset` of a
-  /// unit's buffers is, given the end offset and name of each parameter and each stretch of
-  /// padding between them (named ""), in order.
+  /// unit's buffers is, given each parameter's end offset and name in order.
   static std::string describe(const std::vector<std::pair<std::int64_t, std::string>>& names, const std::string& unit,
                               std::int64_t offset, const char* prefix) {
     const auto past = std::find_if(names.begin(), names.end(), [&](const auto& n) { return offset < n.first; });
-    const std::string what =
-        past == names.end() || past->second.empty() ? "the padding" : "parameter '" + past->second + "'";
+    const std::string what = past == names.end() ? "the padding" : "parameter '" + past->second + "'";
     return prefix + what + " of " + unit + ", which is not gathered now";
   }
 
@@ -307,13 +301,7 @@ struct UnitState {
     for (const auto& e : layout->entries)
       if (!e.parameter->leaf().node()->has_grad) zero(e.offset, e.offset + e.numel());
     for (const auto& [lo, hi] : frozen) zero(lo, hi);
-    // The padding: wherever no entry lies.
-    std::int64_t at = 0;
-    for (const auto& e : layout->entries) {
-      zero(at, e.offset);
-      at = std::max(at, e.offset + e.numel());
-    }
-    zero(at, layout->padded);
+    zero(layout->numel, layout->padded);  // the padding, after the last parameter (none in uneven shards)
   }
 
   /// Forgets the parameters' gradients: the next backward overwrites instead of adding.

@@ -167,15 +167,15 @@ void gather_masters(E& engine, std::size_t unit, bool to_host, bool may_alias, T
   const std::int64_t padded = layout.padded;
   auto& comm = engine.shard_comm();
   const int ranks = comm.size();
-  // Shards of their own sizes (ShardPartition::whole_parameters): each rank's masters from it.
-  const auto broadcast_shards = [&](const auto& whole_unit, auto params, auto&& broadcast) {
-    const std::int64_t mine = layout.shard_begin(comm.rank(), ranks);
-    std::copy(params.begin(), params.end(), whole_unit.span().begin() + mine);
+  // Shards of their own sizes (ShardPartition::whole_parameters) come each from its rank, into
+  // `whole`, which holds this rank's already.
+  const auto broadcast_shards = [&](const auto& whole, auto&& broadcast) {
     for (int r = 0; r < ranks; ++r)
       if (layout.shard_size(r, ranks) > 0)
-        broadcast(whole_unit.flat_view(layout.shard_begin(r, ranks), layout.shard_size(r, ranks)).span(), r);
+        broadcast(whole.flat_view(layout.shard_begin(r, ranks), layout.shard_size(r, ranks)).span(), r);
   };
   engine.access_optimizer(unit, [&](auto&, auto params) {
+    const std::int64_t mine = layout.shard_begin(comm.rank(), ranks), count = static_cast<std::int64_t>(params.size());
     // (With uneven shards, one rank may hold a unit whole while the others hold none of it.)
     const bool whole = layout.bounds.empty() && static_cast<std::int64_t>(params.size()) == padded;
     if constexpr (E::masters_on_host) {
@@ -184,8 +184,9 @@ void gather_masters(E& engine, std::size_t unit, bool to_host, bool may_alias, T
       } else if (whole) {
         host = Tensor<MT>::from({padded}, std::span<const MT>(params), MemoryCategory::Other);
       } else if (!layout.bounds.empty()) {
-        host = Tensor<MT>::zeros({padded}, MemoryCategory::Other);
-        broadcast_shards(host, params, [&](std::span<MT> part, int root) { broadcast_host<D>(comm, part, root); });
+        host = Tensor<MT>::empty({padded}, MemoryCategory::Other);
+        host.flat_view(mine, count).copy_from(Tensor<MT>::wrap(params.data(), Shape{count}));
+        broadcast_shards(host, [&](std::span<MT> part, int root) { broadcast_host<D>(comm, part, root); });
       } else {
         host = Tensor<MT>::empty({padded}, MemoryCategory::Other);
         all_gather_host<D>(comm, std::span<const MT>(params), host.span());
@@ -197,12 +198,8 @@ void gather_masters(E& engine, std::size_t unit, bool to_host, bool may_alias, T
       if (whole) {
         device.copy_from(Tensor<MT, D>::wrap(params.data(), Shape{padded}));
       } else if (!layout.bounds.empty()) {
-        const std::int64_t mine = layout.shard_begin(comm.rank(), ranks);
-        device.flat_view(mine, static_cast<std::int64_t>(params.size()))
-            .copy_from(Tensor<MT, D>::wrap(params.data(), Shape{static_cast<std::int64_t>(params.size())}));
-        for (int r = 0; r < ranks; ++r)
-          if (layout.shard_size(r, ranks) > 0)
-            comm.broadcast(device.flat_view(layout.shard_begin(r, ranks), layout.shard_size(r, ranks)).span(), r);
+        device.flat_view(mine, count).copy_from(Tensor<MT, D>::wrap(params.data(), Shape{count}));
+        broadcast_shards(device, [&](std::span<MT> part, int root) { comm.broadcast(part, root); });
       } else {
         comm.all_gather(std::span<const MT>(params), device.span());
       }
