@@ -58,21 +58,16 @@ inline bool scales_as_grad_scaler(const std::string& strategy) {
 /// policy's, but under ddp_sharded what Lightning's DDPShardedStrategy passes as
 /// reduce_buffer_size (FairScale's default when the ranks span machines, else 0: every parameter
 /// reduced alone). The partition, where --partition is not given, is the policy's where the
-/// family shards the optimizer state of whole parameters.
+/// family shards the optimizer state of whole parameters (polyshard::fill_reference_defaults).
 template <class S>
 void fill_named_defaults(polyshard::StrategyConfig& c, const std::string& strategy, bool ranks_span_machines) {
-  const bool fairscale_sharded = strategy == "ddp_sharded" || strategy == "sharded_ddp";
-  if constexpr (S::sharding::shards_optimizer_state && !S::sharding::shards_parameters)
-    if (!c.partition)
-      c.partition = fairscale_sharded              ? polyshard::FairScaleShardedDefaults::partition
-                    : scales_as_grad_scaler(strategy) ? polyshard::TorchDefaults::partition
-                                                      : polyshard::DeepSpeedDefaults::partition;
-  if (polyshard::sets_bucket_cap(c)) return;
-  if (strategy == "ddp_sharded")
+  using Sharding = typename S::sharding;
+  if (strategy == "ddp_sharded" && !polyshard::sets_bucket_cap(c))  // Lightning's choice, set before the policy's
     c.reduce_buffer_size = ranks_span_machines ? polyshard::fairscale_reduce_buffer_size : 0;
-  else if (strategy == "sharded_ddp") polyshard::FairScaleShardedDefaults::fill_bucket_cap(c);
-  else if (scales_as_grad_scaler(strategy)) polyshard::TorchDefaults::fill_bucket_cap(c);
-  else polyshard::DeepSpeedDefaults::fill_bucket_cap(c);
+  if (strategy == "ddp_sharded" || strategy == "sharded_ddp")
+    polyshard::fill_reference_defaults<Sharding, polyshard::FairScaleShardedDefaults>(c);
+  else if (scales_as_grad_scaler(strategy)) polyshard::fill_reference_defaults<Sharding, polyshard::TorchDefaults>(c);
+  else polyshard::fill_reference_defaults<Sharding, polyshard::DeepSpeedDefaults>(c);
 }
 
 /// Trains one rank under the strategy of family F and precision P with the options' wrap,

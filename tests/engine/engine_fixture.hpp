@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <numeric>
 
 #include "polyshard/comm/thread_communicator.hpp"
 #include "polyshard/data/data.hpp"
@@ -96,8 +95,8 @@ RunResult train_rank(Comm& comm, int steps = 3, std::int64_t batch = 6, typename
   result.parameters = engine.full_parameters();
   result.padded = engine.units().padded_total();
   result.root_padded = engine.units().units[0].padded;
-  const auto shards = engine.units().uneven_shards(engine.shard_comm().rank(), engine.shard_comm().size());
-  if (!shards.empty()) result.rank_shard = std::accumulate(shards.begin(), shards.end(), std::int64_t{0});
+  result.rank_shard =
+      rank_shard_elements(engine.units().uneven_shards(engine.shard_comm().rank(), engine.shard_comm().size()));
   return result;
 }
 

@@ -209,6 +209,10 @@ TEST_CASE("whole_parameters is refused where the parameters are sharded or nothi
                         Catch::Contains("ShardParameters, whose parameter shards are even slices"));
   CHECK_THROWS_WITH((refuse_fields_not_read_by<DDP>(whole)), Catch::Contains("NoShard, which partitions nothing"));
   CHECK_NOTHROW(refuse_fields_not_read_by<ZeRO<1>>(whole));
+  StrategyConfig cut = whole;  // no all-gather to cut: each rank's shard is broadcast from it
+  cut.allgather_bucket_size = 10;
+  CHECK_THROWS_WITH(refuse_fields_not_read_by<ZeRO<1>>(cut), Catch::Contains("allgather_bucket_size = 10") &&
+                                                                  Catch::Contains("partition = whole_parameters"));
   CHECK_NOTHROW(refuse_fields_not_read_by<Strategy<HybridShard<ShardGradients>>>(whole));
   StrategyConfig flat;
   flat.partition = ShardPartition::flat_slices;  // what they do: accepted

@@ -196,7 +196,7 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
   EngineOver(Model& model, Comm& comm, typename Opt::config_type optimizer, StrategyConfig config = {},
              std::uint64_t seed = 0)
       : model_(model), comm_(comm), config_(with_reference_defaults<S>(config)), scaler_(config) {
-    refuse_fields_not_read_by<S, device>(config);
+    refuse_fields_not_read_by<S, device>(config_);
     POLYSHARD_CHECK(config.gradient_accumulation_steps >= 1, "StrategyConfig::gradient_accumulation_steps (the "
                     "micro-batches of one step) must be at least 1, got ", config.gradient_accumulation_steps);
     if constexpr (State::master_is_full || State::master_is_shard)
@@ -214,14 +214,7 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
     Comm& shards = shard_comm();
     plan_ = plan_units<typename S::wrap, typename S::checkpointing, work_type, Model, device>(model, shards.size(),
                                                                                               config.min_num_params);
-    if (config_.partition == ShardPartition::whole_parameters) {
-      POLYSHARD_CHECK(config_.allgather_bucket_size == StrategyConfig{}.allgather_bucket_size,
-                      "StrategyConfig::allgather_bucket_size = ", config_.allgather_bucket_size, " cuts the ",
-                      "all-gather of equal shards (DeepSpeed's stages 1 and 2), and partition = whole_parameters ",
-                      "broadcasts each rank's parameters from it, as FairScale's OSS does: leave it at 200000000, ",
-                      "or set partition = flat_slices");
-      lay_out_whole_parameters(plan_, shards.size());
-    }
+    if (config_.partition == ShardPartition::whole_parameters) lay_out_whole_parameters(plan_, shards.size());
     units_.resize(plan_.units.size());
     for (std::size_t i = 0; i < units_.size(); ++i) {
       State& u = units_[i];

@@ -177,7 +177,7 @@ void gather_masters(E& engine, std::size_t unit, bool to_host, bool may_alias, T
   engine.access_optimizer(unit, [&](auto&, auto params) {
     const std::int64_t mine = layout.shard_begin(comm.rank(), ranks), count = static_cast<std::int64_t>(params.size());
     // (With uneven shards, one rank may hold a unit whole while the others hold none of it.)
-    const bool whole = layout.bounds.empty() && static_cast<std::int64_t>(params.size()) == padded;
+    const bool whole = layout.bounds.empty() && count == padded;
     if constexpr (E::masters_on_host) {
       if (whole && may_alias && to_host && E::masters_resident) {
         host = Tensor<MT>::wrap(params.data(), Shape{padded});

@@ -153,13 +153,11 @@ void describe_layout(CheckpointMetadata& m, const Plan& units, std::size_t files
       index.push_back(m.parameters.size());
       m.parameters.push_back({e.name, std::vector<std::int64_t>(e.shape.begin(), e.shape.end()), {}});
     }
-    // File f holds rank f's shard (a file per rank), or the whole unit (one file).
+    // File f holds rank f's shard (one file: the one rank's, the whole unit).
     const int ranks = static_cast<int>(files);
     for (std::size_t f = 0; f < files; ++f) {
       const int rank = static_cast<int>(f);
-      const std::int64_t begin = files == 1 ? 0 : unit.shard_begin(rank, ranks);
-      const std::int64_t span = files == 1 ? unit.padded : unit.shard_size(rank, ranks);
-      for (const SpanSlice& s : span_slices(unit, begin, span))
+      for (const SpanSlice& s : span_slices(unit, unit.shard_begin(rank, ranks), unit.shard_size(rank, ranks)))
         m.parameters[index[s.entry]].pieces.push_back({f, s.begin, s.end});
     }
   }

@@ -145,6 +145,15 @@ inline std::int64_t nvme_parameters_in_memory(std::span<const std::int64_t> unit
   return kept;
 }
 
+/// The elements of a rank's uneven shards in all (UnitPlan::uneven_shards: one a unit), as the
+/// functions here take them; -1 (P / N) for none.
+inline std::int64_t rank_shard_elements(std::span<const std::int64_t> shards) {
+  if (shards.empty()) return -1;
+  std::int64_t n = 0;
+  for (const std::int64_t s : shards) n += s;
+  return n;
+}
+
 /// resident_memory with the unit sizes (padded, root first): under OffloadParameters<Nvme>, the
 /// parameter shards max_in_cpu keeps in memory counted unit by unit (nvme_parameters_in_memory);
 /// for every other strategy, resident_memory of their sum. `shards`: the rank's shard of each
@@ -152,10 +161,9 @@ inline std::int64_t nvme_parameters_in_memory(std::span<const std::int64_t> unit
 template <StrategyType S, Device D = Cpu>
 ResidentMemory resident_memory(std::span<const std::int64_t> units, int world_size, int states_per_param = 2,
                                const StrategyConfig& config = {}, std::span<const std::int64_t> shards = {}) {
-  std::int64_t total = 0, rank_shard = shards.empty() ? -1 : 0;
+  std::int64_t total = 0;
   for (std::int64_t u : units) total += u;
-  for (std::int64_t s : shards) rank_shard += s;
-  ResidentMemory m = resident_memory<S, D>(total, world_size, states_per_param, config, rank_shard);
+  ResidentMemory m = resident_memory<S, D>(total, world_size, states_per_param, config, rank_shard_elements(shards));
   if constexpr (S::offload::to_nvme && S::offload::offloads_parameters)
     m.parameters = static_cast<double>(sizeof(typename S::compute_type)) *
                    static_cast<double>(nvme_parameters_in_memory(units, world_size, config.max_in_cpu));

@@ -253,8 +253,10 @@ constexpr const char* policy_name() {
 /// from a device or NVMe, move_grads_to_cpu against where the optimizer steps, cpu_checkpointing
 /// and synchronize_checkpoint_boundary on a host model, contiguous_memory_optimization without
 /// cpu_checkpointing, number_checkpoints without contiguous_memory_optimization, a remote_device
-/// other than where the shards are built (D: where the model computes). A user who sets one expects it to act; a run that ignores it is a
-/// silently different run. Engine's constructor calls it.
+/// other than where the shards are built (D: where the model computes), and allgather_bucket_size
+/// beside partition = whole_parameters (whose shards are broadcast, not all-gathered). A user who
+/// sets one expects it to act; a run that ignores it is a silently different run. Engine's
+/// constructor calls it on the config its strategy's reference defaults filled in.
 template <class S, class D = Cpu>
 void refuse_fields_not_read_by(const StrategyConfig& c) {
   [[maybe_unused]] const char* offload = detail::policy_name<typename S::offload>();
@@ -354,8 +356,6 @@ void refuse_fields_not_read_by(const StrategyConfig& c) {
                     "and ShardGradients (DeepSpeed's stages 1 and 2), and this strategy shards with ", sharding,
                     ", which has no such all-gather (DeepSpeed's stage 3 does not read it either; what sharded ",
                     "parameters gather ahead is stage3_prefetch_bucket_size): leave it at 200000000");
-  }
-  if constexpr (!S::sharding::shards_optimizer_state || S::sharding::shards_parameters) {
     POLYSHARD_CHECK(c.partition != ShardPartition::whole_parameters, "StrategyConfig::partition = whole_parameters ",
                     "gives each parameter whole to one rank, as FairScale's OSS shards the optimizer state of whole ",
                     "parameters (ShardOptimizerState, ShardGradients), and this strategy shards with ", sharding,
@@ -363,6 +363,10 @@ void refuse_fields_not_read_by(const StrategyConfig& c) {
                                                    : ", which partitions nothing",
                     ": leave it unset or flat_slices");
   }
+  POLYSHARD_CHECK(c.partition != ShardPartition::whole_parameters || c.allgather_bucket_size == d.allgather_bucket_size,
+                  "StrategyConfig::allgather_bucket_size = ", c.allgather_bucket_size, " cuts the all-gather of equal ",
+                  "shards (DeepSpeed's stages 1 and 2), and partition = whole_parameters broadcasts each rank's ",
+                  "parameters from it, as FairScale's OSS does: leave it at 200000000, or set partition = flat_slices");
   POLYSHARD_CHECK(c.allgather_bucket_size > 0, "StrategyConfig::allgather_bucket_size = ", c.allgather_bucket_size,
                   ": a number of elements must be positive");
   if (c.stage3_prefetch_bucket_size) {

@@ -62,15 +62,23 @@ inline bool sets_bucket_cap(const StrategyConfig& config) {
   return config.bucket_cap_mb || config.reduce_bucket_size || config.reduce_buffer_size;
 }
 
-/// `config` with the settings it leaves unset taken from strategy S's reference: where it sets
-/// no gradient-bucket cap, S's own; where it sets no partition and S shards the optimizer state
-/// of whole parameters, S's partition. A cap the user sets replaces the reference's rather than
-/// adding to it, so a run configured for one reference buckets the same under every strategy.
+/// Fills in the settings `config` leaves unset from defaults policy P, for a strategy sharding as
+/// `Sharding` does: where it sets no gradient-bucket cap, P's; where it sets no partition and
+/// Sharding shards the optimizer state of whole parameters, P's partition. A cap the user sets
+/// replaces the reference's rather than adding to it, so a run configured for one reference
+/// buckets the same under every strategy.
+template <class Sharding, DefaultsPolicy P>
+void fill_reference_defaults(StrategyConfig& config) {
+  if (!sets_bucket_cap(config)) P::fill_bucket_cap(config);
+  if constexpr (Sharding::shards_optimizer_state && !Sharding::shards_parameters)
+    if (!config.partition) config.partition = P::partition;
+}
+
+/// `config` with the settings it leaves unset taken from strategy S's reference (its
+/// DefaultsPolicy, fill_reference_defaults).
 template <class S>
 StrategyConfig with_reference_defaults(StrategyConfig config) {
-  if (!sets_bucket_cap(config)) S::defaults::fill_bucket_cap(config);
-  if constexpr (S::sharding::shards_optimizer_state && !S::sharding::shards_parameters)
-    if (!config.partition) config.partition = S::defaults::partition;
+  fill_reference_defaults<typename S::sharding, typename S::defaults>(config);
   return config;
 }
 
