@@ -138,6 +138,18 @@ double max_named_difference(const Got& got, const Expected& expected) {
   return worst;
 }
 
+/// Each parameter of `flat` by name, in name order, its values read from `values` (the flat
+/// buffer of an oracle's weights).
+inline Parameters by_name(const FlatParameters<float>& flat, const Tensor<float>& values) {
+  Parameters out;
+  for (const auto& e : flat.entries()) {
+    const auto s = values.flat_view(e.offset, e.numel()).span();
+    out.emplace_back(e.name, std::vector<float>(s.begin(), s.end()));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
 /// A one-process oracle without the engine: tiny_gpt() on flat buffers (seed 42), `steps` steps
 /// of the fixture's batches (global batch 6), AdamW run parameter by parameter with the config
 /// `config_of(step, entry)` points at, none for a parameter the step leaves alone, values and
@@ -166,13 +178,7 @@ Parameters adamw_by_parameter(int steps, Prepare&& prepare, ConfigOf&& config_of
                                 true);
     }
   }
-  Parameters out;
-  for (const auto& e : flat.entries()) {
-    const auto s = values.flat_view(e.offset, e.numel()).span();
-    out.emplace_back(e.name, std::vector<float>(s.begin(), s.end()));
-  }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  return out;
+  return by_name(flat, values);
 }
 
 /// adamw_by_parameter with `config` for every parameter, or, when `matrices_only`, without

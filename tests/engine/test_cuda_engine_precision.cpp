@@ -2,6 +2,7 @@
 // fp16 with a dynamic loss scale against the host, frozen parameters, and the compute copy the
 // fused step writes.
 #include "cuda_engine_fixture.hpp"
+#include "optimizer_list_oracle.hpp"
 
 using namespace polyshard;
 using namespace polyshard::test;
@@ -166,4 +167,28 @@ TEMPLATE_TEST_CASE("parameters exempt from weight decay on the GPU: a zero gradi
   const test::Parameters trained = run(3, 1.0).second;
   CHECK(test::max_difference(trained, test::adamw_matrices_only(3, adamw, true)) < 2e-5);
   CHECK(test::max_difference(trained, test::adamw_matrices_only(3, adamw, false)) > 1e-3);
+}
+
+TEMPLATE_TEST_CASE("an OptimizerList on the GPU: SGD with momentum beside Adam ends on the one-process oracle's "
+                   "weights",
+                   "[cuda][engine]", FsdpPerBlock, FsdpCpuOffload) {
+  // The fused device kernels (FsdpPerBlock) and the host's for a device model (FsdpCpuOffload),
+  // in sub-groups of 37 elements cut anywhere by where the optimizer changes.
+  StrategyConfig pieces;
+  pieces.sub_group_size = 37;
+  NcclCommunicator comm = one_gpu();
+  Gpt<float, Cuda> model(test::tiny_gpt());
+  Engine<TestType, Gpt<float, Cuda>, NcclCommunicator, AnyOptimizer<float>> engine(model, comm, sgd_and_adam(),
+                                                                                     pieces, 42);
+  BatchSampler sampler(test::tiny_data(), 8, 6, 7);
+  for (int step = 0; step < 3; ++step) {
+    const Batch b = sampler.batch(step, 0, 1);
+    auto loss = engine.forward([&] { return model.loss(to_device(b.inputs), to_device(b.targets)); });
+    engine.backward(loss, 1.0);
+    loss = {};
+    engine.step(first_lr);
+  }
+  const test::Parameters trained = engine.full_parameters();
+  CHECK(test::max_difference(trained, test::list_oracle(sgd_and_adam(), 3)) < 2e-5);
+  CHECK(test::max_difference(trained, test::list_oracle({sgd_and_adam()[1]}, 3)) > 1e-4);  // Adam alone
 }

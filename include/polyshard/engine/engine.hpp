@@ -36,6 +36,7 @@
 #include "polyshard/engine/units.hpp"
 #include "polyshard/optim/clip_grad_norm.hpp"
 #include "polyshard/optim/optimizer.hpp"
+#include "polyshard/optim/optimizer_list.hpp"
 #include "polyshard/policy/config.hpp"
 #include "polyshard/policy/strategy.hpp"
 #include "polyshard/profile/trace.hpp"
@@ -195,6 +196,11 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
   /// parameters or only the rank's shards, as the strategy says, initialised from `seed`.
   EngineOver(Model& model, Comm& comm, typename Opt::config_type optimizer, StrategyConfig config = {},
              std::uint64_t seed = 0)
+      : EngineOver(model, comm, OptimizerList<typename Opt::config_type>{{every_parameter(), std::move(optimizer)}},
+                   std::move(config), seed) {}
+  /// As above with several optimizers, each over the parameters it selects (OptimizerList).
+  EngineOver(Model& model, Comm& comm, const OptimizerList<typename Opt::config_type>& optimizers,
+             StrategyConfig config = {}, std::uint64_t seed = 0)
       : model_(model), comm_(comm), config_(with_reference_defaults<S>(config)), scaler_(config) {
     refuse_fields_not_read_by<S, device>(config_);
     POLYSHARD_CHECK(config.gradient_accumulation_steps >= 1, "StrategyConfig::gradient_accumulation_steps (the "
@@ -214,7 +220,9 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
     Comm& shards = shard_comm();
     plan_ = plan_units<typename S::wrap, typename S::checkpointing, work_type, Model, device>(model, shards.size(),
                                                                                               config.min_num_params);
+    assign_optimizers(plan_, optimizers);
     if (config_.partition == ShardPartition::whole_parameters) lay_out_whole_parameters(plan_, shards.size());
+    const OptimizerListFacts list = list_facts(optimizers);
     units_.resize(plan_.units.size());
     for (std::size_t i = 0; i < units_.size(); ++i) {
       State& u = units_[i];
@@ -234,7 +242,8 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
       u.bind();
       std::optional<HostAllocatorScope> pinned;  // the state, and the masters NVMe offload hands to the sub-groups
       pin_host_optimizer_state(pinned, config);
-      optimizers_.emplace_back(optimizer_runs(u, optimizer), config.sub_group_size);
+      optimizers_.emplace_back(optimizer_runs(u, optimizers), config.sub_group_size, list.state_names,
+                               list.reference_lr);
       placement_.place(i, units_, optimizers_, config, comm.rank());
     }
     placement_.finish_placing();
@@ -595,29 +604,62 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
   /// access_optimizer.
   static constexpr bool masters_resident =
       !(S::offload::to_nvme && (S::offload::offloads_parameters || !State::master_is_shard));
-  /// Unit u's optimizer span as (elements, config) runs: `optimizer` where weight decay applies,
-  /// the same without weight decay over the parameters exempt from it
+  /// Sets each parameter's UnitEntry::optimizer: the first of `optimizers` that selects its name.
+  static void assign_optimizers(UnitPlan<work_type, device>& plan,
+                                const OptimizerList<typename Opt::config_type>& optimizers) {
+    POLYSHARD_CHECK(!optimizers.empty(), "Engine: an OptimizerList of no optimizers");
+    for (auto& unit : plan.units)
+      for (auto& e : unit.entries) {
+        const auto first = std::find_if(optimizers.begin(), optimizers.end(),
+                                        [&](const auto& o) { return o.selects && o.selects(e.name); });
+        POLYSHARD_CHECK(first != optimizers.end(), "Engine: no optimizer of the OptimizerList selects parameter '",
+                        e.name, "': every parameter needs one, a frozen one too (refresh_trainable may thaw it)");
+        e.optimizer = static_cast<std::size_t>(first - optimizers.begin());
+      }
+  }
+  /// What the optimizers of a list share: the state kinds of them all (each named once, in list
+  /// order), which the views and checkpoints show for every span, and the first's configured lr,
+  /// which step's lr stands for.
+  struct OptimizerListFacts {
+    std::vector<std::string> state_names;
+    double reference_lr = 0;
+  };
+  static OptimizerListFacts list_facts(const OptimizerList<typename Opt::config_type>& optimizers) {
+    OptimizerListFacts facts;
+    for (const auto& o : optimizers)
+      for (const auto& [name, tensor] : Opt(o.config, 0).state())
+        if (std::find(facts.state_names.begin(), facts.state_names.end(), name) == facts.state_names.end())
+          facts.state_names.push_back(name);
+    facts.reference_lr = Opt(optimizers.front().config, 0).lr();
+    for (std::size_t k = 1; k < optimizers.size() && facts.reference_lr == 0; ++k)
+      POLYSHARD_CHECK(Opt(optimizers[k].config, 0).lr() == 0, "Engine: the OptimizerList's first optimizer has lr 0, ",
+                      "and optimizer ", k, "'s is not: step(lr) scales the others' learning rates as the first's, ",
+                      "so the first needs a configured lr that is not 0");
+    return facts;
+  }
+  /// Unit u's optimizer span as (elements, config) runs: each parameter's optimizer's config
+  /// (UnitEntry::optimizer), without weight decay over the parameters exempt from it
   /// (Parameter::set_weight_decay(false), PyTorch's parameter group with weight_decay=0). The
-  /// flags are read once, here; one run when no parameter is exempt.
+  /// flags are read once, here; one run when all parameters are stepped alike.
   static std::vector<std::pair<std::int64_t, typename Opt::config_type>> optimizer_runs(
-      State& u, const typename Opt::config_type& optimizer) {
+      State& u, const OptimizerList<typename Opt::config_type>& optimizers) {
     const std::int64_t numel = Behaviour::optimizer_params(u).numel();
     std::vector<std::int64_t> offsets;
-    std::vector<bool> decays;
-    const std::string* exempt = nullptr;
+    std::vector<std::pair<std::size_t, bool>> keys;  // (optimizer, decays)
     for (const auto& e : u.layout->entries) {
       offsets.push_back(e.offset);
-      decays.push_back(e.parameter == nullptr || e.parameter->has_weight_decay());
-      if (!decays.back() && exempt == nullptr) exempt = &e.name;
+      keys.emplace_back(e.optimizer, e.parameter == nullptr || e.parameter->has_weight_decay());
+      if (keys.back().second) continue;
+      POLYSHARD_CHECK(without_weight_decay(optimizers[e.optimizer].config).has_value(), "Engine: parameter '",
+                      e.name, "' is exempt from weight decay (Parameter::set_weight_decay(false)), and its ",
+                      "optimizer's config has no weight_decay to leave out");
     }
-    if (exempt == nullptr) return {{numel, optimizer}};
-    const auto no_decay = without_weight_decay(optimizer);
-    POLYSHARD_CHECK(no_decay.has_value(), "Engine: parameter '", *exempt, "' is exempt from weight decay ",
-                    "(Parameter::set_weight_decay(false)), and the optimizer's config has no weight_decay to ",
-                    "leave out");
     std::vector<std::pair<std::int64_t, typename Opt::config_type>> runs;
-    for (const auto& [elements, decayed] : weight_decay_runs(offsets, decays, optimizer_span_begin(u, numel), numel))
-      runs.emplace_back(elements, decayed ? optimizer : *no_decay);
+    for (const auto& [elements, key] :
+         parameter_runs(offsets, keys, optimizer_span_begin(u, numel), numel, std::pair<std::size_t, bool>{0, true})) {
+      const auto& config = optimizers[key.first].config;
+      runs.emplace_back(elements, key.second ? config : *without_weight_decay(config));
+    }
     return runs;
   }
   /// Where unit `unit`'s optimizer span starts in the unit's flat buffer: 0 when the rank
@@ -1540,6 +1582,12 @@ class Engine : public detail::EngineOver<canonical_t<S>, Model, Comm, Opt> {
   Engine(Model& model, Comm& comm, typename Opt::config_type optimizer, StrategyConfig config = {},
          std::uint64_t seed = 0)
       : Base(model, comm, std::move(optimizer), with_reference_defaults<S>(std::move(config)), seed) {}
+  /// Several optimizers, each over the parameters it selects (FairScale's list of OSS):
+  /// step(lr)'s lr is the first's, the others' scaled alike (OptimizerList). A template, so that
+  /// `{}` still means the one optimizer's default config.
+  template <std::same_as<OptimizerList<typename Opt::config_type>> List>
+  Engine(Model& model, Comm& comm, const List& optimizers, StrategyConfig config = {}, std::uint64_t seed = 0)
+      : Base(model, comm, optimizers, with_reference_defaults<S>(std::move(config)), seed) {}
   using strategy = S;
 };
 

@@ -2,8 +2,9 @@
 // StrategyConfig::sub_group_size elements (DeepSpeed's sub_group_size), each with an optimizer,
 // and so optimizer state storages, of its own, and where an offload to NVMe asks for it master
 // weights of its own: the offload brings one sub-group's state and masters into memory at a time.
-// OptimizerGroupsView shows the groups as one optimizer over the span, the shape checkpoints read
-// and write whatever the grouping.
+// The span's runs of parameters with hyperparameters of their own (weight-decay exemptions, the
+// optimizers of an OptimizerList) are sub-grouped apart. OptimizerGroupsView shows the groups as
+// one optimizer over the span, the shape checkpoints read and write whatever the grouping.
 #pragma once
 
 #include <algorithm>
@@ -22,8 +23,8 @@
 namespace polyshard {
 
 /// One optimizer of type Opt per sub-group of a unit's optimizer span, group k over elements
-/// [offset(k), offset(k) + numel(k)) of it. They step the same steps at the same learning rate,
-/// so their step counts and learning rates are always equal.
+/// [offset(k), offset(k) + numel(k)) of it. They step the same steps, so their step counts are
+/// always equal, at learning rates in the ratios of their configs' (lr_scale).
 template <class Opt>
 class OptimizerGroups {
  public:
@@ -41,9 +42,14 @@ class OptimizerGroups {
 
   /// Groups over a span made of `runs`, (elements, config) pairs in span order: each run cut
   /// into sub-groups of at most `group_size`, each built as Opt(its run's config, its size). A
-  /// run is a set of parameters with hyperparameters of their own (weight_decay_runs).
+  /// run is a set of parameters with hyperparameters of their own (parameter_runs).
+  /// `state_names`: the state kinds the view shows, those of every optimizer of the engine (the
+  /// first group's when empty); `reference_lr`: the configured lr that set_lr's lr stands for
+  /// (the first group's when 0).
   template <class Config>
-  OptimizerGroups(const std::vector<std::pair<std::int64_t, Config>>& runs, std::int64_t group_size) {
+  OptimizerGroups(const std::vector<std::pair<std::int64_t, Config>>& runs, std::int64_t group_size,
+                  std::vector<std::string> state_names = {}, double reference_lr = 0)
+      : state_names_(std::move(state_names)) {
     POLYSHARD_CHECK(!runs.empty(), "OptimizerGroups: a span of no runs");
     std::int64_t at = 0;
     for (const auto& [elements, config] : runs)
@@ -54,6 +60,10 @@ class OptimizerGroups {
         at += n;
       }
     numel_ = static_cast<std::size_t>(at);
+    if (reference_lr == 0) reference_lr = groups_.front().lr();
+    for (const Opt& g : groups_) lr_scale_.push_back(reference_lr == 0 ? 1.0 : g.lr() / reference_lr);
+    if (state_names_.empty())
+      for (const auto& [name, tensor] : groups_.front().state()) state_names_.push_back(name);
   }
 
   std::size_t size() const { return groups_.size(); }
@@ -73,19 +83,25 @@ class OptimizerGroups {
   void set_step_count(std::int64_t step) {
     for (Opt& g : groups_) g.set_step_count(step);
   }
-  double lr() const { return groups_.front().lr(); }
+  /// The learning rate set_lr last set: the reference's, which a group's is lr_scale(k) times.
+  double lr() const { return groups_.front().lr() / lr_scale_.front(); }
   void set_lr(double lr) {
-    for (Opt& g : groups_) g.set_lr(lr);
+    for (std::size_t k = 0; k < groups_.size(); ++k) groups_[k].set_lr(lr_scale_[k] == 1.0 ? lr : lr * lr_scale_[k]);
   }
+  /// Group k's configured lr over the reference's: its learning rate is set_lr's times this.
+  double lr_scale(std::size_t k) const { return lr_scale_[k]; }
   std::size_t state_bytes() const {
     std::size_t bytes = 0;
     for (const Opt& g : groups_) bytes += g.state_bytes();
     return bytes;
   }
+  /// The most state values a group keeps per parameter.
   int states_per_param() const
     requires requires(const Opt& o) { o.states_per_param(); }
   {
-    return groups_.front().states_per_param();
+    int most = 0;
+    for (const Opt& g : groups_) most = std::max(most, g.states_per_param());
+    return most;
   }
   /// Gives each group master weights of its own, copied from its slice of `master` (the unit's,
   /// over the whole span), and frees `master`'s elements: they then live in the groups, which an
@@ -109,41 +125,50 @@ class OptimizerGroups {
     return hold_masters() ? masters_[k] : span_params.flat_view(offset(k), numel(k));
   }
 
-  /// The names of the state tensors, PyTorch's, in the optimizer's order.
-  std::vector<std::string> state_names() const {
-    std::vector<std::string> names;
-    for (const auto& [name, tensor] : groups_.front().state()) names.push_back(name);
-    return names;
-  }
+  /// The names of the state tensors the view shows, PyTorch's, in the optimizers' order: every
+  /// kind any optimizer of the engine keeps, whether or not this span's groups keep it.
+  const std::vector<std::string>& state_names() const { return state_names_; }
 
  private:
   std::vector<Opt> groups_;
+  std::vector<std::string> state_names_;
+  std::vector<double> lr_scale_;
   std::vector<StateTensor> masters_;  // hold_masters_apart's, else empty
   std::vector<std::int64_t> offsets_;
   std::size_t numel_ = 0;
 };
 
-/// Where weight decay applies over a unit's optimizer span, elements [begin, begin + numel) of the
-/// unit: consecutive (elements, decays) runs covering the span, adjacent alike runs merged.
-/// Parameter i starts at offsets[i] (increasing) and `decays[i]` says whether it decays; the
+/// How a unit's optimizer span, elements [begin, begin + numel) of the unit, splits by the
+/// hyperparameters of its parameters: consecutive (elements, key) runs covering the span,
+/// adjacent runs of equal keys merged. Parameter i starts at offsets[i] (increasing) and is
+/// stepped as `keys[i]` says (whether it decays, which optimizer of a list steps it); the
 /// elements after a parameter up to the next one (padding) go with it, those before the first
-/// parameter with the first. No parameters, or all alike: one run.
-inline std::vector<std::pair<std::int64_t, bool>> weight_decay_runs(const std::vector<std::int64_t>& offsets,
-                                                                    const std::vector<bool>& decays,
-                                                                    std::int64_t begin, std::int64_t numel) {
-  POLYSHARD_CHECK(offsets.size() == decays.size(), "weight_decay_runs: ", offsets.size(), " offsets for ",
-                  decays.size(), " flags");
-  std::vector<std::pair<std::int64_t, bool>> runs;
+/// parameter with the first. No parameters: one run of `none`.
+template <class Key>
+std::vector<std::pair<std::int64_t, Key>> parameter_runs(const std::vector<std::int64_t>& offsets,
+                                                         const std::vector<Key>& keys, std::int64_t begin,
+                                                         std::int64_t numel, const Key& none) {
+  POLYSHARD_CHECK(offsets.size() == keys.size(), "parameter_runs: ", offsets.size(), " offsets for ", keys.size(),
+                  " keys");
+  std::vector<std::pair<std::int64_t, Key>> runs;
   const std::int64_t end = begin + numel;
   for (std::size_t i = 0; i < offsets.size(); ++i) {
     const std::int64_t from = std::max(begin, i == 0 ? begin : offsets[i]);
     const std::int64_t to = std::min(end, i + 1 < offsets.size() ? offsets[i + 1] : end);
     if (from >= to) continue;
-    if (!runs.empty() && runs.back().second == decays[i]) runs.back().first += to - from;
-    else runs.emplace_back(to - from, decays[i]);
+    const Key key = keys[i];
+    if (!runs.empty() && runs.back().second == key) runs.back().first += to - from;
+    else runs.emplace_back(to - from, key);
   }
-  if (runs.empty()) runs.emplace_back(numel, true);
+  if (runs.empty()) runs.emplace_back(numel, none);
   return runs;
+}
+
+/// parameter_runs keyed by whether weight decay applies (`decays[i]`; no parameters: decay).
+inline std::vector<std::pair<std::int64_t, bool>> weight_decay_runs(const std::vector<std::int64_t>& offsets,
+                                                                    const std::vector<bool>& decays,
+                                                                    std::int64_t begin, std::int64_t numel) {
+  return parameter_runs<bool>(offsets, decays, begin, numel, true);
 }
 
 /// The unit's master weights `master` over the span (Behaviour::optimizer_params) with their
@@ -195,12 +220,14 @@ class OptimizerGroupsView {
   /// have no elements where the groups hold them; only read then.
   explicit OptimizerGroupsView(OptimizerGroups<Opt>& groups, const StateTensor& master = {})
       : groups_(groups), masters_(groups, master) {
-    if (groups.size() == 1) {
+    if (groups.size() == 1 && kinds(groups[0].state()) == groups.state_names()) {
       state_ = groups[0].state();
+      aliased_ = true;
       return;
     }
+    // Zeros where a group keeps no such kind (an SGD's part of a span's exp_avg).
     for (const std::string& name : groups.state_names())
-      state_.emplace_back(name, StateTensor::empty({static_cast<std::int64_t>(groups.numel())}, MemoryCategory::Other));
+      state_.emplace_back(name, StateTensor::zeros({static_cast<std::int64_t>(groups.numel())}, MemoryCategory::Other));
     copy(/*into_groups=*/false);
   }
 
@@ -212,31 +239,35 @@ class OptimizerGroupsView {
 
   /// Puts the view's state and masters, as changed since construction, into the groups.
   void write_back() {
-    if (groups_.size() > 1) copy(/*into_groups=*/true);
+    if (!aliased_) copy(/*into_groups=*/true);
     masters_.write_back();
   }
 
  private:
+  static std::vector<std::string> kinds(const StateList& state) {
+    std::vector<std::string> names;
+    for (const auto& [name, tensor] : state) names.push_back(name);
+    return names;
+  }
   void copy(bool into_groups) {
-    for (std::size_t k = 0; k < groups_.size(); ++k) {
-      const StateList mine = groups_[k].state();
-      POLYSHARD_CHECK(mine.size() == state_.size(), "OptimizerGroupsView: sub-group ", k, " keeps ", mine.size(),
-                      " state tensors, sub-group 0 ", state_.size());
-      for (std::size_t s = 0; s < mine.size(); ++s) {
-        const StateTensor& part = mine[s].second;
-        POLYSHARD_CHECK(part.numel() == groups_.numel(k), "OptimizerGroupsView: the optimizer's ", mine[s].first,
-                        " has ", part.numel(), " values for a sub-group of ", groups_.numel(k), " elements: ",
+    for (std::size_t k = 0; k < groups_.size(); ++k)
+      for (const auto& [name, part] : groups_[k].state()) {
+        const auto s = std::find_if(state_.begin(), state_.end(), [&](const auto& t) { return t.first == name; });
+        POLYSHARD_CHECK(s != state_.end(), "OptimizerGroupsView: sub-group ", k, " keeps state '", name,
+                        "', which the engine's optimizers do not name");
+        POLYSHARD_CHECK(part.numel() == groups_.numel(k), "OptimizerGroupsView: the optimizer's ", name, " has ",
+                        part.numel(), " values for a sub-group of ", groups_.numel(k), " elements: ",
                         "sub_group_size needs one value per element");
-        const StateTensor whole = state_[s].second.flat_view(groups_.offset(k), groups_.numel(k));
+        const StateTensor whole = s->second.flat_view(groups_.offset(k), groups_.numel(k));
         if (into_groups) part.copy_from(whole);
         else whole.copy_from(part);
       }
-    }
   }
 
   OptimizerGroups<Opt>& groups_;
   GroupMasters<Opt> masters_;
   StateList state_;
+  bool aliased_ = false;  // state_ holds the one group's own tensors
 };
 
 }  // namespace polyshard

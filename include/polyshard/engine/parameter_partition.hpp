@@ -34,7 +34,8 @@ inline std::vector<int> assign_whole_parameters(const std::vector<std::int64_t>&
 
 /// Lays `plan`'s units out for `world` ranks that each own whole parameters: the model's
 /// parameters, in the order it declares them whatever their units, are assigned by
-/// assign_whole_parameters with one tally, and each unit is cut into uneven shards
+/// assign_whole_parameters with one tally per optimizer (UnitEntry::optimizer: each OSS of a
+/// list partitions its own parameters), and each unit is cut into uneven shards
 /// (UnitLayout::bounds), rank after rank, each holding its rank's parameters of the unit in that
 /// order, with no padding anywhere. A unit's entries end in offset order. Trainability is read
 /// now: the partition stays what it was when the engine was built.
@@ -51,13 +52,24 @@ void lay_out_whole_parameters(UnitPlan<T, D>& plan, int world) {
   std::sort(declared.begin(), declared.end(),
             [&](const auto& a, const auto& b) { return entry(a).order < entry(b).order; });
   std::vector<std::int64_t> numels;
-  std::vector<bool> trainable;
-  for (const auto& at : declared) {
-    numels.push_back(entry(at).numel());
-    trainable.push_back(entry(at).parameter->requires_grad());
+  for (const auto& at : declared) numels.push_back(entry(at).numel());
+  std::vector<int> owners(declared.size());
+  std::size_t optimizers = 0;
+  for (const auto& at : declared) optimizers = std::max(optimizers, entry(at).optimizer + 1);
+  for (std::size_t o = 0; o < optimizers; ++o) {  // each optimizer's parameters, in order, with a tally of their own
+    std::vector<std::size_t> mine;
+    std::vector<std::int64_t> sizes;
+    std::vector<bool> trainable;
+    for (std::size_t k = 0; k < declared.size(); ++k)
+      if (entry(declared[k]).optimizer == o) {
+        mine.push_back(k);
+        sizes.push_back(numels[k]);
+        trainable.push_back(entry(declared[k]).parameter->requires_grad());
+      }
+    std::vector<std::int64_t> load(static_cast<std::size_t>(world), 0);
+    const std::vector<int> assigned = assign_whole_parameters(sizes, trainable, load);
+    for (std::size_t j = 0; j < mine.size(); ++j) owners[mine[j]] = assigned[j];
   }
-  std::vector<std::int64_t> load(static_cast<std::size_t>(world), 0);
-  const std::vector<int> owners = assign_whole_parameters(numels, trainable, load);
   // Each unit's shards: rank r's starts where rank r - 1's ends.
   const std::size_t ranks = static_cast<std::size_t>(world);
   std::vector<std::int64_t> next(plan.units.size() * ranks, 0);  // per unit and rank: the next free element

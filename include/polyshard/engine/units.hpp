@@ -24,6 +24,7 @@ struct UnitEntry {
   ParameterInit init;
   Parameter<T, D>* parameter;
   std::size_t order = 0;  // the parameter's place among the model's, in the order it declares them
+  std::size_t optimizer = 0;  // which optimizer of the engine's OptimizerList steps it
   std::int64_t numel() const { return shape.numel(); }
 };
 

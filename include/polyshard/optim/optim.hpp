@@ -7,4 +7,5 @@
 #include "polyshard/optim/clip_grad_norm.hpp"
 #include "polyshard/optim/config.hpp"
 #include "polyshard/optim/optimizer.hpp"
+#include "polyshard/optim/optimizer_list.hpp"
 #include "polyshard/optim/sgd.hpp"
