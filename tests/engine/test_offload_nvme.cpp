@@ -53,6 +53,23 @@ std::vector<std::vector<float>> optimizer_states(E& engine) {
   return out;
 }
 
+/// Rank 0's parameters and optimizer state after two_steps of S with `list` on `world` ranks.
+template <class S>
+std::pair<test::Parameters, std::vector<std::vector<float>>> list_steps(int world,
+                                                                        const OptimizerList<AnyOptimizerConfig>& list,
+                                                                        const StrategyConfig& config) {
+  std::pair<test::Parameters, std::vector<std::vector<float>>> out;
+  run_ranks(world, [&](ThreadCommunicator& comm) {
+    Gpt<float> model(test::tiny_gpt());
+    Engine<S, Gpt<float>, ThreadCommunicator, AnyOptimizer<float>> engine(model, comm, list, config, 42);
+    two_steps(engine, model, comm, 0.05);
+    auto parameters = engine.full_parameters();
+    auto states = optimizer_states(engine);
+    if (comm.rank() == 0) out = {std::move(parameters), std::move(states)};
+  });
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("ZeRO-Infinity with AdamW trains bit for bit like ZeRO-3 at world sizes 1, 2 and 4", "[engine][nvme]") {
@@ -103,6 +120,26 @@ TEST_CASE("ZeRO-Infinity: SGD with momentum and mixed precision train like ZeRO-
   const AdamWConfig adamw{.lr = 1e-2};
   CHECK(max_difference(train<with_t<InfinityPerBlock, Bf16Mixed>, AdamW<float>>(world, 3, 6, adamw, no_clip, config).parameters,
                        train<with_t<ZeRO3PerBlock, Bf16Mixed>, AdamW<float>>(world, 3, 6, adamw).parameters) == 0.0);
+}
+
+TEST_CASE("ZeRO-Infinity: an OptimizerList of SGD with momentum beside Adam trains bit for bit like ZeRO-3",
+          "[engine][nvme][optim]") {
+  // Sub-groups of 37 elements of two classes, one state value per element and two, in one file:
+  // each brought back, stepped and written as its own class.
+  const OptimizerList<AnyOptimizerConfig> list{
+      {names_starting_with({"transformer.h.1."}), SgdConfig{.lr = 0.05, .momentum = 0.9}},
+      {every_parameter(), AdamConfig{.lr = 1e-2}}};
+  const int world = GENERATE(1, 3);
+  CAPTURE(world);
+  TempDir dir;
+  StrategyConfig on_nvme = nvme_config(dir, 4096, 2, 4, false), in_memory;
+  on_nvme.sub_group_size = in_memory.sub_group_size = 37;
+  const auto nvme = list_steps<InfinityPerBlock>(world, list, on_nvme);
+  const auto memory = list_steps<ZeRO3PerBlock>(world, list, in_memory);
+  CHECK(max_difference(nvme.first, memory.first) == 0.0);
+  CHECK(nvme.second == memory.second);
+  REQUIRE_FALSE(memory.second.empty());
+  CHECK(max_difference(memory.first, list_steps<ZeRO3PerBlock>(world, {list[1]}, in_memory).first) > 1e-3);
 }
 
 TEST_CASE("ZeRO-Infinity: the state is in the file between steps, and access_optimizer reads and restores it",

@@ -242,8 +242,7 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
       u.bind();
       std::optional<HostAllocatorScope> pinned;  // the state, and the masters NVMe offload hands to the sub-groups
       pin_host_optimizer_state(pinned, config);
-      optimizers_.emplace_back(optimizer_runs(u, optimizers), config.sub_group_size, list.state_names,
-                               list.reference_lr);
+      optimizers_.emplace_back(optimizer_runs(u, optimizers), config.sub_group_size, list);
       placement_.place(i, units_, optimizers_, config, comm.rank());
     }
     placement_.finish_placing();
@@ -617,19 +616,16 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
         e.optimizer = static_cast<std::size_t>(first - optimizers.begin());
       }
   }
-  /// What the optimizers of a list share: the state kinds of them all (each named once, in list
-  /// order), which the views and checkpoints show for every span, and the first's configured lr,
-  /// which step's lr stands for.
-  struct OptimizerListFacts {
-    std::vector<std::string> state_names;
-    double reference_lr = 0;
-  };
+  /// What every unit's optimizer groups share, read from the list (OptimizerListFacts).
   static OptimizerListFacts list_facts(const OptimizerList<typename Opt::config_type>& optimizers) {
     OptimizerListFacts facts;
-    for (const auto& o : optimizers)
-      for (const auto& [name, tensor] : Opt(o.config, 0).state())
+    for (const auto& o : optimizers) {
+      const auto state = Opt(o.config, 0).state();
+      facts.most_state_kinds = std::max(facts.most_state_kinds, state.size());
+      for (const auto& [name, tensor] : state)
         if (std::find(facts.state_names.begin(), facts.state_names.end(), name) == facts.state_names.end())
           facts.state_names.push_back(name);
+    }
     facts.reference_lr = Opt(optimizers.front().config, 0).lr();
     for (std::size_t k = 1; k < optimizers.size() && facts.reference_lr == 0; ++k)
       POLYSHARD_CHECK(Opt(optimizers[k].config, 0).lr() == 0, "Engine: the OptimizerList's first optimizer has lr 0, ",

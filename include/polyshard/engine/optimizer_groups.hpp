@@ -22,6 +22,17 @@
 
 namespace polyshard {
 
+/// What the sub-groups of every unit of an engine share when it steps several optimizers (an
+/// OptimizerList), from the list itself: the state kinds of them all, each named once in list
+/// order, which the views and checkpoints show for every span; the most kinds one of them keeps,
+/// which sizes NVMe's buffers; and the first's configured lr, which set_lr's lr stands for.
+/// Empty and 0: the groups' own.
+struct OptimizerListFacts {
+  std::vector<std::string> state_names;
+  std::size_t most_state_kinds = 0;
+  double reference_lr = 0;
+};
+
 /// One optimizer of type Opt per sub-group of a unit's optimizer span, group k over elements
 /// [offset(k), offset(k) + numel(k)) of it. They step the same steps, so their step counts are
 /// always equal, at learning rates in the ratios of their configs' (lr_scale).
@@ -43,13 +54,11 @@ class OptimizerGroups {
   /// Groups over a span made of `runs`, (elements, config) pairs in span order: each run cut
   /// into sub-groups of at most `group_size`, each built as Opt(its run's config, its size). A
   /// run is a set of parameters with hyperparameters of their own (parameter_runs).
-  /// `state_names`: the state kinds the view shows, those of every optimizer of the engine (the
-  /// first group's when empty); `reference_lr`: the configured lr that set_lr's lr stands for
-  /// (the first group's when 0).
+  /// `list`: what the groups share with the engine's other units (OptimizerListFacts).
   template <class Config>
   OptimizerGroups(const std::vector<std::pair<std::int64_t, Config>>& runs, std::int64_t group_size,
-                  std::vector<std::string> state_names = {}, double reference_lr = 0)
-      : state_names_(std::move(state_names)) {
+                  OptimizerListFacts list = {})
+      : state_names_(std::move(list.state_names)), most_state_kinds_(list.most_state_kinds) {
     POLYSHARD_CHECK(!runs.empty(), "OptimizerGroups: a span of no runs");
     std::int64_t at = 0;
     for (const auto& [elements, config] : runs)
@@ -60,10 +69,11 @@ class OptimizerGroups {
         at += n;
       }
     numel_ = static_cast<std::size_t>(at);
-    if (reference_lr == 0) reference_lr = groups_.front().lr();
-    for (const Opt& g : groups_) lr_scale_.push_back(reference_lr == 0 ? 1.0 : g.lr() / reference_lr);
+    const double reference = list.reference_lr != 0 ? list.reference_lr : groups_.front().lr();
+    for (const Opt& g : groups_) lr_scale_.push_back(reference == 0 ? 1.0 : g.lr() / reference);
     if (state_names_.empty())
       for (const auto& [name, tensor] : groups_.front().state()) state_names_.push_back(name);
+    if (most_state_kinds_ == 0) most_state_kinds_ = state_names_.size();
   }
 
   std::size_t size() const { return groups_.size(); }
@@ -125,6 +135,8 @@ class OptimizerGroups {
     return hold_masters() ? masters_[k] : span_params.flat_view(offset(k), numel(k));
   }
 
+  /// The most state tensors one optimizer of the engine keeps (SGD's one beside Adam's two).
+  std::size_t most_state_kinds() const { return most_state_kinds_; }
   /// The names of the state tensors the view shows, PyTorch's, in the optimizers' order: every
   /// kind any optimizer of the engine keeps, whether or not this span's groups keep it.
   const std::vector<std::string>& state_names() const { return state_names_; }
@@ -132,6 +144,7 @@ class OptimizerGroups {
  private:
   std::vector<Opt> groups_;
   std::vector<std::string> state_names_;
+  std::size_t most_state_kinds_;
   std::vector<double> lr_scale_;
   std::vector<StateTensor> masters_;  // hold_masters_apart's, else empty
   std::vector<std::int64_t> offsets_;

@@ -114,7 +114,7 @@ std::invoke_result_t<F&> with_entries_resident(std::initializer_list<SwapEntries
 /// How many sub-groups' state optimizer_buffer_count lets a step hold in memory at once.
 template <class Groups>
 int sub_groups_in_memory(const std::vector<Groups>& optimizers, const StrategyConfig& config) {
-  const std::size_t states = optimizers.empty() ? 0 : optimizers.front().state_names().size();
+  const std::size_t states = optimizers.empty() ? 0 : optimizers.front().most_state_kinds();
   return nvme_sub_groups_in_memory(config.optimizer_buffer_count, static_cast<int>(states));
 }
 }  // namespace detail
