@@ -176,9 +176,9 @@ void train_rank(const Options& o, Comm& comm, const Datasets& data, Trace* trace
   const int shard_ranks = engine.shard_comm().size();
   // This rank's shards where they are uneven (--partition whole_parameters).
   const std::vector<std::int64_t> shards = engine.units().uneven_shards(engine.shard_comm().rank(), shard_ranks);
-  const double predicted_bytes =
-      bytes_sent_per_step<S>(padded, root, world, /*norm=*/true, shard_ranks, /*uneven_shards=*/!shards.empty());
-  const double predicted_state = model_state_bytes<S>(padded, shard_ranks, states, rank_shard_elements(shards));
+  const std::int64_t rank_shard = rank_shard_elements(shards);
+  const double predicted_bytes = bytes_sent_per_step<S>(padded, root, world, /*norm=*/true, shard_ranks, rank_shard);
+  const double predicted_state = model_state_bytes<S>(padded, shard_ranks, states, rank_shard);
   // A steady-state step's peak per category (policy/step_memory.hpp), predicted for host models
   // outside HybridShard at one micro-batch a step; the backend's scratch comes on top of the
   // engine's communication buffers.

@@ -96,7 +96,18 @@ TEST_CASE("hybrid sharding: shard within groups, replicate across them, train li
     // FairScale's partition within each group: the same shards in every group, all-reduced across.
     StrategyConfig whole = config;
     whole.partition = ShardPartition::whole_parameters;
-    CHECK(max_difference(train<Hybrid2>(world, 3, 6, sgd, inf, whole).parameters, reference.parameters) < 1e-6);
+    const auto hw = train<Hybrid2>(world, 3, 6, sgd, inf, whole);
+    CHECK(max_difference(hw.parameters, reference.parameters) < 1e-6);
+    if (group > 1) {
+      // Each owner's reduction and broadcast sent whole in the group, then the rank's own shard
+      // all-reduced across the groups, by a formula written here: P (4 + 4) + 2 (R-1)/R s 4.
+      REQUIRE(hw.rank_shard >= 0);
+      const double replicas = double(world / group), p = double(hw.padded), s = double(hw.rank_shard);
+      const double hw_formula = 8.0 * p + 2.0 * (replicas - 1) / replicas * s * 4;
+      CHECK(hw.bytes_sent == Approx(hw_formula).epsilon(1e-12));
+      CHECK(bytes_sent_per_step<Hybrid2>(hw.padded, hw.root_padded, world, false, group, hw.rank_shard) ==
+            Approx(hw_formula));
+    }
     // Traffic: the inner strategy within a group, plus an all-reduce of each shard across groups.
     const double h2_per_rank = bytes_sent_per_step<Hybrid2>(h2.padded, h2.root_padded, world, false, group);
     const double h3_per_rank = bytes_sent_per_step<Hybrid3>(h3.padded, h3.root_padded, world, false, group);

@@ -208,13 +208,16 @@ constexpr double offloaded_state_bytes_in_step(std::int64_t largest_unit_params,
 ///   ShardParameters            (N-1)/N * (P * sizeof(reduce) + (2P - root) * sizeof(compute))
 /// Under HybridShard, `group_size` ranks shard (N above is the group size) and each shard's
 /// gradient is then all-reduced across the world_size / group_size groups: 2(R-1)/R * P/N *
-/// sizeof(reduce) more. Pass the parameter count padded for the group size.
-/// `uneven_shards` (ShardPartition::whole_parameters): each unit's gradients are reduced to each
-/// rank's shard and the shards broadcast from their owners, which a ring sends whole: P *
+/// sizeof(reduce) more (the rank's shards s instead of P/N where they are uneven). Pass the
+/// parameter count padded for the group size.
+/// `rank_shard` (ShardPartition::whole_parameters: the rank's uneven shards in all,
+/// rank_shard_elements; -1 for even ones): each unit's gradients are reduced to each rank's
+/// shard and the shards broadcast from their owners, which a ring sends whole: P *
 /// (sizeof(reduce) + sizeof(compute)) for ShardOptimizerState and ShardGradients.
 template <StrategyType S>
 constexpr double bytes_sent_per_step(std::int64_t params, std::int64_t root_params, int world_size,
-                                     bool norm = false, int group_size = 0, bool uneven_shards = false) {
+                                     bool norm = false, int group_size = 0, std::int64_t rank_shard = -1) {
+  const bool uneven_shards = rank_shard >= 0;
   using sharding = typename S::sharding;
   using CT = typename S::compute_type;
   using RT = typename S::reduce_type;
@@ -234,7 +237,8 @@ constexpr double bytes_sent_per_step(std::int64_t params, std::int64_t root_para
   if (norm && sharding::shards_optimizer_state) bytes += 2.0 * f * sizeof(double);
   if (sharding::hybrid) {
     const double groups = static_cast<double>(world_size) / n;
-    bytes += 2.0 * (groups - 1.0) / groups * (p / n) * sizeof(RT);
+    const double shard = uneven_shards ? static_cast<double>(rank_shard) : p / n;
+    bytes += 2.0 * (groups - 1.0) / groups * shard * sizeof(RT);
   }
   return bytes;
 }
