@@ -182,6 +182,19 @@ TEST_CASE("an OptimizerList's state goes through a checkpoint onto another world
   // Loaded onto two ranks under ZeRO-2's flat slices: the momentum buffers and moments resume.
   const auto resumed = train_list<ZeRO<2>>(2, list, steps, steps + 2, dir.path() / "ckpt");
   CHECK(max_difference(resumed.parameters, reference) < 1e-6);
+  // The same kinds in all, another optimizer for some parameters: the checkpoint names them, and
+  // the load refuses rather than resume Adam from SGD's state (or SGD from zeros).
+  const List swapped{{names_starting_with({"transformer.h.1."}), list[1].config}, {every_parameter(), list[0].config}};
+  CHECK_THROWS_WITH(train_list<ZeRO<2>>(2, swapped, steps, steps + 1, dir.path() / "ckpt"),
+                    Catch::Contains("keep other state than the checkpoint's for 'transformer.wte.weight' (saved with "
+                                    "exp_avg exp_avg_sq, now momentum_buffer)") &&
+                        Catch::Contains("and 20 more") &&
+                        Catch::Contains("load it with the OptimizerList it was saved with"));
+  // A checkpoint of Adam alone does not load into the list, which keeps another set of kinds:
+  // the engine-wide check names them.
+  train_list<ZeRO<2>>(1, {list[1]}, 0, 1, {}, dir.path() / "adam");
+  CHECK_THROWS_WITH(train_list<ZeRO<2>>(1, list, 1, 2, dir.path() / "adam"),
+                    Catch::Contains("holds optimizer state 'exp_avg', 'exp_avg_sq' but the engine's optimizer keeps"));
 }
 
 TEST_CASE("an OptimizerList that leaves a parameter out, or is empty, is refused naming it", "[engine][optim]") {

@@ -236,7 +236,7 @@ TEST_CASE("checkpoint metadata round-trips through its JSON", "[io][checkpoint]"
   m.hysteresis_left = 1;
   m.skipped_steps = 2;
   m.training = {.step = 17, .seed = 18446744073709551615ull, .extra = {{"a \"quoted\" key", "v\n"}}};
-  m.parameters = {{"w", {2, 3}, {{0, 0, 4}, {1, 4, 6}}}, {"b", {3}, {{1, 0, 3}}}};
+  m.parameters = {{"w", {2, 3}, {{0, 0, 4}, {1, 4, 6}}}, {"b", {3}, {{1, 0, 3}}, std::vector<std::string>{"exp_avg"}}};
   const CheckpointMetadata r = parse_checkpoint_metadata(checkpoint_metadata_json(m), "test");
   CHECK(m.files == r.files);
   CHECK(r.world_size == 4);
@@ -256,12 +256,16 @@ TEST_CASE("checkpoint metadata round-trips through its JSON", "[io][checkpoint]"
   CHECK(r.parameters[0].pieces[1].file == 1);
   CHECK(r.parameters[0].pieces[1].begin == 4);
   CHECK(r.parameters[1].numel() == 3);
+  // A parameter's own state kinds, written only where its optimizer keeps fewer (an OptimizerList).
+  CHECK_FALSE(r.parameters[0].state.has_value());
+  CHECK(r.parameters[1].state == std::vector<std::string>{"exp_avg"});
 }
 
 TEST_CASE("corrupt checkpoint metadata is refused with what is wrong", "[io][checkpoint]") {
   CheckpointMetadata m;
   m.files = {"rank-00000-of-00001.safetensors"};
-  m.parameters = {{"w", {2, 3}, {{0, 0, 4}, {0, 4, 6}}}};
+  m.optimizer_state = {"exp_avg", "exp_avg_sq"};
+  m.parameters = {{"w", {2, 3}, {{0, 0, 4}, {0, 4, 6}}, std::vector<std::string>{"exp_avg"}}};
   const std::string good = checkpoint_metadata_json(m);
   CHECK_NOTHROW(parse_checkpoint_metadata(good, "m.json"));
   auto refused = [&](std::string from, const std::string& to, const std::string& message) {
@@ -283,6 +287,8 @@ TEST_CASE("corrupt checkpoint metadata is refused with what is wrong", "[io][che
   refused("rank-00000-of-00001.safetensors", "../escape", "is not a plain file name");
   refused("\"name\": \"w\"", "\"name\": 5", "'name' is an integer, not a string");
   refused("{\n", "[\n", "not valid JSON");
+  refused("\"state\": [\"exp_avg\"]", "\"state\": [\"momentum_buffer\"]",
+          "parameter 'w': state 'momentum_buffer' is not one of the optimizer's");
   CHECK_THROWS_WITH(parse_checkpoint_metadata(good.substr(0, good.size() / 2), "m.json"), Catch::Contains("not valid JSON"));
 }
 

@@ -622,9 +622,12 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
     for (const auto& o : optimizers) {
       const auto state = Opt(o.config, 0).state();
       facts.most_state_kinds = std::max(facts.most_state_kinds, state.size());
-      for (const auto& [name, tensor] : state)
+      std::vector<std::string>& mine = facts.kinds.emplace_back();
+      for (const auto& [name, tensor] : state) {
+        mine.push_back(name);
         if (std::find(facts.state_names.begin(), facts.state_names.end(), name) == facts.state_names.end())
           facts.state_names.push_back(name);
+      }
     }
     facts.reference_lr = Opt(optimizers.front().config, 0).lr();
     for (std::size_t k = 1; k < optimizers.size() && facts.reference_lr == 0; ++k)

@@ -24,11 +24,13 @@ namespace polyshard {
 
 /// What the sub-groups of every unit of an engine share when it steps several optimizers (an
 /// OptimizerList), from the list itself: the state kinds of them all, each named once in list
-/// order, which the views and checkpoints show for every span; the most kinds one of them keeps,
-/// which sizes NVMe's buffers; and the first's configured lr, which set_lr's lr stands for.
-/// Empty and 0: the groups' own.
+/// order, which the views and checkpoints show for every span; the kinds each optimizer of the
+/// list keeps, which checkpoints record per parameter; the most kinds one of them keeps, which
+/// sizes NVMe's buffers; and the first's configured lr, which set_lr's lr stands for. Empty and
+/// 0: the groups' own.
 struct OptimizerListFacts {
   std::vector<std::string> state_names;
+  std::vector<std::vector<std::string>> kinds;  // per optimizer of the list
   std::size_t most_state_kinds = 0;
   double reference_lr = 0;
 };
@@ -58,7 +60,9 @@ class OptimizerGroups {
   template <class Config>
   OptimizerGroups(const std::vector<std::pair<std::int64_t, Config>>& runs, std::int64_t group_size,
                   OptimizerListFacts list = {})
-      : state_names_(std::move(list.state_names)), most_state_kinds_(list.most_state_kinds) {
+      : state_names_(std::move(list.state_names)),
+        kinds_(std::move(list.kinds)),
+        most_state_kinds_(list.most_state_kinds) {
     POLYSHARD_CHECK(!runs.empty(), "OptimizerGroups: a span of no runs");
     std::int64_t at = 0;
     for (const auto& [elements, config] : runs)
@@ -140,10 +144,16 @@ class OptimizerGroups {
   /// The names of the state tensors the view shows, PyTorch's, in the optimizers' order: every
   /// kind any optimizer of the engine keeps, whether or not this span's groups keep it.
   const std::vector<std::string>& state_names() const { return state_names_; }
+  /// The state kinds optimizer `optimizer` of the engine's list keeps (UnitEntry::optimizer):
+  /// state_names() where the engine has one optimizer.
+  const std::vector<std::string>& kinds_of(std::size_t optimizer) const {
+    return kinds_.empty() ? state_names_ : kinds_.at(optimizer);
+  }
 
  private:
   std::vector<Opt> groups_;
   std::vector<std::string> state_names_;
+  std::vector<std::vector<std::string>> kinds_;
   std::size_t most_state_kinds_;
   std::vector<double> lr_scale_;
   std::vector<StateTensor> masters_;  // hold_masters_apart's, else empty

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -30,6 +31,9 @@ struct CheckpointParameter {
   std::string name;
   std::vector<std::int64_t> shape;
   std::vector<CheckpointPiece> pieces;  ///< sorted by begin, tiling [0, numel)
+  /// The state kinds its optimizer keeps, where fewer than the checkpoint's (an OptimizerList's
+  /// SGD beside Adam); unset: every one of CheckpointMetadata::optimizer_state.
+  std::optional<std::vector<std::string>> state = {};
   std::int64_t numel() const {
     std::int64_t n = 1;
     for (const std::int64_t e : shape) n *= e;
@@ -202,7 +206,12 @@ inline std::string checkpoint_metadata_json(const CheckpointMetadata& m) {
     append_json_string(j, p.name);
     j += ", \"shape\": [";
     for (std::size_t d = 0; d < p.shape.size(); ++d) j += (d ? ", " : "") + std::to_string(p.shape[d]);
-    j += "], \"pieces\": [";
+    j += "]";
+    if (p.state) {
+      j += ", \"state\": ";
+      append_json_strings(j, *p.state);
+    }
+    j += ", \"pieces\": [";
     for (std::size_t k = 0; k < p.pieces.size(); ++k)
       j += (k ? ", [" : "[") + std::to_string(p.pieces[k].file) + ", " + std::to_string(p.pieces[k].begin) + ", " +
            std::to_string(p.pieces[k].end) + "]";
@@ -281,6 +290,12 @@ inline CheckpointMetadata parse_checkpoint_metadata(std::string_view text, const
         r.fail("parameter '", p.name, "': shape holds something other than non-negative integers");
       if (__builtin_mul_overflow(numel, e.integer, &numel)) r.fail("parameter '", p.name, "': shape overflows");
       p.shape.push_back(e.integer);
+    }
+    if (pv.find("state")) {
+      p.state = r.strings(pv, "state");
+      for (const std::string& kind : *p.state)
+        if (std::find(m.optimizer_state.begin(), m.optimizer_state.end(), kind) == m.optimizer_state.end())
+          r.fail("parameter '", p.name, "': state '", kind, "' is not one of the optimizer's");
     }
     std::int64_t next = 0;
     for (const JsonValue& piece : r.member(pv, "pieces", JsonValue::Kind::Array).elements) {

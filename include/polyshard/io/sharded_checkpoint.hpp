@@ -13,6 +13,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "polyshard/comm/communicator.hpp"
@@ -163,6 +164,18 @@ void describe_layout(CheckpointMetadata& m, const Plan& units, std::size_t files
   }
 }
 
+/// Records in `m` the state kinds of each parameter whose optimizer keeps fewer than the
+/// checkpoint's (an OptimizerList's SGD beside Adam), so that a load can tell a list that steps
+/// it otherwise. `groups`: any unit's optimizer groups (each knows every optimizer's kinds).
+template <class Plan, class Groups>
+void describe_parameter_state(CheckpointMetadata& m, const Plan& units, const Groups& groups) {
+  std::map<std::string_view, const std::vector<std::string>*> kinds;
+  for (const auto& unit : units.units)
+    for (const auto& e : unit.entries) kinds[e.name] = &groups.kinds_of(e.optimizer);
+  for (CheckpointParameter& p : m.parameters)
+    if (const auto* k = kinds.at(p.name); k->size() != m.optimizer_state.size()) p.state = *k;
+}
+
 /// The metadata of `engine`'s checkpoint: a pure function of its unit layout and strategy.
 template <class E>
 CheckpointMetadata describe_checkpoint(E& engine, const TrainingState& training) {
@@ -187,6 +200,7 @@ CheckpointMetadata describe_checkpoint(E& engine, const TrainingState& training)
   m.skipped_steps = scaler.skipped_steps();
   m.training = training;
   describe_layout(m, engine.units(), files.count);
+  describe_parameter_state(m, engine.units(), engine.optimizers().at(0));
   return m;
 }
 
@@ -294,11 +308,13 @@ void write_checkpoint_file(E& engine, const std::filesystem::path& path) {
 }
 
 /// Checks that checkpoint `m` fits an engine whose units are laid out as `units` and whose
-/// optimizer keeps state `mine`: the same parameters with the same shapes, and optimizer state
-/// of the same names. Throws naming every difference.
-template <class Plan>
-void check_checkpoint_fits(const Plan& units, std::vector<std::string> mine, const CheckpointMetadata& m,
+/// optimizers are `groups` (any unit's): the same parameters with the same shapes, optimizer
+/// state of the same names, and each parameter's of the kinds its optimizer keeps. Throws naming
+/// every difference.
+template <class Plan, class Groups>
+void check_checkpoint_fits(const Plan& units, const Groups& groups, const CheckpointMetadata& m,
                            const std::filesystem::path& dir) {
+  std::vector<std::string> mine = groups.state_names();
   std::vector<std::string> missing, unexpected, misshaped;
   std::set<std::string> engine_names;
   for (const auto& unit : units.units)
@@ -319,11 +335,30 @@ void check_checkpoint_fits(const Plan& units, std::vector<std::string> mine, con
   std::vector<std::string> theirs = m.optimizer_state;
   std::sort(mine.begin(), mine.end());
   std::sort(theirs.begin(), theirs.end());
-  if (mine != theirs) {
-    auto list = [](const std::vector<std::string>& v) { return v.empty() ? std::string("none") : join_names(v); };
+  auto list = [](const std::vector<std::string>& v) { return v.empty() ? std::string("none") : join_names(v); };
+  if (mine != theirs)
     throw_error("load_checkpoint: '", dir.string(), "' holds optimizer state ", list(theirs),
                 " but the engine's optimizer keeps ", list(mine), "; load it with the optimizer it was saved with");
-  }
+  // Each parameter's own kinds: an OptimizerList that steps a parameter with another optimizer
+  // would resume it from state its saved optimizer never kept (zeros).
+  const auto kinds = [](std::vector<std::string> v) {
+    std::sort(v.begin(), v.end());
+    std::string out = v.empty() ? "none" : "";
+    for (std::size_t i = 0; i < v.size(); ++i) out += (i ? " " : "") + v[i];
+    return out;
+  };
+  std::string stepped_otherwise;
+  std::size_t others = 0;
+  for (const auto& unit : units.units)
+    for (const auto& e : unit.entries) {
+      const std::string want = kinds(groups.kinds_of(e.optimizer)), had = kinds(m.find(e.name)->state.value_or(theirs));
+      if (want != had && ++others <= 8)
+        stepped_otherwise += (others > 1 ? ", '" : "'") + e.name + "' (saved with " + had + ", now " + want + ")";
+    }
+  if (others > 8) stepped_otherwise += " and " + std::to_string(others - 8) + " more";
+  if (others > 0)
+    throw_error("load_checkpoint: '", dir.string(), "': the engine's optimizers keep other state than the ",
+                "checkpoint's for ", stepped_otherwise, "; load it with the OptimizerList it was saved with");
   POLYSHARD_CHECK(parse_safetensors_dtype(m.master_dtype).has_value() &&
                       to_core_dtype(*parse_safetensors_dtype(m.master_dtype)).has_value(),
                   "load_checkpoint: '", dir.string(), "': master dtype '", m.master_dtype, "' is not one polyshard reads");
@@ -505,7 +540,7 @@ TrainingState load_checkpoint(E& engine, const std::filesystem::path& checkpoint
                              [&] { return io.open_for_load(checkpoint); });
     m = read_checkpoint_metadata(dir);
     buffers = detail::check_checkpoint_buffers(engine.model(), dir);
-    detail::check_checkpoint_fits(engine.units(), detail::optimizer_state_names(engine), m, dir);
+    detail::check_checkpoint_fits(engine.units(), engine.optimizers().at(0), m, dir);
     std::vector<std::int64_t> offsets, sizes;
     for (std::size_t u = 0; u < engine.units().units.size(); ++u) {
       offsets.push_back(engine.optimizer_offset(u));
