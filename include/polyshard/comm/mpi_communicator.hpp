@@ -26,6 +26,7 @@
 #include "polyshard/comm/comm_stats.hpp"
 #include "polyshard/comm/communicator.hpp"
 #include "polyshard/comm/detail/comm_worker.hpp"
+#include "polyshard/comm/detail/host_collectives.hpp"
 #include "polyshard/comm/detail/ring.hpp"
 #include "polyshard/comm/detail/scratch.hpp"
 #include "polyshard/comm/reduce_op.hpp"
@@ -152,7 +153,7 @@ class MpiSession {
 /// in-process backend.
 ///
 /// Asynchronous calls run on a communication thread of this communicator, in issue order.
-class MpiCommunicator {
+class MpiCommunicator : public detail::comm::HostCollectives<MpiCommunicator> {
  public:
   /// The call check's message: kind, element type, count, root, operator, sequence number and
   /// the hash of the call site, each an int64.
@@ -184,73 +185,6 @@ class MpiCommunicator {
   int size() const { return impl_->size; }
   /// The underlying MPI communicator (owned by this object).
   MPI_Comm native() const { return impl_->comm; }
-
-  /// Sums (or averages) `buf` over all ranks, in place, on every rank.
-  template <FloatElement T>
-  void all_reduce(std::span<T> buf, ReduceOp op = ReduceOp::Sum) {
-    run(CollectiveKind::AllReduce, buf.size_bytes(), [=, this] { impl_->all_reduce(buf, op); });
-  }
-  template <FloatElement T>
-  CommHandle all_reduce_async(std::span<T> buf, ReduceOp op = ReduceOp::Sum) {
-    return submit(CollectiveKind::AllReduce, buf.size_bytes(), [=, this] { impl_->all_reduce(buf, op); });
-  }
-
-  /// Reduces `in` (size() x out.size() elements) over all ranks; rank r receives slice r.
-  template <FloatElement T>
-  void reduce_scatter(std::type_identity_t<std::span<const T>> in, std::span<T> out, ReduceOp op = ReduceOp::Sum) {
-    check_scatter(in.size(), out.size());
-    run(CollectiveKind::ReduceScatter, in.size_bytes(), [=, this] { impl_->reduce_scatter(in, out, op); });
-  }
-  template <FloatElement T>
-  CommHandle reduce_scatter_async(std::type_identity_t<std::span<const T>> in, std::span<T> out,
-                                  ReduceOp op = ReduceOp::Sum) {
-    check_scatter(in.size(), out.size());
-    return submit(CollectiveKind::ReduceScatter, in.size_bytes(), [=, this] { impl_->reduce_scatter(in, out, op); });
-  }
-
-  /// Concatenates every rank's `in` into `out` (size() x in.size() elements), rank order.
-  template <FloatElement T>
-  void all_gather(std::type_identity_t<std::span<const T>> in, std::span<T> out) {
-    check_gather(in.size(), out.size());
-    run(CollectiveKind::AllGather, out.size_bytes(), [=, this] { impl_->all_gather(in, out); });
-  }
-  template <FloatElement T>
-  CommHandle all_gather_async(std::type_identity_t<std::span<const T>> in, std::span<T> out) {
-    check_gather(in.size(), out.size());
-    return submit(CollectiveKind::AllGather, out.size_bytes(), [=, this] { impl_->all_gather(in, out); });
-  }
-
-  /// Copies `root`'s `buf` into every rank's `buf`.
-  template <FloatElement T>
-  void broadcast(std::span<T> buf, int root) {
-    detail::comm::check_root(CollectiveKind::Broadcast, root, size(), rank());
-    run(CollectiveKind::Broadcast, buf.size_bytes(), [=, this] { impl_->broadcast(buf, root); });
-  }
-  template <FloatElement T>
-  CommHandle broadcast_async(std::span<T> buf, int root) {
-    detail::comm::check_root(CollectiveKind::Broadcast, root, size(), rank());
-    return submit(CollectiveKind::Broadcast, buf.size_bytes(), [=, this] { impl_->broadcast(buf, root); });
-  }
-
-  /// Sums (or averages) every rank's `buf` into `root`'s `buf`; the others keep theirs.
-  template <FloatElement T>
-  void reduce(std::span<T> buf, int root, ReduceOp op = ReduceOp::Sum) {
-    detail::comm::check_root(CollectiveKind::Reduce, root, size(), rank());
-    run(CollectiveKind::Reduce, buf.size_bytes(), [=, this] { impl_->reduce(buf, root, op); });
-  }
-  template <FloatElement T>
-  CommHandle reduce_async(std::span<T> buf, int root, ReduceOp op = ReduceOp::Sum) {
-    detail::comm::check_root(CollectiveKind::Reduce, root, size(), rank());
-    return submit(CollectiveKind::Reduce, buf.size_bytes(), [=, this] { impl_->reduce(buf, root, op); });
-  }
-
-  /// Returns once every rank has entered the barrier.
-  void barrier() {
-    run(CollectiveKind::Barrier, 0, [this] { impl_->barrier(); });
-  }
-  CommHandle barrier_async() {
-    return submit(CollectiveKind::Barrier, 0, [this] { impl_->barrier(); });
-  }
 
   /// MPI_Comm_split: ranks passing the same `color` (>= 0) form a new communicator, ranked by
   /// (`key`, rank here). Collective. Unlike the collectives it is not bounded by the timeout.
@@ -286,6 +220,7 @@ class MpiCommunicator {
   }
 
  private:
+  friend class detail::comm::HostCollectives<MpiCommunicator>;  // calls run, submit and impl_
   using CallDesc = detail::comm::CallDesc;
   using Chunks = detail::comm::Chunks;
   static constexpr int ring_tag = 0x5053;  // "PS"
@@ -656,13 +591,6 @@ class MpiCommunicator {
   };
 
   explicit MpiCommunicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-
-  void check_scatter(std::size_t in, std::size_t out) const {
-    detail::comm::check_multiple(CollectiveKind::ReduceScatter, in, out, size(), rank(), "the input", "the output");
-  }
-  void check_gather(std::size_t in, std::size_t out) const {
-    detail::comm::check_multiple(CollectiveKind::AllGather, out, in, size(), rank(), "the output", "the input");
-  }
 
   template <class F>
   void run(CollectiveKind kind, std::size_t buffer_bytes, F&& body) {

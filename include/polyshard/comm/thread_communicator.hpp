@@ -24,6 +24,7 @@
 #include "polyshard/comm/comm_stats.hpp"
 #include "polyshard/comm/communicator.hpp"
 #include "polyshard/comm/detail/comm_worker.hpp"
+#include "polyshard/comm/detail/host_collectives.hpp"
 #include "polyshard/comm/detail/ring.hpp"
 #include "polyshard/comm/reduce_op.hpp"
 #include "polyshard/core/dtype.hpp"
@@ -118,7 +119,7 @@ class ThreadGroup {
 /// waited for, and fails the whole group; so does abort() (run_ranks calls it when a rank throws).
 ///
 /// Asynchronous calls run on a communication thread of this communicator, in issue order.
-class ThreadCommunicator {
+class ThreadCommunicator : public detail::comm::HostCollectives<ThreadCommunicator> {
  public:
   /// Creates the `world_size` ranks of a new group; hand element r to the thread of rank r.
   static std::vector<ThreadCommunicator> make_world(int world_size, CommOptions options = {}) {
@@ -139,74 +140,6 @@ class ThreadCommunicator {
   int rank() const { return impl_->rank; }
   /// Number of ranks in the group.
   int size() const { return impl_->group->size(); }
-
-  /// Sums (or averages) `buf` over all ranks, in place, on every rank.
-  template <FloatElement T>
-  void all_reduce(std::span<T> buf, ReduceOp op = ReduceOp::Sum) {
-    run(CollectiveKind::AllReduce, buf.size_bytes(), [=, this] { impl_->all_reduce(buf, op); });
-  }
-  /// all_reduce() on the communication thread; wait on the handle before touching `buf`.
-  template <FloatElement T>
-  CommHandle all_reduce_async(std::span<T> buf, ReduceOp op = ReduceOp::Sum) {
-    return submit(CollectiveKind::AllReduce, buf.size_bytes(), [=, this] { impl_->all_reduce(buf, op); });
-  }
-
-  /// Reduces `in` (size() x out.size() elements) over all ranks; rank r receives slice r.
-  template <FloatElement T>
-  void reduce_scatter(std::type_identity_t<std::span<const T>> in, std::span<T> out, ReduceOp op = ReduceOp::Sum) {
-    check_scatter(in.size(), out.size());
-    run(CollectiveKind::ReduceScatter, in.size_bytes(), [=, this] { impl_->reduce_scatter(in, out, op); });
-  }
-  template <FloatElement T>
-  CommHandle reduce_scatter_async(std::type_identity_t<std::span<const T>> in, std::span<T> out,
-                                  ReduceOp op = ReduceOp::Sum) {
-    check_scatter(in.size(), out.size());
-    return submit(CollectiveKind::ReduceScatter, in.size_bytes(), [=, this] { impl_->reduce_scatter(in, out, op); });
-  }
-
-  /// Concatenates every rank's `in` into `out` (size() x in.size() elements), rank order.
-  template <FloatElement T>
-  void all_gather(std::type_identity_t<std::span<const T>> in, std::span<T> out) {
-    check_gather(in.size(), out.size());
-    run(CollectiveKind::AllGather, out.size_bytes(), [=, this] { impl_->all_gather(in, out); });
-  }
-  template <FloatElement T>
-  CommHandle all_gather_async(std::type_identity_t<std::span<const T>> in, std::span<T> out) {
-    check_gather(in.size(), out.size());
-    return submit(CollectiveKind::AllGather, out.size_bytes(), [=, this] { impl_->all_gather(in, out); });
-  }
-
-  /// Copies `root`'s `buf` into every rank's `buf`.
-  template <FloatElement T>
-  void broadcast(std::span<T> buf, int root) {
-    detail::comm::check_root(CollectiveKind::Broadcast, root, size(), rank());
-    run(CollectiveKind::Broadcast, buf.size_bytes(), [=, this] { impl_->broadcast(buf, root); });
-  }
-  template <FloatElement T>
-  CommHandle broadcast_async(std::span<T> buf, int root) {
-    detail::comm::check_root(CollectiveKind::Broadcast, root, size(), rank());
-    return submit(CollectiveKind::Broadcast, buf.size_bytes(), [=, this] { impl_->broadcast(buf, root); });
-  }
-
-  /// Sums (or averages) every rank's `buf` into `root`'s `buf`; the others keep theirs.
-  template <FloatElement T>
-  void reduce(std::span<T> buf, int root, ReduceOp op = ReduceOp::Sum) {
-    detail::comm::check_root(CollectiveKind::Reduce, root, size(), rank());
-    run(CollectiveKind::Reduce, buf.size_bytes(), [=, this] { impl_->reduce(buf, root, op); });
-  }
-  template <FloatElement T>
-  CommHandle reduce_async(std::span<T> buf, int root, ReduceOp op = ReduceOp::Sum) {
-    detail::comm::check_root(CollectiveKind::Reduce, root, size(), rank());
-    return submit(CollectiveKind::Reduce, buf.size_bytes(), [=, this] { impl_->reduce(buf, root, op); });
-  }
-
-  /// Returns once every rank has entered the barrier.
-  void barrier() {
-    run(CollectiveKind::Barrier, 0, [this] { impl_->barrier(); });
-  }
-  CommHandle barrier_async() {
-    return submit(CollectiveKind::Barrier, 0, [this] { impl_->barrier(); });
-  }
 
   /// Splits the group as MPI_Comm_split does: ranks passing the same `color` (>= 0) form a new
   /// group, ranked by (`key`, rank in this group). Collective: every rank must call it.
@@ -237,6 +170,7 @@ class ThreadCommunicator {
   void set_memory_tracker(MemoryTracker&) {}
 
  private:
+  friend class detail::comm::HostCollectives<ThreadCommunicator>;  // calls run, submit and impl_
   using Group = detail::comm::ThreadGroup;
   using CallDesc = detail::comm::CallDesc;
   using Chunks = detail::comm::Chunks;
@@ -521,14 +455,6 @@ class ThreadCommunicator {
 
   ThreadCommunicator(std::shared_ptr<Group> group, int rank, CommOptions options)
       : impl_(std::make_unique<Impl>(std::move(group), rank, options)) {}
-
-  void check_scatter(std::size_t in, std::size_t out) const {
-    detail::comm::check_multiple(CollectiveKind::ReduceScatter, in, out, size(), rank(), "the input",
-                                 "the output");
-  }
-  void check_gather(std::size_t in, std::size_t out) const {
-    detail::comm::check_multiple(CollectiveKind::AllGather, out, in, size(), rank(), "the output", "the input");
-  }
 
   template <class F>
   void run(CollectiveKind kind, std::size_t buffer_bytes, F&& body) {
