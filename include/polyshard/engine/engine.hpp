@@ -619,8 +619,13 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
   /// What every unit's optimizer groups share, read from the list (OptimizerListFacts).
   static OptimizerListFacts list_facts(const OptimizerList<typename Opt::config_type>& optimizers) {
     OptimizerListFacts facts;
-    for (const auto& o : optimizers) {
-      const auto state = Opt(o.config, 0).state();
+    for (std::size_t k = 0; k < optimizers.size(); ++k) {
+      const Opt empty(optimizers[k].config, 0);
+      if (k == 0) facts.reference_lr = empty.lr();
+      POLYSHARD_CHECK(facts.reference_lr != 0 || empty.lr() == 0, "Engine: the OptimizerList's first optimizer has ",
+                      "lr 0, and optimizer ", k, "'s is not: step(lr) scales the others' learning rates as the ",
+                      "first's, so the first needs a configured lr that is not 0");
+      const auto state = empty.state();
       facts.most_state_kinds = std::max(facts.most_state_kinds, state.size());
       std::vector<std::string>& mine = facts.kinds.emplace_back();
       for (const auto& [name, tensor] : state) {
@@ -629,11 +634,6 @@ class EngineOver : private ModuleHooks<typename detail::model_numerics<Model>::e
           facts.state_names.push_back(name);
       }
     }
-    facts.reference_lr = Opt(optimizers.front().config, 0).lr();
-    for (std::size_t k = 1; k < optimizers.size() && facts.reference_lr == 0; ++k)
-      POLYSHARD_CHECK(Opt(optimizers[k].config, 0).lr() == 0, "Engine: the OptimizerList's first optimizer has lr 0, ",
-                      "and optimizer ", k, "'s is not: step(lr) scales the others' learning rates as the first's, ",
-                      "so the first needs a configured lr that is not 0");
     return facts;
   }
   /// Unit u's optimizer span as (elements, config) runs: each parameter's optimizer's config

@@ -12,11 +12,19 @@
 
 namespace polyshard {
 
-/// The rank each parameter goes to, parameters taken in the order given: the rank holding the
-/// fewest elements so far (the lowest such rank on a tie), which then holds the parameter's
-/// elements more, or one more for a frozen parameter (whose state is not partitioned, so that
-/// frozen ones are spread rather than piled on one rank). `load` (one entry a rank) carries the
-/// tally from one call to the next, as OSS's runs on from one parameter group to the next.
+/// The rank a parameter of `numel` elements goes to: the rank holding the fewest elements so far
+/// in `load` (one entry a rank; the lowest such rank on a tie), which then holds its elements
+/// more, or one more for a frozen parameter (whose state is not partitioned, so that frozen ones
+/// are spread rather than piled on one rank).
+inline int assign_whole_parameter(std::int64_t numel, bool trainable, std::vector<std::int64_t>& load) {
+  POLYSHARD_CHECK(!load.empty(), "assign_whole_parameter: no ranks to assign a parameter to");
+  const auto least = std::min_element(load.begin(), load.end());  // the first of equal ones
+  *least += trainable ? numel : 1;
+  return static_cast<int>(least - load.begin());
+}
+
+/// assign_whole_parameter for each parameter, in the order given. `load` carries the tally from
+/// one call to the next, as OSS's runs on from one parameter group to the next.
 inline std::vector<int> assign_whole_parameters(const std::vector<std::int64_t>& numels,
                                                 const std::vector<bool>& trainable, std::vector<std::int64_t>& load) {
   POLYSHARD_CHECK(!load.empty(), "assign_whole_parameters: no ranks to assign parameters to");
@@ -24,17 +32,14 @@ inline std::vector<int> assign_whole_parameters(const std::vector<std::int64_t>&
                   " parameter sizes for ", trainable.size(), " trainable flags");
   std::vector<int> owners;
   owners.reserve(numels.size());
-  for (std::size_t i = 0; i < numels.size(); ++i) {
-    const auto least = std::min_element(load.begin(), load.end());  // the first of equal ones
-    owners.push_back(static_cast<int>(least - load.begin()));
-    *least += trainable[i] ? numels[i] : 1;
-  }
+  for (std::size_t i = 0; i < numels.size(); ++i)
+    owners.push_back(assign_whole_parameter(numels[i], trainable[i], load));
   return owners;
 }
 
 /// Lays `plan`'s units out for `world` ranks that each own whole parameters: the model's
 /// parameters, in the order it declares them whatever their units, are assigned by
-/// assign_whole_parameters with one tally per optimizer (UnitEntry::optimizer: each OSS of a
+/// assign_whole_parameter with one tally per optimizer (UnitEntry::optimizer: each OSS of a
 /// list partitions its own parameters), and each unit is cut into uneven shards
 /// (UnitLayout::bounds), rank after rank, each holding its rank's parameters of the unit in that
 /// order, with no padding anywhere. A unit's entries end in offset order. Trainability is read
@@ -52,23 +57,13 @@ void lay_out_whole_parameters(UnitPlan<T, D>& plan, int world) {
   std::sort(declared.begin(), declared.end(),
             [&](const auto& a, const auto& b) { return entry(a).order < entry(b).order; });
   std::vector<std::int64_t> numels;
-  for (const auto& at : declared) numels.push_back(entry(at).numel());
-  std::vector<int> owners(declared.size());
-  std::size_t optimizers = 0;
-  for (const auto& at : declared) optimizers = std::max(optimizers, entry(at).optimizer + 1);
-  for (std::size_t o = 0; o < optimizers; ++o) {  // each optimizer's parameters, in order, with a tally of their own
-    std::vector<std::size_t> mine;
-    std::vector<std::int64_t> sizes;
-    std::vector<bool> trainable;
-    for (std::size_t k = 0; k < declared.size(); ++k)
-      if (entry(declared[k]).optimizer == o) {
-        mine.push_back(k);
-        sizes.push_back(numels[k]);
-        trainable.push_back(entry(declared[k]).parameter->requires_grad());
-      }
-    std::vector<std::int64_t> load(static_cast<std::size_t>(world), 0);
-    const std::vector<int> assigned = assign_whole_parameters(sizes, trainable, load);
-    for (std::size_t j = 0; j < mine.size(); ++j) owners[mine[j]] = assigned[j];
+  std::vector<int> owners;
+  std::vector<std::vector<std::int64_t>> loads;  // one tally per optimizer
+  for (const auto& at : declared) {
+    const auto& e = entry(at);
+    if (loads.size() <= e.optimizer) loads.resize(e.optimizer + 1, std::vector<std::int64_t>(world, 0));
+    numels.push_back(e.numel());
+    owners.push_back(assign_whole_parameter(e.numel(), e.parameter->requires_grad(), loads[e.optimizer]));
   }
   // Each unit's shards: rank r's starts where rank r - 1's ends.
   const std::size_t ranks = static_cast<std::size_t>(world);
