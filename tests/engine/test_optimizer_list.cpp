@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -179,6 +180,24 @@ TEST_CASE("an OptimizerList's state goes through a checkpoint onto another world
   const auto reference = list_oracle(list, steps + 2);
   test::TempDir dir;
   train_list<ShardedDDP>(3, list, 0, steps, {}, dir.path() / "ckpt");
+  // Each parameter's pieces hold the kinds its own optimizer keeps, and no others (which would be
+  // zeros): the SGD block its momentum buffers, the rest Adam's moments.
+  std::map<std::string, int> pieces;  // per kind, of the SGD block and of the rest
+  for (const auto& file : std::filesystem::directory_iterator(dir.path() / "ckpt"))
+    if (file.path().filename().string().starts_with("rank-")) {
+      const auto rank_file = SafetensorsFile::open(file.path());  // outlives the loop over its tensors
+      for (const auto& t : rank_file.tensors()) {
+        const std::size_t slash = t.name.find('/');
+        const bool sgd = t.name.substr(slash + 1).starts_with("transformer.h.1.");
+        ++pieces[t.name.substr(0, slash) + (sgd ? " sgd" : " adam")];
+      }
+    }
+  CHECK(pieces["master sgd"] > 0);
+  CHECK(pieces["master adam"] > 0);
+  CHECK(pieces["momentum_buffer sgd"] == pieces["master sgd"]);
+  CHECK(pieces["exp_avg adam"] == pieces["master adam"]);
+  CHECK(pieces["exp_avg_sq adam"] == pieces["master adam"]);
+  CHECK(pieces.size() == 5);  // no momentum_buffer of Adam's parameters, no moments of SGD's
   // Loaded onto two ranks under ZeRO-2's flat slices: the momentum buffers and moments resume.
   const auto resumed = train_list<ZeRO<2>>(2, list, steps, steps + 2, dir.path() / "ckpt");
   CHECK(max_difference(resumed.parameters, reference) < 1e-6);
@@ -186,8 +205,8 @@ TEST_CASE("an OptimizerList's state goes through a checkpoint onto another world
   // the load refuses rather than resume Adam from SGD's state (or SGD from zeros).
   const List swapped{{names_starting_with({"transformer.h.1."}), list[1].config}, {every_parameter(), list[0].config}};
   CHECK_THROWS_WITH(train_list<ZeRO<2>>(2, swapped, steps, steps + 1, dir.path() / "ckpt"),
-                    Catch::Contains("keep other state than the checkpoint's for 'transformer.wte.weight' (saved with "
-                                    "exp_avg exp_avg_sq, now momentum_buffer)") &&
+                    Catch::Contains("keep other state than the checkpoint's for 'transformer.wte.weight (saved with "
+                                    "exp_avg exp_avg_sq, now momentum_buffer)'") &&
                         Catch::Contains("and 20 more") &&
                         Catch::Contains("load it with the OptimizerList it was saved with"));
   // A checkpoint of Adam alone does not load into the list, which keeps another set of kinds:

@@ -34,6 +34,11 @@ struct CheckpointParameter {
   /// The state kinds its optimizer keeps, where fewer than the checkpoint's (an OptimizerList's
   /// SGD beside Adam); unset: every one of CheckpointMetadata::optimizer_state.
   std::optional<std::vector<std::string>> state = {};
+  /// Whether the checkpoint holds state of `kind` for this parameter: tensors
+  /// "<kind>/<name>@<begin>" exist for the kinds its optimizer keeps only.
+  bool keeps(std::string_view kind) const {
+    return !state || std::find(state->begin(), state->end(), kind) != state->end();
+  }
   std::int64_t numel() const {
     std::int64_t n = 1;
     for (const std::int64_t e : shape) n *= e;

@@ -136,13 +136,6 @@ struct CheckpointFiles {
   }
 };
 
-/// The state names of an engine's optimizer ({"exp_avg", "exp_avg_sq"} for Adam and AdamW). The
-/// names need no state in memory: nothing is read back from NVMe for them.
-template <class E>
-std::vector<std::string> optimizer_state_names(const E& engine) {
-  return engine.optimizers().at(0).state_names();
-}
-
 /// The parameters of checkpoint `m` and where their pieces go, for units laid out as `units`
 /// (an engine's UnitPlan) saved into `files` files. A function of the layout alone, so that
 /// every strategy over the same model shares its one instance.
@@ -191,7 +184,9 @@ CheckpointMetadata describe_checkpoint(E& engine, const TrainingState& training)
   for (std::size_t f = 0; f < files.count; ++f) m.files.push_back(checkpoint_file_name(f, files.count));
   m.master_dtype = std::string(safetensors_dtype_name(to_safetensors_dtype(dtype_v<MT>)));
   m.optimizer_step = engine.optimizers().empty() ? 0 : engine.optimizers()[0].step_count();
-  m.optimizer_state = optimizer_state_names(engine);
+  // Every unit's groups know every kind of the list; the names need no state in memory (nothing
+  // is read back from NVMe for them).
+  m.optimizer_state = engine.optimizers().at(0).state_names();
   const auto& scaler = engine.loss_scaler();
   m.loss_scaled = scaler.scaled();
   m.loss_scale = scaler.scale();
@@ -205,15 +200,17 @@ CheckpointMetadata describe_checkpoint(E& engine, const TrainingState& training)
 }
 
 /// Adds one unit's master weights `params` and the state of `opt` (the rank's span of the unit,
-/// starting at element `offset` of its flat buffer) to `writer`, one tensor per parameter piece.
+/// starting at element `offset` of its flat buffer) to `writer`, one tensor per parameter piece
+/// and kind its optimizer keeps (`groups`: any unit's optimizer groups; under an OptimizerList
+/// an SGD's parameters have no Adam moments, which would be zeros).
 /// The writer reads them only when it writes, later: `masters_stay` says whether `params` is
 /// still valid then (an engine's own host masters), `state_stays` whether opt's state tensors
 /// still hold this unit's state then (false: NVMe, paged out again); what does not stay is
 /// copied now. A device engine's masters do not stay: access_optimizer_on_host hands out a
 /// staging copy that it frees (and the next unit's copy may reuse) when it returns.
-template <class Layout, class Opt, class MT>
-void add_unit_state(SafetensorsWriter& writer, const Layout& unit, std::int64_t offset, Opt& opt, std::span<MT> params,
-                    bool masters_stay, bool state_stays) {
+template <class Layout, class Groups, class Opt, class MT>
+void add_unit_state(SafetensorsWriter& writer, const Layout& unit, const Groups& groups, std::int64_t offset, Opt& opt,
+                    std::span<MT> params, bool masters_stay, bool state_stays) {
   const Tensor<MT> master = Tensor<MT>::wrap(params.data(), Shape{static_cast<std::int64_t>(params.size())});
   const auto state = opt.state();
   auto keep = [&](const auto& t, bool stays) { return stays ? t : t.clone(MemoryCategory::Other); };
@@ -222,8 +219,10 @@ void add_unit_state(SafetensorsWriter& writer, const Layout& unit, std::int64_t 
     const std::int64_t n = s.end - s.begin;
     writer.add(checkpoint_tensor_name("master", name, s.begin),
                keep(master.flat_view(s.span_offset, n), masters_stay && state_stays));
+    const std::vector<std::string>& kinds = groups.kinds_of(unit.entries[s.entry].optimizer);
     for (const auto& [kind, tensor] : state)
-      writer.add(checkpoint_tensor_name(kind, name, s.begin), keep(tensor.flat_view(s.span_offset, n), state_stays));
+      if (std::find(kinds.begin(), kinds.end(), kind) != kinds.end())
+        writer.add(checkpoint_tensor_name(kind, name, s.begin), keep(tensor.flat_view(s.span_offset, n), state_stays));
   }
 }
 
@@ -301,8 +300,8 @@ void write_checkpoint_file(E& engine, const std::filesystem::path& path) {
   writer.add_metadata("format", "polyshard-shard");
   for (std::size_t u = 0; u < engine.units().units.size(); ++u)
     engine.access_optimizer_on_host(u, false, [&](auto& opt, auto params) {
-      add_unit_state(writer, engine.units().units[u], engine.optimizer_offset(u), opt, params, E::masters_on_host,
-                     E::optimizer_state_resident);
+      add_unit_state(writer, engine.units().units[u], engine.optimizers().at(0), engine.optimizer_offset(u), opt,
+                     params, E::masters_on_host, E::optimizer_state_resident);
     });
   writer.write(path);
 }
@@ -347,18 +346,16 @@ void check_checkpoint_fits(const Plan& units, const Groups& groups, const Checkp
     for (std::size_t i = 0; i < v.size(); ++i) out += (i ? " " : "") + v[i];
     return out;
   };
-  std::string stepped_otherwise;
-  std::size_t others = 0;
+  std::vector<std::string> stepped_otherwise;
   for (const auto& unit : units.units)
     for (const auto& e : unit.entries) {
       const std::string want = kinds(groups.kinds_of(e.optimizer)), had = kinds(m.find(e.name)->state.value_or(theirs));
-      if (want != had && ++others <= 8)
-        stepped_otherwise += (others > 1 ? ", '" : "'") + e.name + "' (saved with " + had + ", now " + want + ")";
+      if (want != had) stepped_otherwise.push_back(e.name + " (saved with " + had + ", now " + want + ")");
     }
-  if (others > 8) stepped_otherwise += " and " + std::to_string(others - 8) + " more";
-  if (others > 0)
+  if (!stepped_otherwise.empty())
     throw_error("load_checkpoint: '", dir.string(), "': the engine's optimizers keep other state than the ",
-                "checkpoint's for ", stepped_otherwise, "; load it with the OptimizerList it was saved with");
+                "checkpoint's for ", join_names(stepped_otherwise),
+                "; load it with the OptimizerList it was saved with");
   POLYSHARD_CHECK(parse_safetensors_dtype(m.master_dtype).has_value() &&
                       to_core_dtype(*parse_safetensors_dtype(m.master_dtype)).has_value(),
                   "load_checkpoint: '", dir.string(), "': master dtype '", m.master_dtype, "' is not one polyshard reads");
@@ -430,7 +427,8 @@ CheckpointLoadPlan plan_checkpoint_load(const Plan& units, const std::vector<std
       PlannedSlice planned{u, s, p, plan_checkpoint_reads(*p, s.begin, s.end)};
       for (const CheckpointRead& r : planned.reads)
         for (const std::string& kind : kinds)
-          plan.files->check(r.file, checkpoint_tensor_name(kind, p->name, r.piece_begin), r.piece_size);
+          if (kind == "master" || p->keeps(kind))
+            plan.files->check(r.file, checkpoint_tensor_name(kind, p->name, r.piece_begin), r.piece_size);
       plan.slices.push_back(std::move(planned));
     }
   }
@@ -455,9 +453,10 @@ void read_unit_state(CheckpointLoadPlan& plan, std::size_t u, Opt& opt, std::spa
                       params.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(r.count)),
                       DTypeConversion::convert);
       for (auto& [name, tensor] : state)
-        f.read_elements(checkpoint_tensor_name(name, ps.parameter->name, r.piece_begin),
-                        static_cast<std::uint64_t>(r.offset), tensor.flat_view(at, r.count).span(),
-                        DTypeConversion::convert);
+        if (ps.parameter->keeps(name))  // the others stay zero: its optimizer keeps no such state
+          f.read_elements(checkpoint_tensor_name(name, ps.parameter->name, r.piece_begin),
+                          static_cast<std::uint64_t>(r.offset), tensor.flat_view(at, r.count).span(),
+                          DTypeConversion::convert);
     }
   }
   opt.set_step_count(step);
